@@ -1,0 +1,53 @@
+#include <torch/torch.h>
+
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "verify/verify.h"
+
+namespace diffuse::app {
+
+Command add_verify_command(CLI::App& app) {
+  struct Opts {
+    std::string golden;
+    std::vector<std::string> components;
+    std::string device = "cpu";
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--golden", o->golden, "Golden set folder (with cases.json)")->required();
+  app.add_option("--component", o->components, "Only cases of this component (repeatable)");
+  app.add_option("--device", o->device, "Device to run on");
+  app.add_flag("--json", o->json, "Print one JSON object");
+  return [o]() {
+    auto set = verify::GoldenSet::load(o->golden);
+    verify::VerifyOptions options;
+    options.device = torch::Device(o->device);
+    options.components = o->components;
+    auto results = verify::run_all(set, options);
+    int passed = 0, failed = 0;
+    nlohmann::json cases = nlohmann::json::array();
+    for (const auto& r : results) {
+      (r.passed ? passed : failed)++;
+      cases.push_back({{"name", r.name}, {"component", r.component}, {"passed", r.passed},
+                       {"max_abs_err", std::isfinite(r.max_abs_err) ? nlohmann::json(r.max_abs_err) : nlohmann::json(nullptr)},
+                       {"reason", r.reason}});
+      if (!o->json) {
+        std::cout << std::left << std::setw(30) << r.name << std::setw(14) << r.component
+                  << " max_abs_err=" << std::setw(12) << r.max_abs_err << (r.passed ? " PASS" : " FAIL");
+        if (!r.passed) std::cout << "  (" << r.reason << ")";
+        std::cout << "\n";
+      }
+    }
+    if (o->json) {
+      std::cout << nlohmann::json{{"cases", cases}, {"passed", passed}, {"failed", failed}}.dump(2) << "\n";
+    } else {
+      std::cout << passed << " passed, " << failed << " failed\n";
+    }
+    return failed == 0 ? 0 : 1;
+  };
+}
+
+}  // namespace diffuse::app

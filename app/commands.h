@@ -1,0 +1,14 @@
+// Sub-commands of the `diffuse` CLI. Each registers its flags on a CLI11 sub-app and returns
+// the exit code when run. The CLI is thin: parse flags, call the library, print.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace diffuse::app {
+
+using Command = std::function<int()>;
+
+Command add_verify_command(CLI::App& app);
+
+}  // namespace diffuse::app

@@ -1,0 +1,41 @@
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "commands.h"
+#include "diffuse/errors.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"diffuse: Stable Diffusion inference on CPU, CUDA and Ascend NPU"};
+  app.require_subcommand(1);
+  bool show_version = false;
+  app.add_flag("--version", show_version, "Print the version and exit");
+  std::vector<std::pair<CLI::App*, diffuse::app::Command>> commands;
+  auto add = [&](const char* name, const char* help, auto factory) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    commands.emplace_back(sub, factory(*sub));
+  };
+  add("verify", "Compare the engine with a golden reference set", diffuse::app::add_verify_command);
+
+  if (argc == 2 && std::string(argv[1]) == "--version") {
+    std::cout << "diffuse " << DIFFUSE_VERSION << " (libtorch " << TORCH_VERSION << ")\n";
+    return 0;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [sub, run] : commands)
+      if (sub->parsed()) return run();
+  } catch (const diffuse::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,97 @@
+#include "io/model_folder.h"
+
+#include <filesystem>
+#include <set>
+
+#include "diffuse/errors.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace diffuse::io {
+
+ModelFolder ModelFolder::open(const std::string& dir) {
+  if (!fs::is_directory(dir)) throw IoError("model folder '" + dir + "' does not exist or is not a folder");
+  std::string index = (fs::path(dir) / "model_index.json").string();
+  if (!fs::exists(index))
+    throw IoError("'" + dir + "' is not a diffusers pipeline folder: model_index.json is missing");
+  ModelFolder folder;
+  folder.dir_ = dir;
+  folder.model_index_ = JsonConfig::load(index);
+  return folder;
+}
+
+std::string ModelFolder::component_class(const std::string& component) const {
+  const auto& j = model_index_.json();
+  if (!j.contains(component) || !j[component].is_array() || j[component].size() != 2 ||
+      !j[component][1].is_string())
+    return "";
+  return j[component][1].get<std::string>();
+}
+
+std::string ModelFolder::component_dir(const std::string& component) const {
+  return (fs::path(dir_) / component).string();
+}
+
+bool ModelFolder::has_component(const std::string& component) const {
+  return fs::is_directory(component_dir(component));
+}
+
+JsonConfig ModelFolder::component_config(const std::string& component,
+                                         const std::string& file_name) const {
+  std::string path = (fs::path(component_dir(component)) / file_name).string();
+  if (!fs::exists(path))
+    throw IoError("model folder '" + dir_ + "': " + component + "/" + file_name + " is missing");
+  return JsonConfig::load(path);
+}
+
+std::map<std::string, torch::Tensor> ModelFolder::component_weights(const std::string& component) const {
+  fs::path cdir = component_dir(component);
+  if (!fs::is_directory(cdir))
+    throw IoError("model folder '" + dir_ + "': component folder '" + component + "' is missing");
+  // Preference order follows diffusers: the canonical names first, then any single file.
+  for (const char* name : {"diffusion_pytorch_model.safetensors", "model.safetensors",
+                           "diffusion_pytorch_model.safetensors.index.json",
+                           "model.safetensors.index.json"}) {
+    if (fs::exists(cdir / name)) return load_weights_file((cdir / name).string());
+  }
+  std::vector<fs::path> candidates;
+  for (const auto& e : fs::directory_iterator(cdir)) {
+    auto p = e.path().string();
+    if (p.size() > 12 && p.compare(p.size() - 12, 12, ".safetensors") == 0) candidates.push_back(e.path());
+  }
+  if (candidates.size() == 1) return load_weights_file(candidates[0].string());
+  if (candidates.empty())
+    throw IoError("model folder '" + dir_ + "': no *.safetensors weights in '" + component +
+                  "/' (.bin/.ckpt pickles are not supported; convert them to safetensors)");
+  throw IoError("model folder '" + dir_ + "': several *.safetensors files in '" + component +
+                "/' and no index.json saying which to use");
+}
+
+std::map<std::string, torch::Tensor> load_weights_file(const std::string& path) {
+  const std::string suffix = ".index.json";
+  if (path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    JsonConfig index = JsonConfig::load(path);
+    if (!index.has("weight_map") || !index.json()["weight_map"].is_object())
+      throw FormatError(path + ": missing object 'weight_map'");
+    std::set<std::string> shards;
+    for (auto it = index.json()["weight_map"].begin(); it != index.json()["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) throw FormatError(path + ": weight_map['" + it.key() + "'] is not a file name");
+      shards.insert(it.value().get<std::string>());
+    }
+    std::map<std::string, torch::Tensor> out;
+    for (const auto& shard : shards) {
+      auto shard_path = (fs::path(path).parent_path() / shard).string();
+      auto file = SafetensorsFile::open(shard_path);
+      for (auto& [k, v] : file->load_all()) out.emplace(k, v);
+    }
+    for (auto it = index.json()["weight_map"].begin(); it != index.json()["weight_map"].end(); ++it)
+      if (!out.count(it.key()))
+        throw FormatError(path + ": tensor '" + it.key() + "' is not in shard '" +
+                          it.value().get<std::string>() + "'");
+    return out;
+  }
+  return SafetensorsFile::open(path)->load_all();
+}
+
+}  // namespace diffuse::io

@@ -1,0 +1,40 @@
+// A diffusers pipeline folder: model_index.json plus one sub-folder per component with its
+// config.json and weights (*.safetensors, or sharded via *.safetensors.index.json).
+#pragma once
+#include <torch/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/json_config.h"
+
+namespace diffuse::io {
+
+class ModelFolder {
+ public:
+  // Throws IoError if `dir` or its model_index.json is missing, FormatError if malformed.
+  static ModelFolder open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const JsonConfig& model_index() const { return model_index_; }
+  // The class name model_index.json gives a component ("UNet2DConditionModel"), or "" if absent.
+  std::string component_class(const std::string& component) const;
+  std::string component_dir(const std::string& component) const;
+  bool has_component(const std::string& component) const;
+
+  // `<component>/<file_name>` parsed; IoError naming the path if missing.
+  JsonConfig component_config(const std::string& component,
+                              const std::string& file_name = "config.json") const;
+  // All weights of a component, from its single safetensors file or its sharded index.
+  std::map<std::string, torch::Tensor> component_weights(const std::string& component) const;
+
+ private:
+  std::string dir_;
+  JsonConfig model_index_;
+};
+
+// Loads every tensor from a safetensors file, or from the shards an *.index.json names.
+std::map<std::string, torch::Tensor> load_weights_file(const std::string& path);
+
+}  // namespace diffuse::io

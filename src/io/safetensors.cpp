@@ -1,0 +1,276 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "diffuse/errors.h"
+#include "io/atomic_file.h"
+
+namespace diffuse::io {
+namespace {
+
+// Larger headers are certainly corrupt; the reference implementation uses the same bound.
+constexpr uint64_t kMaxHeaderSize = 100u * 1024 * 1024;
+
+struct DtypeEntry {
+  const char* name;
+  torch::Dtype dtype;
+  size_t size;
+};
+const DtypeEntry kDtypes[] = {
+    {"F64", torch::kFloat64, 8}, {"F32", torch::kFloat32, 4}, {"F16", torch::kFloat16, 2},
+    {"BF16", torch::kBFloat16, 2}, {"I64", torch::kInt64, 8}, {"I32", torch::kInt32, 4},
+    {"I16", torch::kInt16, 2},   {"I8", torch::kInt8, 1},     {"U8", torch::kUInt8, 1},
+    {"BOOL", torch::kBool, 1},
+};
+
+const DtypeEntry* find_dtype(const std::string& name) {
+  for (const auto& e : kDtypes)
+    if (name == e.name) return &e;
+  return nullptr;
+}
+
+std::string known_dtypes() {
+  std::string s;
+  for (const auto& e : kDtypes) s += (s.empty() ? "" : " ") + std::string(e.name);
+  return s;
+}
+
+uint64_t read_u64_le(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) {
+  if (a != 0 && b > std::numeric_limits<uint64_t>::max() / a) return true;
+  *out = a * b;
+  return false;
+}
+
+}  // namespace
+
+torch::Dtype safetensors_dtype(const std::string& name) {
+  const DtypeEntry* e = find_dtype(name);
+  if (!e) throw FormatError("unknown safetensors dtype '" + name + "' (known: " + known_dtypes() + ")");
+  return e->dtype;
+}
+
+std::string safetensors_dtype_name(torch::Dtype dtype) {
+  for (const auto& e : kDtypes)
+    if (e.dtype == dtype) return e.name;
+  throw InvalidArgument(std::string("safetensors cannot store dtype ") +
+                        c10::toString(c10::ScalarType(dtype)));
+}
+
+struct SafetensorsFile::Mapping {
+  void* addr = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (addr && addr != MAP_FAILED) ::munmap(addr, size);
+  }
+};
+
+void parse_safetensors_header(const std::string& header_json, uint64_t data_size,
+                              const std::string& where, std::vector<TensorInfo>* infos,
+                              std::map<std::string, std::string>* metadata) {
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(header_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(where + ": header is not valid JSON (" + e.what() + ")");
+  }
+  if (!header.is_object()) throw FormatError(where + ": header is not a JSON object");
+  infos->clear();
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& entry = it.value();
+    if (name == "__metadata__") {
+      if (!entry.is_object()) throw FormatError(where + ": __metadata__ is not an object");
+      for (auto m = entry.begin(); m != entry.end(); ++m) {
+        if (!m.value().is_string())
+          throw FormatError(where + ": __metadata__['" + m.key() + "'] is not a string");
+        if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    std::string ctx = where + ": tensor '" + name + "'";
+    if (!entry.is_object()) throw FormatError(ctx + ": entry is not an object");
+    if (!entry.contains("dtype") || !entry["dtype"].is_string())
+      throw FormatError(ctx + ": missing string field 'dtype'");
+    if (!entry.contains("shape") || !entry["shape"].is_array())
+      throw FormatError(ctx + ": missing array field 'shape'");
+    if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
+        entry["data_offsets"].size() != 2)
+      throw FormatError(ctx + ": 'data_offsets' must be an array of two integers");
+    TensorInfo info;
+    info.name = name;
+    info.dtype = entry["dtype"].get<std::string>();
+    const DtypeEntry* dt = find_dtype(info.dtype);
+    if (!dt) throw FormatError(ctx + ": unknown dtype '" + info.dtype + "' (known: " + known_dtypes() + ")");
+    uint64_t numel = 1;
+    for (const auto& d : entry["shape"]) {
+      if (!d.is_number_unsigned())
+        throw FormatError(ctx + ": shape entries must be non-negative integers");
+      uint64_t v = d.get<uint64_t>();
+      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) || mul_overflows(numel, v, &numel))
+        throw FormatError(ctx + ": shape is too large");
+      info.shape.push_back(static_cast<int64_t>(v));
+    }
+    const auto& offs = entry["data_offsets"];
+    if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned())
+      throw FormatError(ctx + ": data_offsets must be non-negative integers");
+    info.begin = offs[0].get<uint64_t>();
+    info.end = offs[1].get<uint64_t>();
+    if (info.begin > info.end)
+      throw FormatError(ctx + ": data_offsets [" + std::to_string(info.begin) + ", " +
+                        std::to_string(info.end) + "] are reversed");
+    if (info.end > data_size)
+      throw FormatError(ctx + ": data_offsets end " + std::to_string(info.end) +
+                        " is beyond the data section (" + std::to_string(data_size) + " bytes)");
+    uint64_t nbytes = 0;
+    if (mul_overflows(numel, dt->size, &nbytes) || nbytes != info.end - info.begin)
+      throw FormatError(ctx + ": shape and dtype need " + std::to_string(numel * dt->size) +
+                        " bytes but data_offsets span " + std::to_string(info.end - info.begin));
+    infos->push_back(std::move(info));
+  }
+  std::vector<const TensorInfo*> sorted;
+  for (const auto& i : *infos) sorted.push_back(&i);
+  std::sort(sorted.begin(), sorted.end(), [](const TensorInfo* a, const TensorInfo* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    // Zero-sized tensors may share an offset with their neighbour.
+    if (sorted[i]->begin < sorted[i - 1]->end && sorted[i]->begin != sorted[i]->end)
+      throw FormatError(where + ": tensors '" + sorted[i - 1]->name + "' and '" + sorted[i]->name +
+                        "' have overlapping data");
+  }
+  std::sort(infos->begin(), infos->end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.name < b.name;
+  });
+}
+
+std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw IoError("cannot open safetensors file '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw IoError("'" + path + "' is not a regular file");
+  }
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    throw FormatError(path + ": file is " + std::to_string(size) +
+                      " bytes, too short for a safetensors header (need at least 8)");
+  }
+  auto mapping = std::make_shared<Mapping>();
+  // Private writable mapping: pages are shared with the page cache until someone writes to a
+  // tensor, which then gets its own copy instead of a segfault.
+  mapping->addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  mapping->size = size;
+  ::close(fd);
+  if (mapping->addr == MAP_FAILED) {
+    mapping->addr = nullptr;
+    throw IoError("cannot mmap '" + path + "': " + std::strerror(errno));
+  }
+  const uint8_t* base = static_cast<const uint8_t*>(mapping->addr);
+  uint64_t header_size = read_u64_le(base);
+  if (header_size > size - 8)
+    throw FormatError(path + ": header length " + std::to_string(header_size) +
+                      " is larger than the file (" + std::to_string(size) + " bytes): truncated or not a safetensors file");
+  if (header_size > kMaxHeaderSize)
+    throw FormatError(path + ": header length " + std::to_string(header_size) + " exceeds the 100 MiB limit");
+  std::string header(reinterpret_cast<const char*>(base + 8), header_size);
+  std::vector<TensorInfo> infos;
+  parse_safetensors_header(header, size - 8 - header_size, path, &infos, &file->metadata_);
+  file->mapping_ = mapping;
+  file->data_ = base + 8 + header_size;
+  file->data_size_ = size - 8 - header_size;
+  for (auto& i : infos) {
+    file->names_.push_back(i.name);
+    file->infos_.emplace(i.name, std::move(i));
+  }
+  return file;
+}
+
+SafetensorsFile::~SafetensorsFile() = default;
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  auto it = infos_.find(name);
+  if (it == infos_.end()) throw FormatError(path_ + ": no tensor named '" + name + "'");
+  return it->second;
+}
+
+torch::Tensor SafetensorsFile::get(const std::string& name) const {
+  const TensorInfo& ti = info(name);
+  const DtypeEntry* dt = find_dtype(ti.dtype);
+  auto options = torch::TensorOptions().dtype(dt->dtype).device(torch::kCPU);
+  uint8_t* ptr = const_cast<uint8_t*>(data_ + ti.begin);
+  uint64_t nbytes = ti.end - ti.begin;
+  if (nbytes == 0) return torch::empty(ti.shape, options);
+  if (dt->dtype == torch::kBool) {
+    // Any byte other than 0/1 is not a valid bool and is undefined behaviour once read as one.
+    for (uint64_t i = 0; i < nbytes; ++i)
+      if (ptr[i] > 1) throw FormatError(path_ + ": tensor '" + name + "' has a BOOL byte that is neither 0 nor 1");
+  }
+  if (reinterpret_cast<uintptr_t>(ptr) % dt->size == 0) {
+    auto keep = mapping_;
+    return torch::from_blob(ptr, ti.shape, [keep](void*) mutable { keep.reset(); }, options);
+  }
+  // Misaligned data (legal in the format): copy out instead of handing torch a bad pointer.
+  auto t = torch::empty(ti.shape, options);
+  std::memcpy(t.data_ptr(), ptr, nbytes);
+  return t;
+}
+
+std::map<std::string, torch::Tensor> SafetensorsFile::load_all() const {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& n : names_) out.emplace(n, get(n));
+  return out;
+}
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<torch::Tensor> contiguous;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name == "__metadata__") throw InvalidArgument("tensor name '__metadata__' is reserved");
+    if (header.contains(name)) throw InvalidArgument("duplicate tensor name '" + name + "'");
+    auto t = tensor.detach().to(torch::kCPU).contiguous();
+    uint64_t nbytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    header[name] = {{"dtype", safetensors_dtype_name(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+    contiguous.push_back(t);
+  }
+  std::string h = header.dump();
+  // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
+  while ((h.size() + 8) % 8 != 0) h.push_back(' ');
+  write_file_atomically(path, [&](std::ostream& out) {
+    uint8_t len[8];
+    uint64_t n = h.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+    out.write(reinterpret_cast<const char*>(len), 8);
+    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    for (const auto& t : contiguous)
+      out.write(static_cast<const char*>(t.data_ptr()),
+                static_cast<std::streamsize>(t.numel() * t.element_size()));
+  });
+}
+
+}  // namespace diffuse::io

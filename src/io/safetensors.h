@@ -1,0 +1,76 @@
+// safetensors reader (mmap, zero-copy where possible) and writer (atomic).
+// Format: u64 little-endian header length N, N bytes of JSON
+// {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}, then data.
+#pragma once
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace diffuse::io {
+
+struct TensorInfo {
+  std::string name;
+  std::string dtype;  // as written in the file: F32, BF16, ...
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // byte offsets relative to the start of the data section
+  uint64_t end = 0;
+};
+
+// Maps a safetensors dtype name to a torch dtype; throws FormatError for unknown names.
+torch::Dtype safetensors_dtype(const std::string& name);
+// The reverse; throws InvalidArgument for dtypes safetensors cannot store.
+std::string safetensors_dtype_name(torch::Dtype dtype);
+
+class SafetensorsFile {
+ public:
+  // Opens and validates the file. Throws IoError (cannot open/map) or FormatError (bad
+  // content: truncated, bad JSON, unknown dtype, offsets out of range or overlapping, ...).
+  static std::shared_ptr<SafetensorsFile> open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  // Tensor names in file order of their data offsets.
+  const std::vector<std::string>& names() const { return names_; }
+  bool contains(const std::string& name) const { return infos_.count(name) != 0; }
+  const TensorInfo& info(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // A CPU tensor viewing the mapped bytes (no copy) when they are suitably aligned, else a
+  // copy. The mapping stays alive while any returned tensor does. Writing to a returned
+  // tensor never changes the file (private copy-on-write mapping).
+  torch::Tensor get(const std::string& name) const;
+  // All tensors, by name.
+  std::map<std::string, torch::Tensor> load_all() const;
+
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+ private:
+  SafetensorsFile() = default;
+  struct Mapping;
+  std::string path_;
+  std::shared_ptr<Mapping> mapping_;
+  const uint8_t* data_ = nullptr;  // start of the data section
+  uint64_t data_size_ = 0;
+  std::vector<std::string> names_;
+  std::map<std::string, TensorInfo> infos_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Parses and validates a header against a data section of `data_size` bytes. Exposed for
+// tests; `where` names the source in error messages.
+void parse_safetensors_header(const std::string& header_json, uint64_t data_size,
+                              const std::string& where, std::vector<TensorInfo>* infos,
+                              std::map<std::string, std::string>* metadata);
+
+// Writes tensors (any device/layout; stored contiguous, in the given order) atomically.
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace diffuse::io

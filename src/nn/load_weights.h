@@ -1,0 +1,22 @@
+// Copies a state dict into a module's registered parameters and buffers, by name.
+#pragma once
+#include <torch/nn/module.h>
+
+#include <map>
+#include <set>
+#include <string>
+
+namespace diffuse::nn {
+
+struct LoadReport {
+  std::set<std::string> unexpected;  // keys in the file that the module does not have
+};
+
+// Every parameter of `module` must be present with the right shape (FormatError naming
+// `source`, the key and both shapes otherwise). Buffers are loaded when present. Keys that the
+// module does not know are returned in the report, except those in `ignored` (e.g.
+// text_model.embeddings.position_ids). Values are converted to the parameter's dtype/device.
+LoadReport load_state_dict(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& weights,
+                           const std::string& source, const std::set<std::string>& ignored = {});
+
+}  // namespace diffuse::nn

@@ -1,0 +1,9 @@
+// One runner per component; each lives in verify_<component>.cpp and reads everything it
+// needs (inputs, params, tolerances, model folder) from the case and the set.
+#pragma once
+#include "verify/verify.h"
+
+namespace diffuse::verify {
+
+
+}  // namespace diffuse::verify

@@ -1,0 +1,75 @@
+#include "verify/verify.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "verify/runners.h"
+
+namespace diffuse::verify {
+namespace {
+
+using Runner = CaseResult (*)(const GoldenSet&, const GoldenCase&, const VerifyOptions&);
+
+struct RunnerEntry {
+  const char* component;
+  Runner run;
+};
+
+// Add a line here when a component gets a runner.
+const std::vector<RunnerEntry> kRunners = {
+};
+
+Runner find_runner(const std::string& component) {
+  for (const auto& r : kRunners)
+    if (component == r.component) return r.run;
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<std::string> supported_components() {
+  std::vector<std::string> out;
+  for (const auto& r : kRunners) out.push_back(r.component);
+  return out;
+}
+
+CaseResult run_case(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options) {
+  CaseResult result;
+  Runner run = find_runner(c.component);
+  if (!run) {
+    result.name = c.name;
+    result.component = c.component;
+    result.reason = "unsupported component '" + c.component + "'";
+    return result;
+  }
+  try {
+    torch::InferenceMode guard;
+    result = run(set, c, options);
+  } catch (const std::exception& e) {
+    result = CaseResult();
+    result.passed = false;
+    result.reason = e.what();
+  }
+  result.name = c.name;
+  result.component = c.component;
+  if (result.details.empty() && result.reason.empty()) {
+    result.passed = false;
+    result.reason = "runner compared nothing";
+  }
+  return result;
+}
+
+std::vector<CaseResult> run_all(const GoldenSet& set, const VerifyOptions& options) {
+  std::vector<CaseResult> out;
+  for (const auto& c : set.cases) {
+    if (!options.components.empty() &&
+        std::find(options.components.begin(), options.components.end(), c.component) ==
+            options.components.end())
+      continue;
+    out.push_back(run_case(set, c, options));
+  }
+  return out;
+}
+
+}  // namespace diffuse::verify

@@ -1,0 +1,25 @@
+// Helpers shared by the tests.
+#pragma once
+#include <filesystem>
+#include <string>
+
+#include "verify/golden.h"
+
+namespace diffuse::test {
+
+// The golden set under test: $DIFFUSE_GOLDEN_DIR or the shared sd21-tiny set.
+inline std::string golden_dir() { return verify::golden_dir_from_env(DIFFUSE_DEFAULT_GOLDEN_DIR); }
+
+// A fresh empty folder under the system temp dir, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace diffuse::test
