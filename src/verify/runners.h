@@ -5,5 +5,7 @@
 
 namespace diffuse::verify {
 
+CaseResult verify_text_encoder(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o);
+
 
 }  // namespace diffuse::verify

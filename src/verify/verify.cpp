@@ -18,6 +18,7 @@ struct RunnerEntry {
 
 // Add a line here when a component gets a runner.
 const std::vector<RunnerEntry> kRunners = {
+    {"text_encoder", verify_text_encoder},
 };
 
 Runner find_runner(const std::string& component) {
