@@ -1,0 +1,30 @@
+// An 8-bit RGB image, row-major, 3 bytes per pixel: the unit the public API deals in.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace diffuse {
+
+struct Image {
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> rgb;  // width * height * 3 bytes
+
+  bool empty() const { return width == 0 || height == 0; }
+};
+
+// Reads a PNG (any bit depth / colour type; alpha is dropped, grey expanded). Throws IoError if
+// the file cannot be opened, FormatError if it is not a valid PNG.
+Image read_png(const std::string& path);
+
+// Writes an RGB PNG atomically (temp file + rename) with the given tEXt chunks
+// (e.g. {"parameters": "prompt: ...; seed: 42"}). Throws IoError on failure.
+void write_png(const std::string& path, const Image& image,
+               const std::map<std::string, std::string>& text = {});
+
+// The tEXt chunks of a PNG (for tests and tools).
+std::map<std::string, std::string> read_png_text(const std::string& path);
+
+}  // namespace diffuse

@@ -1,0 +1,155 @@
+// PNG through libpng. libpng reports errors by longjmp; every libpng call sits in a function
+// whose only locals are trivially destructible, and errors are rethrown as typed exceptions
+// after the jump, so no C++ destructor is skipped.
+#include <png.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "diffuse/errors.h"
+#include "diffuse/image.h"
+#include "io/atomic_file.h"
+
+namespace diffuse {
+namespace {
+
+struct FileCloser {
+  void operator()(FILE* f) const {
+    if (f) std::fclose(f);
+  }
+};
+using FilePtr = std::unique_ptr<FILE, FileCloser>;
+
+struct ErrorBuffer {
+  char message[256] = {0};
+};
+
+void on_error(png_structp png, png_const_charp msg) {
+  auto* err = static_cast<ErrorBuffer*>(png_get_error_ptr(png));
+  if (err) std::snprintf(err->message, sizeof(err->message), "%s", msg);
+  png_longjmp(png, 1);
+}
+void on_warning(png_structp, png_const_charp) {}
+
+// Returns false (with err->message set) if libpng failed.
+bool decode(FILE* f, ErrorBuffer* err, Image* out, std::vector<png_bytep>* rows,
+            std::map<std::string, std::string>* text) {
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, err, on_error, on_warning);
+  if (!png) return false;
+  png_infop info = png_create_info_struct(png);
+  if (!info || setjmp(png_jmpbuf(png))) {
+    png_destroy_read_struct(&png, info ? &info : nullptr, nullptr);
+    return false;
+  }
+  png_init_io(png, f);
+  png_read_info(png, info);
+  png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
+  int color = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
+  if (w == 0 || h == 0 || static_cast<uint64_t>(w) * h > (1ull << 28)) {
+    std::snprintf(err->message, sizeof(err->message), "unsupported image size %ux%u", w, h);
+    png_destroy_read_struct(&png, &info, nullptr);
+    return false;
+  }
+  if (depth == 16) png_set_strip_16(png);
+  if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+  if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
+  if (color & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(png);
+  if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_strip_alpha(png);
+  png_read_update_info(png, info);
+  if (png_get_rowbytes(png, info) != static_cast<size_t>(w) * 3) {
+    std::snprintf(err->message, sizeof(err->message), "unexpected pixel layout after conversion");
+    png_destroy_read_struct(&png, &info, nullptr);
+    return false;
+  }
+  out->width = static_cast<int>(w);
+  out->height = static_cast<int>(h);
+  out->rgb.assign(static_cast<size_t>(w) * h * 3, 0);
+  rows->resize(h);
+  for (png_uint_32 y = 0; y < h; ++y) (*rows)[y] = out->rgb.data() + static_cast<size_t>(y) * w * 3;
+  png_read_image(png, rows->data());
+  png_read_end(png, info);
+  if (text) {
+    png_textp chunks = nullptr;
+    int n = png_get_text(png, info, &chunks, nullptr);
+    for (int i = 0; i < n; ++i) (*text)[chunks[i].key] = std::string(chunks[i].text, chunks[i].text_length);
+  }
+  png_destroy_read_struct(&png, &info, nullptr);
+  return true;
+}
+
+bool encode(FILE* f, ErrorBuffer* err, const Image& image, const std::vector<png_text>& text) {
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, err, on_error, on_warning);
+  if (!png) return false;
+  png_infop info = png_create_info_struct(png);
+  if (!info || setjmp(png_jmpbuf(png))) {
+    png_destroy_write_struct(&png, info ? &info : nullptr);
+    return false;
+  }
+  png_init_io(png, f);
+  png_set_IHDR(png, info, image.width, image.height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  if (!text.empty()) png_set_text(png, info, const_cast<png_textp>(text.data()), static_cast<int>(text.size()));
+  png_write_info(png, info);
+  for (int y = 0; y < image.height; ++y)
+    png_write_row(png, const_cast<png_bytep>(image.rgb.data() + static_cast<size_t>(y) * image.width * 3));
+  png_write_end(png, info);
+  png_destroy_write_struct(&png, &info);
+  return true;
+}
+
+Image read_png_impl(const std::string& path, std::map<std::string, std::string>* text) {
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (!f) throw IoError("cannot open image '" + path + "': " + std::strerror(errno));
+  unsigned char sig[8] = {0};
+  if (std::fread(sig, 1, 8, f.get()) != 8 || png_sig_cmp(sig, 0, 8) != 0)
+    throw FormatError("'" + path + "' is not a PNG file (only PNG images are supported)");
+  std::rewind(f.get());
+  ErrorBuffer err;
+  Image image;
+  std::vector<png_bytep> rows;
+  if (!decode(f.get(), &err, &image, &rows, text))
+    throw FormatError("cannot decode PNG '" + path + "': " + (err.message[0] ? err.message : "libpng error"));
+  return image;
+}
+
+}  // namespace
+
+Image read_png(const std::string& path) { return read_png_impl(path, nullptr); }
+
+std::map<std::string, std::string> read_png_text(const std::string& path) {
+  std::map<std::string, std::string> text;
+  read_png_impl(path, &text);
+  return text;
+}
+
+void write_png(const std::string& path, const Image& image, const std::map<std::string, std::string>& text) {
+  if (image.width <= 0 || image.height <= 0 ||
+      image.rgb.size() != static_cast<size_t>(image.width) * image.height * 3)
+    throw InvalidArgument("write_png: image is " + std::to_string(image.width) + "x" +
+                          std::to_string(image.height) + " with " + std::to_string(image.rgb.size()) +
+                          " bytes, expected width*height*3");
+  std::vector<png_text> chunks;
+  for (const auto& [k, v] : text) {
+    png_text t{};
+    t.compression = PNG_TEXT_COMPRESSION_NONE;
+    t.key = const_cast<char*>(k.c_str());
+    t.text = const_cast<char*>(v.c_str());
+    t.text_length = v.size();
+    chunks.push_back(t);
+  }
+  io::AtomicFile file(path);
+  {
+    FilePtr f(std::fopen(file.temp_path().c_str(), "wb"));
+    if (!f) throw IoError("cannot write '" + path + "': " + std::strerror(errno));
+    ErrorBuffer err;
+    if (!encode(f.get(), &err, image, chunks))
+      throw IoError("cannot encode PNG '" + path + "': " + (err.message[0] ? err.message : "libpng error"));
+    if (std::fflush(f.get()) != 0) throw IoError("cannot write '" + path + "': " + std::strerror(errno));
+  }
+  file.commit();
+}
+
+}  // namespace diffuse
