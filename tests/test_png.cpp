@@ -1,0 +1,73 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "diffuse/errors.h"
+#include "diffuse/image.h"
+#include "test_util.h"
+
+namespace diffuse {
+namespace {
+
+Image gradient(int w, int h) {
+  Image img;
+  img.width = w;
+  img.height = h;
+  img.rgb.resize(static_cast<size_t>(w) * h * 3);
+  for (size_t i = 0; i < img.rgb.size(); ++i) img.rgb[i] = static_cast<uint8_t>(i * 7);
+  return img;
+}
+
+TEST(Png, RoundTripsPixelsAndText) {
+  test::TempDir dir;
+  auto img = gradient(13, 7);
+  write_png(dir.file("a.png"), img, {{"parameters", "a cat; Seed: 42"}, {"diffuse", "{\"seed\":42}"}});
+  auto back = read_png(dir.file("a.png"));
+  EXPECT_EQ(back.width, 13);
+  EXPECT_EQ(back.height, 7);
+  EXPECT_EQ(back.rgb, img.rgb);
+  auto text = read_png_text(dir.file("a.png"));
+  EXPECT_EQ(text.at("parameters"), "a cat; Seed: 42");
+  EXPECT_EQ(text.at("diffuse"), "{\"seed\":42}");
+}
+
+TEST(Png, BadFilesGiveClearErrors) {
+  test::TempDir dir;
+  EXPECT_THROW(read_png(dir.file("missing.png")), IoError);
+  {
+    std::ofstream out(dir.file("text.png"));
+    out << "this is not a png";
+  }
+  try {
+    read_png(dir.file("text.png"));
+    FAIL();
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a PNG"), std::string::npos);
+  }
+  // A truncated PNG: valid signature, cut in the middle.
+  write_png(dir.file("full.png"), gradient(64, 64));
+  std::ifstream in(dir.file("full.png"), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  {
+    std::ofstream out(dir.file("cut.png"), std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  }
+  EXPECT_THROW(read_png(dir.file("cut.png")), FormatError);
+}
+
+TEST(Png, WriteFailuresLeaveNoFile) {
+  test::TempDir dir;
+  Image bad;
+  bad.width = 4;
+  bad.height = 4;
+  bad.rgb.resize(5);
+  EXPECT_THROW(write_png(dir.file("bad.png"), bad), InvalidArgument);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("bad.png")));
+  EXPECT_THROW(write_png(dir.file("no/such/dir/x.png"), gradient(2, 2)), IoError);
+  int files = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir.path())) (void)e, ++files;
+  EXPECT_EQ(files, 0);
+}
+
+}  // namespace
+}  // namespace diffuse
