@@ -1,0 +1,247 @@
+#include "io/ldm_checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "diffuse/errors.h"
+#include "io/ldm_key_map.h"
+#include "io/model_folder.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace diffuse::io {
+namespace {
+
+using ldm::TensorMap;
+using json = nlohmann::json;
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// Training-time state that inference never reads: the DDPM noise schedule (the scheduler
+// config recomputes it), the EMA copy (model.diffusion_model holds the weights to use), the
+// VAE's training loss (LPIPS / discriminator) and the v-prediction marker some tools add.
+const std::set<std::string> kIgnoredKeys = {
+    "betas",
+    "alphas_cumprod",
+    "alphas_cumprod_prev",
+    "sqrt_alphas_cumprod",
+    "sqrt_one_minus_alphas_cumprod",
+    "log_one_minus_alphas_cumprod",
+    "sqrt_recip_alphas_cumprod",
+    "sqrt_recipm1_alphas_cumprod",
+    "posterior_variance",
+    "posterior_log_variance_clipped",
+    "posterior_mean_coef1",
+    "posterior_mean_coef2",
+    "logvar",
+    "lvlb_weights",
+    "v_pred",
+};
+const std::vector<std::string> kIgnoredPrefixes = {"model_ema.", "first_stage_model.loss."};
+
+bool ignored(const std::string& name) {
+  if (kIgnoredKeys.count(name)) return true;
+  for (const auto& p : kIgnoredPrefixes)
+    if (starts_with(name, p)) return true;
+  return false;
+}
+
+// torch.save writes a zip archive (since 1.6) or a bare pickle; neither is safe to read.
+bool looks_like_pickle(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char b[9] = {};
+  in.read(reinterpret_cast<char*>(b), sizeof b);
+  auto got = in.gcount();
+  if (got >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4) return true;
+  // A safetensors header length may start with any byte; its JSON starts at offset 8.
+  if (got == 9 && b[8] == '{') return false;
+  if (got >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5) return true;  // PROTO opcode
+  std::string ext = fs::path(path).extension().string();
+  for (auto& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext == ".ckpt" || ext == ".pt" || ext == ".pth" || ext == ".bin";
+}
+
+std::optional<bool> parse_prediction(const std::string& v) {
+  std::string s = v;
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "v" || s == "v_prediction" || s == "v-prediction" || s == "true") return true;
+  if (s == "epsilon" || s == "eps" || s == "false") return false;
+  return std::nullopt;
+}
+
+// Prediction type recorded by the tool that wrote the file: Stability's ModelSpec, kohya's
+// training metadata, or a "v_pred" marker tensor.
+std::optional<bool> prediction_from_file(const SafetensorsFile& file) {
+  const auto& meta = file.metadata();
+  for (const char* key :
+       {"modelspec.prediction_type", "prediction_type", "ss_v_parameterization"}) {
+    auto it = meta.find(key);
+    if (it != meta.end())
+      if (auto v = parse_prediction(it->second)) return v;
+  }
+  if (file.contains("v_pred")) return true;
+  return std::nullopt;
+}
+
+void check_no_leftovers(const std::string& path, const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < names.size() && i < 6; ++i) list += (i ? ", '" : "'") + names[i] + "'";
+  if (names.size() > 6) list += " and " + std::to_string(names.size() - 6) + " more";
+  throw FormatError(path + ": " + std::to_string(names.size()) +
+                    " tensors are not part of the SD1.x/SD2.x single-file layout (an unsupported "
+                    "variant, or a damaged file): " +
+                    list);
+}
+
+void collect_leftovers(const TensorMap& pool, const std::string& prefix,
+                       std::vector<std::string>* out) {
+  for (const auto& [name, t] : pool) out->push_back(prefix + name);
+}
+
+}  // namespace
+
+bool is_single_file_checkpoint(const std::string& path) {
+  try {
+    if (!fs::is_regular_file(path) || looks_like_pickle(path)) return false;
+    auto file = SafetensorsFile::open(path);
+    for (const auto& name : file->names())
+      if (starts_with(name, ldm::kUnetPrefix)) return true;
+  } catch (const std::exception&) {
+  }
+  return false;
+}
+
+SingleFileComponents load_single_file_checkpoint(const std::string& path,
+                                                 const SingleFileOptions& options) {
+  if (!fs::exists(path)) throw IoError("single-file checkpoint '" + path + "' does not exist");
+  if (fs::is_directory(path))
+    throw FormatError("'" + path +
+                      "' is a folder; a single-file checkpoint is one .safetensors file");
+  if (looks_like_pickle(path))
+    throw FormatError(path +
+                      ": a PyTorch pickle checkpoint (.ckpt/.pt/.bin); pickles can run "
+                      "arbitrary code and are not read: convert it to .safetensors first");
+  std::shared_ptr<SafetensorsFile> file;
+  try {
+    file = SafetensorsFile::open(path);
+  } catch (const FormatError& e) {
+    throw FormatError(
+        std::string(e.what()) +
+        " (expected a single-file Stable Diffusion checkpoint in safetensors format)");
+  }
+
+  TensorMap unet, vae, open_clip, clip;
+  std::vector<std::string> leftovers;
+  bool sdxl = false;
+  for (const auto& name : file->names()) {
+    if (ignored(name)) continue;
+    if (starts_with(name, ldm::kUnetPrefix))
+      unet[name.substr(ldm::kUnetPrefix.size())] = file->get(name);
+    else if (starts_with(name, ldm::kVaePrefix))
+      vae[name.substr(ldm::kVaePrefix.size())] = file->get(name);
+    else if (starts_with(name, ldm::kOpenClipPrefix))
+      open_clip[name.substr(ldm::kOpenClipPrefix.size())] = file->get(name);
+    else if (starts_with(name, ldm::kClipPrefix))
+      clip[name.substr(ldm::kClipPrefix.size())] = file->get(name);
+    else
+      leftovers.push_back(name);
+    sdxl = sdxl || starts_with(name, "conditioner.embedders.");
+  }
+  if (sdxl)
+    throw FormatError(path +
+                      ": an SDXL checkpoint (conditioner.embedders.*); only SD1.x/SD2.x "
+                      "single-file checkpoints are supported");
+  if (unet.empty())
+    throw FormatError(path +
+                      ": no 'model.diffusion_model.*' tensors; expected a single-file "
+                      "Stable Diffusion checkpoint (original LDM layout: model.diffusion_model.*, "
+                      "first_stage_model.*, cond_stage_model.*)");
+
+  // Structure first: it decides the family, which the configs depend on.
+  ldm::UnetLayout unet_layout = ldm::parse_unet_layout(unet, path);
+  std::optional<ldm::VaeLayout> vae_layout;
+  if (!vae.empty()) vae_layout = ldm::parse_vae_layout(vae, path);
+  bool has_open_clip = !open_clip.empty();
+  TensorMap& text_pool = has_open_clip ? open_clip : clip;
+  std::optional<ldm::TextLayout> text_layout;
+  if (!text_pool.empty()) text_layout = ldm::parse_text_layout(text_pool, has_open_clip, path);
+
+  SingleFileComponents out;
+  out.family = has_open_clip                       ? "sd2"
+               : !clip.empty()                     ? "sd1"
+               : unet_layout.use_linear_projection ? "sd2"
+                                                   : "sd1";
+
+  std::optional<ModelFolder> folder;
+  if (!options.config_dir.empty()) folder = ModelFolder::open(options.config_dir);
+  std::optional<bool> v_prediction = options.v_prediction;
+  if (folder && folder->has_component("scheduler")) {
+    out.scheduler_config = folder->component_config("scheduler", "scheduler_config.json").json();
+    if (v_prediction)
+      out.scheduler_config["prediction_type"] = *v_prediction ? "v_prediction" : "epsilon";
+  } else {
+    if (!v_prediction) v_prediction = prediction_from_file(*file);
+    out.scheduler_config = ldm::default_scheduler_config(v_prediction.value_or(false));
+  }
+  bool v_pred = out.scheduler_config.value("prediction_type", "epsilon") == "v_prediction";
+
+  std::vector<std::string> assumed;
+  // A folder's config replaces the inferred one once it agrees on everything shapes determine.
+  auto choose = [&](const std::string& component, json inferred,
+                    const std::vector<std::string>& keys) -> json {
+    if (!folder) return inferred;
+    JsonConfig given = folder->component_config(component);
+    ldm::check_config_against_weights(given.json(), inferred, keys, given.source(), path);
+    return given.json();
+  };
+
+  out.unet_config =
+      choose("unet", ldm::infer_unet_config(unet_layout, out.family, v_pred, &assumed),
+             ldm::unet_shape_keys());
+  out.unet = ldm::map_unet(unet, unet_layout, path);
+  collect_leftovers(unet, ldm::kUnetPrefix, &leftovers);
+
+  if (vae_layout) {
+    out.vae_config = choose("vae", ldm::infer_vae_config(*vae_layout, out.family, v_pred, &assumed),
+                            ldm::vae_shape_keys());
+    out.vae = ldm::map_vae(vae, *vae_layout, path);
+    collect_leftovers(vae, ldm::kVaePrefix, &leftovers);
+  }
+
+  if (text_layout) {
+    int in_file = text_layout->layers_in_file;
+    // SD2 runs all but the last layer of the OpenCLIP tower (see ldm_checkpoint.h).
+    int layers = in_file - (has_open_clip && text_layout->has_text_projection ? 1 : 0);
+    if (folder) {
+      JsonConfig given = folder->component_config("text_encoder");
+      int want = given.require<int>("num_hidden_layers");
+      if (want != in_file && !(has_open_clip && want == in_file - 1))
+        throw ConfigError(given.source() + ": num_hidden_layers is " + std::to_string(want) +
+                          " but " + path + " has " + std::to_string(in_file) +
+                          " text encoder layers" +
+                          (has_open_clip ? " (one more is allowed: SD2 "
+                                           "skips the last layer)"
+                                         : ""));
+      layers = want;
+    }
+    if (layers < 1) throw FormatError(path + ": the text encoder has no usable layers");
+    out.text_encoder_config =
+        choose("text_encoder", ldm::infer_text_config(*text_layout, layers, &assumed),
+               ldm::text_shape_keys());
+    out.text_encoder = ldm::map_text(text_pool, *text_layout, layers, path);
+    collect_leftovers(text_pool, has_open_clip ? ldm::kOpenClipPrefix : ldm::kClipPrefix,
+                      &leftovers);
+  }
+  if (has_open_clip) collect_leftovers(clip, ldm::kClipPrefix, &leftovers);
+  check_no_leftovers(path, leftovers);
+
+  if (!folder) out.assumed = std::move(assumed);
+  return out;
+}
+
+}  // namespace diffuse::io

@@ -1,0 +1,101 @@
+// Internals of the single-file (LDM layout) loader, see io/ldm_checkpoint.h for the layout.
+// Parsing reads the structure of each component from its key names and shapes; mapping moves
+// tensors out of the LDM-named pool into diffusers names, so whatever is left in the pool
+// afterwards is a key no rule understood.
+#pragma once
+#include <torch/types.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace diffuse::io::ldm {
+
+using TensorMap = std::map<std::string, torch::Tensor>;
+
+// Key prefixes of the components in a single-file checkpoint.
+inline const std::string kUnetPrefix = "model.diffusion_model.";
+inline const std::string kVaePrefix = "first_stage_model.";
+inline const std::string kOpenClipPrefix = "cond_stage_model.model.";    // SD2
+inline const std::string kClipPrefix = "cond_stage_model.transformer.";  // SD1
+
+// ---- UNet (keys without the "model.diffusion_model." prefix) ----
+
+struct UnetLevel {
+  int64_t channels = 0;
+  std::vector<int> blocks;  // input_blocks / output_blocks indices of this level's resnets
+  bool attention = false;   // each resnet entry is followed by a spatial transformer
+  int resample_block = -1;  // input_blocks index of the downsampler / output_blocks index
+                            // whose entry holds the upsampler; -1 if none
+  int resample_slot = -1;   // output blocks: sub-index of the upsampler conv (1 or 2)
+  int transformer_depth = 0;
+};
+
+struct UnetLayout {
+  int64_t in_channels = 0, out_channels = 0, time_embed_dim = 0;
+  std::vector<UnetLevel> down;  // in diffusers order (down_blocks.0 first)
+  std::vector<UnetLevel> up;    // in diffusers order (up_blocks.0 = deepest level first)
+  int mid_transformer_depth = 0;
+  bool use_linear_projection = false;
+  int64_t cross_attention_dim = 0;
+};
+
+// Throws FormatError (naming `source`) when the keys do not form an LDM UNet.
+UnetLayout parse_unet_layout(const TensorMap& unet, const std::string& source);
+// Moves the UNet tensors out of `pool` into diffusers names.
+TensorMap map_unet(TensorMap& pool, const UnetLayout& layout, const std::string& source);
+
+// ---- VAE (keys without "first_stage_model.") ----
+
+struct VaeLayout {
+  int64_t in_channels = 0, out_channels = 0, latent_channels = 0;
+  std::vector<int64_t> block_out_channels;  // encoder order
+  int layers_per_block = 0;                 // encoder resnets per level; decoder has one more
+};
+
+VaeLayout parse_vae_layout(const TensorMap& vae, const std::string& source);
+TensorMap map_vae(TensorMap& pool, const VaeLayout& layout, const std::string& source);
+
+// ---- Text encoders ----
+
+struct TextLayout {
+  bool open_clip = false;  // SD2 OpenCLIP layout; else transformers CLIP names (SD1)
+  int64_t hidden_size = 0, intermediate_size = 0, vocab_size = 0, max_positions = 0;
+  int layers_in_file = 0;
+  bool has_text_projection = false;  // OpenCLIP: the file holds the whole text tower
+};
+
+// `pool` holds keys without "cond_stage_model.model." (OpenCLIP) or
+// "cond_stage_model.transformer." (CLIP).
+TextLayout parse_text_layout(const TensorMap& pool, bool open_clip, const std::string& source);
+// Moves the first `num_layers` layers (and embeddings / final norm) out of `pool`; the
+// remaining resblocks of an OpenCLIP tower are removed as unused.
+TensorMap map_text(TensorMap& pool, const TextLayout& layout, int num_layers,
+                   const std::string& source);
+
+// ---- Configs (io/ldm_config_infer.cpp) ----
+
+// Inferred diffusers/transformers configs. Values the weights cannot determine take the
+// standard SD1/SD2 value and are appended to `assumed` as "<component>.<key>".
+nlohmann::json infer_unet_config(const UnetLayout& layout, const std::string& family,
+                                 bool v_prediction, std::vector<std::string>* assumed);
+nlohmann::json infer_vae_config(const VaeLayout& layout, const std::string& family,
+                                bool v_prediction, std::vector<std::string>* assumed);
+nlohmann::json infer_text_config(const TextLayout& layout, int num_layers,
+                                 std::vector<std::string>* assumed);
+nlohmann::json default_scheduler_config(bool v_prediction);
+
+// Checks that a given config agrees with the inferred one on every key the weights determine;
+// throws ConfigError naming `config_source`, the key and both values. Keys absent from the
+// given config are not checked.
+void check_config_against_weights(const nlohmann::json& given, const nlohmann::json& inferred,
+                                  const std::vector<std::string>& keys,
+                                  const std::string& config_source, const std::string& weights);
+
+// The keys of each config that shapes determine (what check_config_against_weights compares).
+const std::vector<std::string>& unet_shape_keys();
+const std::vector<std::string>& vae_shape_keys();
+const std::vector<std::string>& text_shape_keys();
+
+}  // namespace diffuse::io::ldm
