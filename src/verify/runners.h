@@ -7,5 +7,6 @@ namespace diffuse::verify {
 
 CaseResult verify_text_encoder(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o);
 
+CaseResult verify_tokenizer(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 
 }  // namespace diffuse::verify

@@ -19,6 +19,7 @@ struct RunnerEntry {
 // Add a line here when a component gets a runner.
 const std::vector<RunnerEntry> kRunners = {
     {"text_encoder", verify_text_encoder},
+    {"tokenizer", verify_tokenizer},
 };
 
 Runner find_runner(const std::string& component) {
