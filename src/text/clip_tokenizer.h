@@ -11,6 +11,9 @@
 
 namespace diffuse::text {
 
+// GPT-2/CLIP bytes_to_unicode: the printable UTF-8 stand-in of each byte value.
+std::array<std::string, 256> clip_byte_characters();
+
 class ClipTokenizer {
  public:
   // A token that is matched literally in the raw text before any clean-up (transformers'

@@ -36,18 +36,6 @@ std::string read_file(const fs::path& path) {
   return ss.str();
 }
 
-// Stand-ins for the 256 byte values (GPT-2/CLIP bytes_to_unicode): printable Latin-1 bytes
-// stand for themselves, the others are mapped in order to U+0100, U+0101, ...
-std::array<std::string, 256> byte_characters() {
-  std::array<std::string, 256> out;
-  char32_t next = 256;
-  for (int b = 0; b < 256; ++b) {
-    bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    out[static_cast<size_t>(b)] = utf8_encode(printable ? static_cast<char32_t>(b) : next++);
-  }
-  return out;
-}
-
 // A special token value: a string or an AddedToken object {"content": ..., "lstrip": ...}.
 // Returns false for null.
 bool parse_added_token(const nlohmann::json& v, const std::string& where,
@@ -138,13 +126,26 @@ std::vector<std::string_view> split_fields(std::string_view line) {
 
 }  // namespace
 
+// Stand-ins for the 256 byte values (GPT-2/CLIP bytes_to_unicode): printable Latin-1 bytes
+// stand for themselves, the others are mapped in order to U+0100, U+0101, ...
+std::array<std::string, 256> clip_byte_characters() {
+  std::array<std::string, 256> out;
+  char32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    out[static_cast<size_t>(b)] = utf8_encode(printable ? static_cast<char32_t>(b) : next++);
+  }
+  return out;
+}
+
+
 class ClipTokenizerLoader {
  public:
   static ClipTokenizer load(const std::string& dir_str) {
     const fs::path dir(dir_str);
     if (!fs::is_directory(dir)) throw IoError("tokenizer folder '" + dir_str + "' does not exist");
     ClipTokenizer t;
-    t.byte_chars_ = byte_characters();
+    t.byte_chars_ = clip_byte_characters();
     load_vocab(dir / "vocab.json", t);
     load_merges(dir / "merges.txt", t);
 
