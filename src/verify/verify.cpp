@@ -18,6 +18,8 @@ struct RunnerEntry {
 
 // Add a line here when a component gets a runner.
 const std::vector<RunnerEntry> kRunners = {
+    {"unet", verify_unet},
+    {"vae", verify_vae},
 };
 
 Runner find_runner(const std::string& component) {
