@@ -17,12 +17,13 @@ std::string shape_str(c10::IntArrayRef s) {
   return os.str();
 }
 
-void check_block_types(const io::JsonConfig& cfg, const std::string& key, const std::vector<std::string>& types,
-                       const std::string& known, size_t n) {
+void check_block_types(const io::JsonConfig& cfg, const std::string& key,
+                       const std::vector<std::string>& types, const std::string& known, size_t n) {
   for (const auto& t : types)
     if (t != known) cfg.fail(key, "unknown block type '" + t + "' (supported: " + known + ")");
   if (types.size() != n)
-    cfg.fail(key, "has " + std::to_string(types.size()) + " entries but block_out_channels has " + std::to_string(n));
+    cfg.fail(key, "has " + std::to_string(types.size()) + " entries but block_out_channels has " +
+                      std::to_string(n));
 }
 
 }  // namespace
@@ -48,8 +49,9 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json(const io::JsonConfig& cfg) {
   if (c.norm_num_groups <= 0) cfg.fail("norm_num_groups", "must be positive");
   for (size_t i = 0; i < n; ++i)
     if (c.block_out_channels[i] % c.norm_num_groups != 0)
-      cfg.fail("norm_num_groups", std::to_string(c.norm_num_groups) + " groups do not divide block_out_channels[" +
-                                      std::to_string(i) + "] = " + std::to_string(c.block_out_channels[i]));
+      cfg.fail("norm_num_groups",
+               std::to_string(c.norm_num_groups) + " groups do not divide block_out_channels[" +
+                   std::to_string(i) + "] = " + std::to_string(c.block_out_channels[i]));
   c.sample_size = read_size(cfg, "sample_size");
   c.scaling_factor = cfg.get<double>("scaling_factor", 0.18215);
   c.shift_factor = cfg.get_optional<double>("shift_factor");
@@ -60,7 +62,9 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json(const io::JsonConfig& cfg) {
   return c;
 }
 
-int64_t AutoencoderKLConfig::spatial_factor() const { return int64_t{1} << (block_out_channels.size() - 1); }
+int64_t AutoencoderKLConfig::spatial_factor() const {
+  return int64_t{1} << (block_out_channels.size() - 1);
+}
 
 AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config) : config_(std::move(config)) {
   const auto& c = config_;
@@ -81,9 +85,11 @@ AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config) : config_(std::
   decoder = register_module("decoder", Decoder(dec));
   const int64_t lc = c.latent_channels;
   if (c.use_quant_conv)
-    quant_conv = register_module("quant_conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(2 * lc, 2 * lc, 1)));
+    quant_conv = register_module("quant_conv",
+                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(2 * lc, 2 * lc, 1)));
   if (c.use_post_quant_conv)
-    post_quant_conv = register_module("post_quant_conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(lc, lc, 1)));
+    post_quant_conv =
+        register_module("post_quant_conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(lc, lc, 1)));
 }
 
 LatentDist AutoencoderKLImpl::encode(const torch::Tensor& x, Intermediates* intermediates) {
@@ -93,12 +99,12 @@ LatentDist AutoencoderKLImpl::encode(const torch::Tensor& x, Intermediates* inte
     throw InvalidArgument(who + "image must be 4-D [batch, channels, height, width], got " +
                           (x.defined() ? shape_str(x.sizes()) : std::string("no tensor")));
   if (x.size(1) != c.in_channels)
-    throw InvalidArgument(who + "image has " + std::to_string(x.size(1)) + " channels, expected in_channels = " +
-                          std::to_string(c.in_channels));
+    throw InvalidArgument(who + "image has " + std::to_string(x.size(1)) +
+                          " channels, expected in_channels = " + std::to_string(c.in_channels));
   const int64_t f = c.spatial_factor();
   if (x.size(2) % f != 0 || x.size(3) % f != 0)
-    throw InvalidArgument(who + "image height and width must be multiples of " + std::to_string(f) + ", got " +
-                          std::to_string(x.size(2)) + "x" + std::to_string(x.size(3)));
+    throw InvalidArgument(who + "image height and width must be multiples of " + std::to_string(f) +
+                          ", got " + std::to_string(x.size(2)) + "x" + std::to_string(x.size(3)));
 
   auto moments = encoder(x, intermediates, "encoder.");
   if (quant_conv) {
@@ -120,8 +126,9 @@ torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& z_in, Intermediates
     throw InvalidArgument(who + "latents must be 4-D [batch, channels, height, width], got " +
                           (z_in.defined() ? shape_str(z_in.sizes()) : std::string("no tensor")));
   if (z_in.size(1) != c.latent_channels)
-    throw InvalidArgument(who + "latents have " + std::to_string(z_in.size(1)) +
-                          " channels, expected latent_channels = " + std::to_string(c.latent_channels));
+    throw InvalidArgument(
+        who + "latents have " + std::to_string(z_in.size(1)) +
+        " channels, expected latent_channels = " + std::to_string(c.latent_channels));
   auto z = z_in;
   if (post_quant_conv) {
     z = post_quant_conv(z);

@@ -47,7 +47,9 @@ struct AutoencoderKLConfig {
 struct LatentDist {
   torch::Tensor mean, logvar, std;
   // mean + std * noise (noise drawn by the caller, e.g. on the CPU for reproducibility).
-  torch::Tensor sample(const torch::Tensor& noise) const { return mean + std * noise.to(mean.options()); }
+  torch::Tensor sample(const torch::Tensor& noise) const {
+    return mean + std * noise.to(mean.options());
+  }
 };
 
 class AutoencoderKLImpl : public torch::nn::Module {

@@ -3,7 +3,8 @@
 namespace diffuse::models {
 namespace {
 
-int64_t as_positive_int(const io::JsonConfig& cfg, const std::string& key, const nlohmann::json& v) {
+int64_t as_positive_int(const io::JsonConfig& cfg, const std::string& key,
+                        const nlohmann::json& v) {
   if (!v.is_number_integer() || v.get<int64_t>() <= 0)
     cfg.fail(key, "expected a positive integer, got " + v.dump());
   return v.get<int64_t>();
@@ -14,20 +15,21 @@ int64_t as_positive_int(const io::JsonConfig& cfg, const std::string& key, const
 std::vector<int64_t> read_int_list(const io::JsonConfig& cfg, const std::string& key) {
   if (!cfg.has(key)) throw ConfigError(cfg.source() + ": missing required key '" + key + "'");
   const auto& v = cfg.json()[key];
-  if (!v.is_array() || v.empty()) cfg.fail(key, "expected a non-empty list of integers, got " + v.dump());
+  if (!v.is_array() || v.empty())
+    cfg.fail(key, "expected a non-empty list of integers, got " + v.dump());
   std::vector<int64_t> out;
   for (const auto& e : v) out.push_back(as_positive_int(cfg, key, e));
   return out;
 }
 
-std::vector<int64_t> read_per_block_ints(const io::JsonConfig& cfg, const std::string& key, size_t n,
-                                         int64_t fallback) {
+std::vector<int64_t> read_per_block_ints(const io::JsonConfig& cfg, const std::string& key,
+                                         size_t n, int64_t fallback) {
   if (!cfg.has(key)) return std::vector<int64_t>(n, fallback);
   const auto& v = cfg.json()[key];
   if (!v.is_array()) return std::vector<int64_t>(n, as_positive_int(cfg, key, v));
   if (v.size() != n)
-    cfg.fail(key, "has " + std::to_string(v.size()) + " entries, expected one per block (" + std::to_string(n) +
-                      "): " + v.dump());
+    cfg.fail(key, "has " + std::to_string(v.size()) + " entries, expected one per block (" +
+                      std::to_string(n) + "): " + v.dump());
   std::vector<int64_t> out;
   for (const auto& e : v) out.push_back(as_positive_int(cfg, key, e));
   return out;
@@ -39,7 +41,8 @@ std::vector<bool> read_per_block_bools(const io::JsonConfig& cfg, const std::str
   const auto& v = cfg.json()[key];
   if (v.is_boolean()) return std::vector<bool>(n, v.get<bool>());
   if (!v.is_array() || v.size() != n)
-    cfg.fail(key, "expected a boolean or a list of " + std::to_string(n) + " booleans, got " + v.dump());
+    cfg.fail(key,
+             "expected a boolean or a list of " + std::to_string(n) + " booleans, got " + v.dump());
   std::vector<bool> out;
   for (const auto& e : v) {
     if (!e.is_boolean()) cfg.fail(key, "expected booleans, got " + v.dump());
@@ -72,7 +75,8 @@ std::vector<int64_t> read_size(const io::JsonConfig& cfg, const std::string& key
 }
 
 void reject_if_set(const io::JsonConfig& cfg, const std::string& key, const std::string& what) {
-  if (cfg.has(key)) cfg.fail(key, what + " is not supported (value: " + cfg.json()[key].dump() + ")");
+  if (cfg.has(key))
+    cfg.fail(key, what + " is not supported (value: " + cfg.json()[key].dump() + ")");
 }
 
 }  // namespace diffuse::models

@@ -12,8 +12,8 @@ namespace diffuse::models {
 // `key` as a list of positive ints; ConfigError if missing (when required) or malformed.
 std::vector<int64_t> read_int_list(const io::JsonConfig& cfg, const std::string& key);
 // `key` as an int repeated n times or a list of exactly n ints; `fallback` if absent.
-std::vector<int64_t> read_per_block_ints(const io::JsonConfig& cfg, const std::string& key, size_t n,
-                                         int64_t fallback);
+std::vector<int64_t> read_per_block_ints(const io::JsonConfig& cfg, const std::string& key,
+                                         size_t n, int64_t fallback);
 std::vector<bool> read_per_block_bools(const io::JsonConfig& cfg, const std::string& key, size_t n,
                                        bool fallback);
 std::vector<std::string> read_string_list(const io::JsonConfig& cfg, const std::string& key,

@@ -16,6 +16,7 @@ io::JsonConfig component_config(const io::ModelFolder& folder, const std::string
 // Loads the component's weights into `module` by name. FormatError naming the folder if a
 // parameter is missing or mis-shaped, or if the file has tensors the module does not know
 // (a config that does not match its weights would otherwise run with pieces left out).
-void load_component_weights(torch::nn::Module& module, const io::ModelFolder& folder, const std::string& component);
+void load_component_weights(torch::nn::Module& module, const io::ModelFolder& folder,
+                            const std::string& component);
 
 }  // namespace diffuse::models

@@ -24,13 +24,16 @@ std::vector<T> reversed(std::vector<T> v) {
 
 }  // namespace
 
-UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config) : config_(std::move(config)) {
+UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
+    : config_(std::move(config)) {
   const auto& c = config_;
   act_ = nn::parse_activation(c.act_fn, c.source + ": key 'act_fn'");
   if (c.time_embedding_act_fn)
-    time_embed_act_ = nn::parse_activation(*c.time_embedding_act_fn, c.source + ": key 'time_embedding_act_fn'");
+    time_embed_act_ =
+        nn::parse_activation(*c.time_embedding_act_fn, c.source + ": key 'time_embedding_act_fn'");
   std::optional<nn::Activation> post_act;
-  if (c.timestep_post_act) post_act = nn::parse_activation(*c.timestep_post_act, c.source + ": key 'timestep_post_act'");
+  if (c.timestep_post_act)
+    post_act = nn::parse_activation(*c.timestep_post_act, c.source + ": key 'timestep_post_act'");
 
   const int64_t n = static_cast<int64_t>(c.block_out_channels.size());
   const auto& boc = c.block_out_channels;
@@ -38,16 +41,17 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
       "conv_in", torch::nn::Conv2d(torch::nn::Conv2dOptions(c.in_channels, boc[0], c.conv_in_kernel)
                                        .padding((c.conv_in_kernel - 1) / 2)));
   time_proj = register_module("time_proj", nn::Timesteps(boc[0], c.flip_sin_to_cos, c.freq_shift));
-  time_embedding =
-      register_module("time_embedding", nn::TimestepEmbedding(boc[0], c.time_embedding_dim, act_, post_act));
+  time_embedding = register_module(
+      "time_embedding", nn::TimestepEmbedding(boc[0], c.time_embedding_dim, act_, post_act));
 
   nn::UNetBlockOptions base;
   base.temb_channels = c.time_embedding_dim;
   base.resnet_eps = c.norm_eps;
   base.act = act_;
   base.resnet_groups = c.norm_num_groups;
-  base.time_embedding_norm =
-      c.resnet_time_scale_shift == "scale_shift" ? nn::TimeEmbeddingNorm::kScaleShift : nn::TimeEmbeddingNorm::kDefault;
+  base.time_embedding_norm = c.resnet_time_scale_shift == "scale_shift"
+                                 ? nn::TimeEmbeddingNorm::kScaleShift
+                                 : nn::TimeEmbeddingNorm::kDefault;
   base.use_linear_projection = c.use_linear_projection;
   base.upcast_attention = c.upcast_attention;
   base.downsample_padding = c.downsample_padding;
@@ -103,30 +107,37 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
   }
 
   conv_norm_out = register_module(
-      "conv_norm_out", torch::nn::GroupNorm(torch::nn::GroupNormOptions(c.norm_num_groups, boc[0]).eps(c.norm_eps)));
+      "conv_norm_out",
+      torch::nn::GroupNorm(torch::nn::GroupNormOptions(c.norm_num_groups, boc[0]).eps(c.norm_eps)));
   conv_out = register_module(
-      "conv_out", torch::nn::Conv2d(torch::nn::Conv2dOptions(boc[0], c.out_channels, c.conv_out_kernel)
-                                        .padding((c.conv_out_kernel - 1) / 2)));
+      "conv_out",
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(boc[0], c.out_channels, c.conv_out_kernel)
+                            .padding((c.conv_out_kernel - 1) / 2)));
 }
 
-void UNet2DConditionModelImpl::check_inputs(const torch::Tensor& sample, const torch::Tensor& timestep,
+void UNet2DConditionModelImpl::check_inputs(const torch::Tensor& sample,
+                                            const torch::Tensor& timestep,
                                             const torch::Tensor& ehs) const {
   const auto& c = config_;
   const std::string who = "UNet2DConditionModel (" + c.source + "): ";
   if (!sample.defined() || sample.dim() != 4)
-    throw InvalidArgument(who + "sample must be 4-D [batch, channels, height, width], got " +
-                          (sample.defined() ? shape_str(sample.sizes()) : std::string("no tensor")));
+    throw InvalidArgument(
+        who + "sample must be 4-D [batch, channels, height, width], got " +
+        (sample.defined() ? shape_str(sample.sizes()) : std::string("no tensor")));
   if (sample.size(1) != c.in_channels)
     throw InvalidArgument(who + "sample has " + std::to_string(sample.size(1)) +
                           " channels, expected in_channels = " + std::to_string(c.in_channels));
   const int64_t f = c.spatial_factor();
   if (sample.size(2) % f != 0 || sample.size(3) % f != 0)
-    throw InvalidArgument(who + "sample height and width must be multiples of " + std::to_string(f) + ", got " +
-                          std::to_string(sample.size(2)) + "x" + std::to_string(sample.size(3)));
+    throw InvalidArgument(who + "sample height and width must be multiples of " +
+                          std::to_string(f) + ", got " + std::to_string(sample.size(2)) + "x" +
+                          std::to_string(sample.size(3)));
   const int64_t B = sample.size(0);
-  if (!timestep.defined() || timestep.dim() > 1 || (timestep.dim() == 1 && timestep.size(0) != 1 && timestep.size(0) != B))
-    throw InvalidArgument(who + "timestep must be a scalar or have 1 or batch (" + std::to_string(B) +
-                          ") elements, got " + (timestep.defined() ? shape_str(timestep.sizes()) : "no tensor"));
+  if (!timestep.defined() || timestep.dim() > 1 ||
+      (timestep.dim() == 1 && timestep.size(0) != 1 && timestep.size(0) != B))
+    throw InvalidArgument(who + "timestep must be a scalar or have 1 or batch (" +
+                          std::to_string(B) + ") elements, got " +
+                          (timestep.defined() ? shape_str(timestep.sizes()) : "no tensor"));
   if (timestep.scalar_type() == torch::kBool || timestep.is_complex())
     throw InvalidArgument(who + "timestep must be an integer or floating-point tensor");
   if (!ehs.defined() || ehs.dim() != 3)
@@ -134,14 +145,16 @@ void UNet2DConditionModelImpl::check_inputs(const torch::Tensor& sample, const t
                           std::to_string(c.cross_attention_dim[0]) + "], got " +
                           (ehs.defined() ? shape_str(ehs.sizes()) : std::string("no tensor")));
   if (ehs.size(2) != c.cross_attention_dim[0])
-    throw InvalidArgument(who + "encoder_hidden_states has last dimension " + std::to_string(ehs.size(2)) +
-                          ", expected cross_attention_dim = " + std::to_string(c.cross_attention_dim[0]));
+    throw InvalidArgument(
+        who + "encoder_hidden_states has last dimension " + std::to_string(ehs.size(2)) +
+        ", expected cross_attention_dim = " + std::to_string(c.cross_attention_dim[0]));
   if (ehs.size(0) != B)
     throw InvalidArgument(who + "encoder_hidden_states has batch " + std::to_string(ehs.size(0)) +
                           ", sample has batch " + std::to_string(B));
 }
 
-torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in, const torch::Tensor& timestep,
+torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
+                                                const torch::Tensor& timestep,
                                                 const torch::Tensor& encoder_hidden_states,
                                                 Intermediates* intermediates) {
   check_inputs(sample_in, timestep, encoder_hidden_states);
@@ -179,8 +192,8 @@ torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in, 
   return conv_out(nn::apply_activation(sample, act_));
 }
 
-UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
-                               const std::string& component) {
+UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device device,
+                               torch::Dtype dtype, const std::string& component) {
   auto cfg = component_config(folder, component, "UNet2DConditionModel");
   UNet2DConditionModel model(UNet2DConditionConfig::from_json(cfg));
   load_component_weights(*model, folder, component);

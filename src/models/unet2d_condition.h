@@ -24,8 +24,8 @@
 namespace diffuse::models {
 
 struct UNet2DConditionConfig {
-  std::string source;                 // the config file, for messages
-  std::vector<int64_t> sample_size;   // [] absent, [s] square, or [h, w]
+  std::string source;                // the config file, for messages
+  std::vector<int64_t> sample_size;  // [] absent, [s] square, or [h, w]
   int64_t in_channels = 4;
   int64_t out_channels = 4;
   bool center_input_sample = false;
@@ -37,7 +37,8 @@ struct UNet2DConditionConfig {
   std::vector<int64_t> block_out_channels;
   // Per down block (index i of the down path; the up path uses them reversed):
   std::vector<int64_t> layers_per_block;
-  std::vector<int64_t> num_attention_heads;  // resolved from num_attention_heads / attention_head_dim
+  std::vector<int64_t>
+      num_attention_heads;  // resolved from num_attention_heads / attention_head_dim
   std::vector<int64_t> cross_attention_dim;
   std::vector<int64_t> transformer_layers_per_block;
   std::vector<bool> only_cross_attention;
@@ -70,7 +71,8 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
   // With `intermediates`, records time_proj, time_embedding, conv_in, down_blocks.i,
   // mid_block, up_blocks.i and conv_norm_out. InvalidArgument on malformed inputs.
   torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep,
-                        const torch::Tensor& encoder_hidden_states, Intermediates* intermediates = nullptr);
+                        const torch::Tensor& encoder_hidden_states,
+                        Intermediates* intermediates = nullptr);
 
   const UNet2DConditionConfig& config() const { return config_; }
 
@@ -95,7 +97,7 @@ TORCH_MODULE(UNet2DConditionModel);
 
 // Builds the model from `<component>/config.json`, loads its weights by name, and moves it to
 // `device` / `dtype` in eval mode. ConfigError / FormatError / IoError name the file.
-UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
-                               const std::string& component = "unet");
+UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device device,
+                               torch::Dtype dtype, const std::string& component = "unet");
 
 }  // namespace diffuse::models

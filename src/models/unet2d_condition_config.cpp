@@ -19,14 +19,18 @@ std::string joined(const std::set<std::string>& names) {
 }
 
 // diffusers strips a "UNetRes" prefix from block type names.
-std::string strip_prefix(const std::string& t) { return t.rfind("UNetRes", 0) == 0 ? t.substr(7) : t; }
+std::string strip_prefix(const std::string& t) {
+  return t.rfind("UNetRes", 0) == 0 ? t.substr(7) : t;
+}
 
 std::vector<std::string> block_types(const io::JsonConfig& cfg, const std::string& key,
-                                     const std::vector<std::string>& fallback, const std::set<std::string>& known) {
+                                     const std::vector<std::string>& fallback,
+                                     const std::set<std::string>& known) {
   auto types = read_string_list(cfg, key, fallback);
   for (auto& t : types) {
     t = strip_prefix(t);
-    if (!known.count(t)) cfg.fail(key, "unknown block type '" + t + "' (supported: " + joined(known) + ")");
+    if (!known.count(t))
+      cfg.fail(key, "unknown block type '" + t + "' (supported: " + joined(known) + ")");
   }
   return types;
 }
@@ -45,9 +49,11 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
   reject_if_set(cfg, "time_cond_proj_dim", "timestep condition projection");
   reject_if_set(cfg, "reverse_transformer_layers_per_block", "asymmetric transformer depth");
   reject_if_set(cfg, "cross_attention_norm", "cross-attention norm");
-  if (cfg.get<bool>("dual_cross_attention", false)) cfg.fail("dual_cross_attention", "true is not supported");
+  if (cfg.get<bool>("dual_cross_attention", false))
+    cfg.fail("dual_cross_attention", "true is not supported");
   if (cfg.get<std::string>("attention_type", "default") != "default")
-    cfg.fail("attention_type", "only \"default\" is supported, got " + cfg.json()["attention_type"].dump());
+    cfg.fail("attention_type",
+             "only \"default\" is supported, got " + cfg.json()["attention_type"].dump());
   if (cfg.get<std::string>("time_embedding_type", "positional") != "positional")
     cfg.fail("time_embedding_type",
              "only \"positional\" is supported, got " + cfg.json()["time_embedding_type"].dump());
@@ -62,10 +68,12 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
   c.block_out_channels = read_int_list(cfg, "block_out_channels");
   const size_t n = c.block_out_channels.size();
   c.down_block_types = block_types(
-      cfg, "down_block_types", {"CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"},
+      cfg, "down_block_types",
+      {"CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"},
       kDownTypes);
   c.up_block_types = block_types(
-      cfg, "up_block_types", {"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"}, kUpTypes);
+      cfg, "up_block_types",
+      {"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"}, kUpTypes);
   if (c.down_block_types.size() != n)
     cfg.fail("down_block_types", "has " + std::to_string(c.down_block_types.size()) +
                                      " entries but block_out_channels has " + std::to_string(n));
@@ -91,11 +99,15 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
   c.cross_attention_dim = read_per_block_ints(cfg, "cross_attention_dim", n, 1280);
   for (auto d : c.cross_attention_dim)
     if (d != c.cross_attention_dim[0])
-      cfg.fail("cross_attention_dim", "per-block values must be equal (all blocks attend to the same "
-                                      "encoder_hidden_states), got " + cfg.json()["cross_attention_dim"].dump());
-  if (cfg.has("transformer_layers_per_block") && cfg.json()["transformer_layers_per_block"].is_array())
+      cfg.fail("cross_attention_dim",
+               "per-block values must be equal (all blocks attend to the same "
+               "encoder_hidden_states), got " +
+                   cfg.json()["cross_attention_dim"].dump());
+  if (cfg.has("transformer_layers_per_block") &&
+      cfg.json()["transformer_layers_per_block"].is_array())
     for (const auto& e : cfg.json()["transformer_layers_per_block"])
-      if (e.is_array()) cfg.fail("transformer_layers_per_block", "nested per-layer lists are not supported");
+      if (e.is_array())
+        cfg.fail("transformer_layers_per_block", "nested per-layer lists are not supported");
   c.transformer_layers_per_block = read_per_block_ints(cfg, "transformer_layers_per_block", n, 1);
   c.only_cross_attention = read_per_block_bools(cfg, "only_cross_attention", n, false);
 
@@ -111,16 +123,19 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
   c.upcast_attention = cfg.get<bool>("upcast_attention", false);
   c.resnet_time_scale_shift = cfg.get<std::string>("resnet_time_scale_shift", "default");
   if (c.resnet_time_scale_shift != "default" && c.resnet_time_scale_shift != "scale_shift")
-    cfg.fail("resnet_time_scale_shift", "expected \"default\" or \"scale_shift\", got \"" +
-                                            c.resnet_time_scale_shift + "\"");
+    cfg.fail("resnet_time_scale_shift",
+             "expected \"default\" or \"scale_shift\", got \"" + c.resnet_time_scale_shift + "\"");
   c.time_embedding_dim = cfg.get<int64_t>("time_embedding_dim", c.block_out_channels[0] * 4);
   c.time_embedding_act_fn = cfg.get_optional<std::string>("time_embedding_act_fn");
-  if (c.time_embedding_act_fn) nn::parse_activation(*c.time_embedding_act_fn, c.source + ": key 'time_embedding_act_fn'");
+  if (c.time_embedding_act_fn)
+    nn::parse_activation(*c.time_embedding_act_fn, c.source + ": key 'time_embedding_act_fn'");
   c.timestep_post_act = cfg.get_optional<std::string>("timestep_post_act");
-  if (c.timestep_post_act) nn::parse_activation(*c.timestep_post_act, c.source + ": key 'timestep_post_act'");
+  if (c.timestep_post_act)
+    nn::parse_activation(*c.timestep_post_act, c.source + ": key 'timestep_post_act'");
   c.conv_in_kernel = cfg.get<int64_t>("conv_in_kernel", 3);
   c.conv_out_kernel = cfg.get<int64_t>("conv_out_kernel", 3);
-  if (c.conv_in_kernel % 2 == 0) cfg.fail("conv_in_kernel", "must be odd, got " + std::to_string(c.conv_in_kernel));
+  if (c.conv_in_kernel % 2 == 0)
+    cfg.fail("conv_in_kernel", "must be odd, got " + std::to_string(c.conv_in_kernel));
   if (c.conv_out_kernel % 2 == 0)
     cfg.fail("conv_out_kernel", "must be odd, got " + std::to_string(c.conv_out_kernel));
 
@@ -129,18 +144,21 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
   for (size_t i = 0; i < n; ++i) {
     const int64_t ch = c.block_out_channels[i];
     if (ch % c.norm_num_groups != 0)
-      cfg.fail("norm_num_groups", std::to_string(c.norm_num_groups) + " groups do not divide block_out_channels[" +
+      cfg.fail("norm_num_groups", std::to_string(c.norm_num_groups) +
+                                      " groups do not divide block_out_channels[" +
                                       std::to_string(i) + "] = " + std::to_string(ch));
   }
   // Down block i, up block n-1-i and (for i = n-1) the mid block attend over
   // block_out_channels[i] channels with num_attention_heads[i] heads.
   for (size_t i = 0; i < n; ++i) {
     bool attends = c.down_block_types[i] == "CrossAttnDownBlock2D" ||
-                   c.up_block_types[n - 1 - i] == "CrossAttnUpBlock2D" || (i == n - 1 && !c.mid_block_type.empty());
+                   c.up_block_types[n - 1 - i] == "CrossAttnUpBlock2D" ||
+                   (i == n - 1 && !c.mid_block_type.empty());
     if (attends && c.block_out_channels[i] % c.num_attention_heads[i] != 0)
       cfg.fail(cfg.has("num_attention_heads") ? "num_attention_heads" : "attention_head_dim",
-               std::to_string(c.num_attention_heads[i]) + " heads do not divide block_out_channels[" +
-                   std::to_string(i) + "] = " + std::to_string(c.block_out_channels[i]));
+               std::to_string(c.num_attention_heads[i]) +
+                   " heads do not divide block_out_channels[" + std::to_string(i) +
+                   "] = " + std::to_string(c.block_out_channels[i]));
   }
   return c;
 }

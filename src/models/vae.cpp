@@ -53,7 +53,8 @@ EncoderImpl::EncoderImpl(const VaeCoderOptions& o) {
   conv_out = register_module("conv_out", conv3x3(boc.back(), 2 * o.out_channels));
 }
 
-torch::Tensor EncoderImpl::forward(const torch::Tensor& x, Intermediates* inter, const std::string& prefix) {
+torch::Tensor EncoderImpl::forward(const torch::Tensor& x, Intermediates* inter,
+                                   const std::string& prefix) {
   auto h = conv_in(x);
   capture(inter, prefix + "conv_in", h);
   for (size_t i = 0; i < down_list.size(); ++i) {
@@ -92,7 +93,8 @@ DecoderImpl::DecoderImpl(const VaeCoderOptions& o) {
   conv_out = register_module("conv_out", conv3x3(boc[0], o.out_channels));
 }
 
-torch::Tensor DecoderImpl::forward(const torch::Tensor& z, Intermediates* inter, const std::string& prefix) {
+torch::Tensor DecoderImpl::forward(const torch::Tensor& z, Intermediates* inter,
+                                   const std::string& prefix) {
   auto h = conv_in(z);
   capture(inter, prefix + "conv_in", h);
   h = mid_block(h);

@@ -28,7 +28,8 @@ struct EncoderImpl : torch::nn::Module {
   explicit EncoderImpl(const VaeCoderOptions& options);
   // Records "<prefix>conv_in", "<prefix>down_blocks.i", "<prefix>mid_block",
   // "<prefix>conv_norm_out", "<prefix>conv_out" when `inter` is set.
-  torch::Tensor forward(const torch::Tensor& x, Intermediates* inter = nullptr, const std::string& prefix = "");
+  torch::Tensor forward(const torch::Tensor& x, Intermediates* inter = nullptr,
+                        const std::string& prefix = "");
 
   torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
   torch::nn::ModuleList down_blocks{nullptr};
@@ -41,7 +42,8 @@ TORCH_MODULE(Encoder);
 // conv_in -> mid_block -> up_blocks (UpDecoderBlock2D) -> conv_norm_out -> SiLU -> conv_out.
 struct DecoderImpl : torch::nn::Module {
   explicit DecoderImpl(const VaeCoderOptions& options);
-  torch::Tensor forward(const torch::Tensor& z, Intermediates* inter = nullptr, const std::string& prefix = "");
+  torch::Tensor forward(const torch::Tensor& z, Intermediates* inter = nullptr,
+                        const std::string& prefix = "");
 
   torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
   nn::UNetMidBlock2D mid_block{nullptr};

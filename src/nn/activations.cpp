@@ -16,15 +16,20 @@ Activation parse_activation(const std::string& name, const std::string& where) {
   if (n == "mish") return Activation::kMish;
   if (n == "gelu") return Activation::kGelu;
   if (n == "relu") return Activation::kRelu;
-  throw ConfigError(where + ": unknown activation '" + name + "' (expected silu, swish, mish, gelu or relu)");
+  throw ConfigError(where + ": unknown activation '" + name +
+                    "' (expected silu, swish, mish, gelu or relu)");
 }
 
 torch::Tensor apply_activation(const torch::Tensor& x, Activation act) {
   switch (act) {
-    case Activation::kSilu: return torch::silu(x);
-    case Activation::kMish: return torch::mish(x);
-    case Activation::kGelu: return torch::gelu(x);
-    case Activation::kRelu: return torch::relu(x);
+    case Activation::kSilu:
+      return torch::silu(x);
+    case Activation::kMish:
+      return torch::mish(x);
+    case Activation::kGelu:
+      return torch::gelu(x);
+    case Activation::kRelu:
+      return torch::relu(x);
   }
   return x;
 }

@@ -8,15 +8,18 @@
 
 namespace diffuse::nn {
 
-torch::Tensor get_timestep_embedding(const torch::Tensor& timesteps, int64_t dim, bool flip_sin_to_cos,
-                                     double downscale_freq_shift, double scale, double max_period) {
+torch::Tensor get_timestep_embedding(const torch::Tensor& timesteps, int64_t dim,
+                                     bool flip_sin_to_cos, double downscale_freq_shift,
+                                     double scale, double max_period) {
   if (timesteps.dim() != 1)
     throw InvalidArgument("get_timestep_embedding: timesteps must be 1-D, got " +
                           std::to_string(timesteps.dim()) + "-D");
   int64_t half = dim / 2;
   // Same op sequence as diffusers: float32 arange times a double scalar, divided by a scalar.
-  auto exponent = torch::arange(0, half, torch::TensorOptions().dtype(torch::kFloat32).device(timesteps.device())) *
-                  (-std::log(max_period));
+  auto exponent =
+      torch::arange(0, half,
+                    torch::TensorOptions().dtype(torch::kFloat32).device(timesteps.device())) *
+      (-std::log(max_period));
   exponent = exponent / (static_cast<double>(half) - downscale_freq_shift);
   auto freqs = torch::exp(exponent);
   auto emb = timesteps.unsqueeze(1).to(torch::kFloat32) * freqs.unsqueeze(0);
@@ -27,15 +30,18 @@ torch::Tensor get_timestep_embedding(const torch::Tensor& timesteps, int64_t dim
   return emb;
 }
 
-TimestepsImpl::TimestepsImpl(int64_t num_channels, bool flip_sin_to_cos, double downscale_freq_shift)
-    : num_channels(num_channels), flip_sin_to_cos(flip_sin_to_cos), downscale_freq_shift(downscale_freq_shift) {}
+TimestepsImpl::TimestepsImpl(int64_t num_channels, bool flip_sin_to_cos,
+                             double downscale_freq_shift)
+    : num_channels(num_channels),
+      flip_sin_to_cos(flip_sin_to_cos),
+      downscale_freq_shift(downscale_freq_shift) {}
 
 torch::Tensor TimestepsImpl::forward(const torch::Tensor& timesteps) {
   return get_timestep_embedding(timesteps, num_channels, flip_sin_to_cos, downscale_freq_shift);
 }
 
-TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in_channels, int64_t time_embed_dim, Activation act,
-                                             std::optional<Activation> post_act)
+TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in_channels, int64_t time_embed_dim,
+                                             Activation act, std::optional<Activation> post_act)
     : act(act), post_act(post_act) {
   linear_1 = register_module("linear_1", torch::nn::Linear(in_channels, time_embed_dim));
   linear_2 = register_module("linear_2", torch::nn::Linear(time_embed_dim, time_embed_dim));

@@ -14,9 +14,9 @@ namespace diffuse::nn {
 // Sinusoidal embedding of 1-D `timesteps` (int or float, any device) -> [N, dim] float32,
 // computed with the same float32 operations in the same order as diffusers'
 // get_timestep_embedding, so integer and fractional timesteps match it bit for bit.
-torch::Tensor get_timestep_embedding(const torch::Tensor& timesteps, int64_t dim, bool flip_sin_to_cos,
-                                     double downscale_freq_shift, double scale = 1.0,
-                                     double max_period = 10000.0);
+torch::Tensor get_timestep_embedding(const torch::Tensor& timesteps, int64_t dim,
+                                     bool flip_sin_to_cos, double downscale_freq_shift,
+                                     double scale = 1.0, double max_period = 10000.0);
 
 struct TimestepsImpl : torch::nn::Module {
   TimestepsImpl(int64_t num_channels, bool flip_sin_to_cos, double downscale_freq_shift);

@@ -10,7 +10,8 @@ torch::nn::GroupNorm group_norm(int64_t groups, int64_t channels, double eps) {
 }
 
 torch::nn::Conv2d conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding) {
-  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding));
+  return torch::nn::Conv2d(
+      torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding));
 }
 
 }  // namespace
@@ -23,7 +24,8 @@ ResnetBlock2DImpl::ResnetBlock2DImpl(const ResnetBlock2DOptions& o) : options(o)
   conv1 = register_module("conv1", conv2d(in, out, 3, 1, 1));
   if (options.temb_channels > 0) {
     int64_t proj = options.time_embedding_norm == TimeEmbeddingNorm::kScaleShift ? 2 * out : out;
-    time_emb_proj = register_module("time_emb_proj", torch::nn::Linear(options.temb_channels, proj));
+    time_emb_proj =
+        register_module("time_emb_proj", torch::nn::Linear(options.temb_channels, proj));
   }
   norm2 = register_module("norm2", group_norm(options.groups_out, out, options.eps));
   conv2 = register_module("conv2", conv2d(out, out, 3, 1, 1));
@@ -51,7 +53,8 @@ torch::Tensor ResnetBlock2DImpl::forward(const torch::Tensor& input, const torch
   return out;
 }
 
-Downsample2DImpl::Downsample2DImpl(int64_t channels, bool use_conv, int64_t out_channels, int64_t padding)
+Downsample2DImpl::Downsample2DImpl(int64_t channels, bool use_conv, int64_t out_channels,
+                                   int64_t padding)
     : channels(channels), use_conv(use_conv), padding(padding) {
   if (out_channels == 0) out_channels = channels;
   if (use_conv) conv = register_module("conv", conv2d(channels, out_channels, 3, 2, padding));
@@ -63,13 +66,16 @@ torch::Tensor Downsample2DImpl::forward(const torch::Tensor& x) {
   return conv(x);
 }
 
-Upsample2DImpl::Upsample2DImpl(int64_t channels, bool use_conv, int64_t out_channels) : channels(channels) {
+Upsample2DImpl::Upsample2DImpl(int64_t channels, bool use_conv, int64_t out_channels)
+    : channels(channels) {
   if (out_channels == 0) out_channels = channels;
   if (use_conv) conv = register_module("conv", conv2d(channels, out_channels, 3, 1, 1));
 }
 
-torch::Tensor Upsample2DImpl::forward(const torch::Tensor& x, std::optional<std::vector<int64_t>> output_size) {
-  std::vector<int64_t> size = output_size ? *output_size : std::vector<int64_t>{x.size(2) * 2, x.size(3) * 2};
+torch::Tensor Upsample2DImpl::forward(const torch::Tensor& x,
+                                      std::optional<std::vector<int64_t>> output_size) {
+  std::vector<int64_t> size =
+      output_size ? *output_size : std::vector<int64_t>{x.size(2) * 2, x.size(3) * 2};
   torch::Tensor h;
   // Older CUDA builds lack bf16 nearest upsampling; diffusers round-trips through float32
   // there. Nearest copies values exactly, so this is a no-op numerically.

@@ -19,10 +19,10 @@ enum class TimeEmbeddingNorm { kDefault, kScaleShift };
 
 struct ResnetBlock2DOptions {
   int64_t in_channels = 0;
-  int64_t out_channels = 0;         // 0 = in_channels
-  int64_t temb_channels = 0;        // 0 = no time embedding (VAE)
+  int64_t out_channels = 0;   // 0 = in_channels
+  int64_t temb_channels = 0;  // 0 = no time embedding (VAE)
   int64_t groups = 32;
-  int64_t groups_out = 0;           // 0 = groups
+  int64_t groups_out = 0;  // 0 = groups
   double eps = 1e-6;
   Activation act = Activation::kSilu;
   double output_scale_factor = 1.0;
@@ -59,7 +59,8 @@ TORCH_MODULE(Downsample2D);
 // Nearest-neighbour 2x upsampling (or to `output_size`), then an optional 3x3 conv ("conv").
 struct Upsample2DImpl : torch::nn::Module {
   Upsample2DImpl(int64_t channels, bool use_conv, int64_t out_channels);
-  torch::Tensor forward(const torch::Tensor& x, std::optional<std::vector<int64_t>> output_size = std::nullopt);
+  torch::Tensor forward(const torch::Tensor& x,
+                        std::optional<std::vector<int64_t>> output_size = std::nullopt);
 
   int64_t channels;
   torch::nn::Conv2d conv{nullptr};

@@ -26,7 +26,8 @@ Transformer2DModel make_transformer(const UNetBlockOptions& o, int64_t channels,
   t.heads = o.num_attention_heads;
   t.head_dim = channels / o.num_attention_heads;
   t.in_channels = channels;
-  t.num_layers = layer < static_cast<int64_t>(o.transformer_layers.size()) ? o.transformer_layers[layer] : 1;
+  t.num_layers =
+      layer < static_cast<int64_t>(o.transformer_layers.size()) ? o.transformer_layers[layer] : 1;
   t.cross_attention_dim = o.cross_attention_dim;
   t.norm_num_groups = o.resnet_groups;
   t.use_linear_projection = o.use_linear_projection;
@@ -50,13 +51,14 @@ DownBlock2DImpl::DownBlock2DImpl(const UNetBlockOptions& o, bool with_attention)
     }
   }
   if (o.add_downsample) {
-    downsampler = Downsample2D(o.out_channels, /*use_conv=*/true, o.out_channels, o.downsample_padding);
+    downsampler =
+        Downsample2D(o.out_channels, /*use_conv=*/true, o.out_channels, o.downsample_padding);
     downsamplers = register_module("downsamplers", torch::nn::ModuleList(downsampler));
   }
 }
 
-torch::Tensor DownBlock2DImpl::forward(torch::Tensor x, const torch::Tensor& temb, const torch::Tensor& context,
-                                       ResidualStack& residuals) {
+torch::Tensor DownBlock2DImpl::forward(torch::Tensor x, const torch::Tensor& temb,
+                                       const torch::Tensor& context, ResidualStack& residuals) {
   for (size_t i = 0; i < resnet_list.size(); ++i) {
     x = resnet_list[i](x, temb);
     if (has_cross_attention) x = attention_list[i](x, context);
@@ -94,7 +96,8 @@ torch::Tensor UNetMidBlock2DCrossAttnImpl::forward(torch::Tensor x, const torch:
   return x;
 }
 
-UpBlock2DImpl::UpBlock2DImpl(const UNetBlockOptions& o, bool with_attention) : has_cross_attention(with_attention) {
+UpBlock2DImpl::UpBlock2DImpl(const UNetBlockOptions& o, bool with_attention)
+    : has_cross_attention(with_attention) {
   resnets = register_module("resnets", torch::nn::ModuleList());
   if (with_attention) attentions = register_module("attentions", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.num_layers; ++i) {
@@ -113,10 +116,12 @@ UpBlock2DImpl::UpBlock2DImpl(const UNetBlockOptions& o, bool with_attention) : h
   }
 }
 
-torch::Tensor UpBlock2DImpl::forward(torch::Tensor x, ResidualStack& residuals, const torch::Tensor& temb,
-                                     const torch::Tensor& context, std::optional<std::vector<int64_t>> upsample_size) {
+torch::Tensor UpBlock2DImpl::forward(torch::Tensor x, ResidualStack& residuals,
+                                     const torch::Tensor& temb, const torch::Tensor& context,
+                                     std::optional<std::vector<int64_t>> upsample_size) {
   for (size_t i = 0; i < resnet_list.size(); ++i) {
-    if (residuals.empty()) throw InvalidArgument("UNet up block: no skip connection left to consume");
+    if (residuals.empty())
+      throw InvalidArgument("UNet up block: no skip connection left to consume");
     auto skip = std::move(residuals.back());
     residuals.pop_back();
     x = resnet_list[i](torch::cat({x, skip}, 1), temb);

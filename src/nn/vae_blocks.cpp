@@ -22,11 +22,13 @@ ResnetBlock2D make_resnet(const VaeBlockOptions& o, int64_t in, int64_t out) {
 
 }  // namespace
 
-SpatialSelfAttentionImpl::SpatialSelfAttentionImpl(int64_t channels, int64_t heads, int64_t norm_groups, double eps,
+SpatialSelfAttentionImpl::SpatialSelfAttentionImpl(int64_t channels, int64_t heads,
+                                                   int64_t norm_groups, double eps,
                                                    double rescale_output_factor)
     : channels(channels), heads(heads), rescale_output_factor(rescale_output_factor) {
   group_norm = register_module(
-      "group_norm", torch::nn::GroupNorm(torch::nn::GroupNormOptions(norm_groups, channels).eps(eps).affine(true)));
+      "group_norm", torch::nn::GroupNorm(
+                        torch::nn::GroupNormOptions(norm_groups, channels).eps(eps).affine(true)));
   to_q = register_module("to_q", torch::nn::Linear(channels, channels));
   to_k = register_module("to_k", torch::nn::Linear(channels, channels));
   to_v = register_module("to_v", torch::nn::Linear(channels, channels));
@@ -61,7 +63,8 @@ DownEncoderBlock2DImpl::DownEncoderBlock2DImpl(const VaeBlockOptions& o) {
     resnets->push_back(resnet_list.back());
   }
   if (o.add_resample) {
-    downsampler = Downsample2D(o.out_channels, /*use_conv=*/true, o.out_channels, o.downsample_padding);
+    downsampler =
+        Downsample2D(o.out_channels, /*use_conv=*/true, o.out_channels, o.downsample_padding);
     downsamplers = register_module("downsamplers", torch::nn::ModuleList(downsampler));
   }
 }

@@ -36,10 +36,10 @@ struct VaeBlockOptions {
   double eps = 1e-6;
   Activation act = Activation::kSilu;
   int64_t groups = 32;
-  bool add_resample = false;        // downsampler (encoder) / upsampler (decoder)
-  int64_t downsample_padding = 0;   // the encoder pads (0,1,0,1) instead
-  bool add_attention = true;        // mid block only
-  int64_t attention_head_dim = 0;   // mid block only; 0 = channels (one head)
+  bool add_resample = false;       // downsampler (encoder) / upsampler (decoder)
+  int64_t downsample_padding = 0;  // the encoder pads (0,1,0,1) instead
+  bool add_attention = true;       // mid block only
+  int64_t attention_head_dim = 0;  // mid block only; 0 = channels (one head)
 };
 
 struct DownEncoderBlock2DImpl : torch::nn::Module {

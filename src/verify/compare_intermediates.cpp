@@ -4,8 +4,8 @@
 
 namespace diffuse::verify {
 
-void compare_intermediates(CaseResult& result, const CaseTensors& tensors, const models::Intermediates& captured,
-                           double atol, double rtol) {
+void compare_intermediates(CaseResult& result, const CaseTensors& tensors,
+                           const models::Intermediates& captured, double atol, double rtol) {
   const std::string prefix = "inter.";
   std::vector<std::string> skipped;
   for (const auto& name : tensors.names_with_prefix(prefix)) {
@@ -21,7 +21,8 @@ void compare_intermediates(CaseResult& result, const CaseTensors& tensors, const
     result.add(name, compare(name, got, expected, atol, rtol));
   }
   // After the comparisons: CaseResult::add starts from "passed" only while details is empty.
-  for (const auto& name : skipped) result.details.push_back(name + ": not captured by the engine (skipped)");
+  for (const auto& name : skipped)
+    result.details.push_back(name + ": not captured by the engine (skipped)");
 }
 
 }  // namespace diffuse::verify

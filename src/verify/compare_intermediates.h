@@ -9,7 +9,7 @@ namespace diffuse::verify {
 // "inter.<name>". When the expected tensor holds fewer batch elements than the capture (the
 // reference recorded only batch element 0, say), the capture's leading elements are compared.
 // Names the model does not capture are listed in `result.details` as skipped, not failed.
-void compare_intermediates(CaseResult& result, const CaseTensors& tensors, const models::Intermediates& captured,
-                           double atol, double rtol);
+void compare_intermediates(CaseResult& result, const CaseTensors& tensors,
+                           const models::Intermediates& captured, double atol, double rtol);
 
 }  // namespace diffuse::verify

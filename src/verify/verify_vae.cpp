@@ -30,7 +30,8 @@ CaseResult verify_vae(const GoldenSet& set, const GoldenCase& c, const VerifyOpt
   }
   if (tensors.has("z")) {
     auto image = vae->decode(tensors.get("z").to(options.device), &captured);
-    if (tensors.has("sample")) result.add("sample", compare("sample", image, tensors.get("sample"), atol, rtol));
+    if (tensors.has("sample"))
+      result.add("sample", compare("sample", image, tensors.get("sample"), atol, rtol));
   }
   compare_intermediates(result, tensors, captured, atol, rtol);
   return result;
