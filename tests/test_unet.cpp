@@ -132,6 +132,40 @@ TEST(UNetConfig, DefaultsFollowDiffusers) {
   EXPECT_EQ(c.spatial_factor(), 2);
 }
 
+TEST(UNetConfig, AcceptsAHubStyleConfigWithNullKeys) {
+  // The shape of stabilityai/stable-diffusion-2-1's unet/config.json: unused features are
+  // written as null and must read as "absent", not as "set".
+  auto j = nlohmann::json::parse(R"({
+    "_class_name": "UNet2DConditionModel", "act_fn": "silu", "addition_embed_type": null,
+    "addition_embed_type_num_heads": 64, "addition_time_embed_dim": null,
+    "attention_head_dim": [5, 10, 20, 20], "block_out_channels": [320, 640, 1280, 1280],
+    "center_input_sample": false, "class_embed_type": null, "class_embeddings_concat": false,
+    "conv_in_kernel": 3, "conv_out_kernel": 3, "cross_attention_dim": 1024,
+    "cross_attention_norm": null,
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D",
+                         "DownBlock2D"],
+    "downsample_padding": 1, "dual_cross_attention": false, "encoder_hid_dim": null,
+    "encoder_hid_dim_type": null, "flip_sin_to_cos": true, "freq_shift": 0, "in_channels": 4,
+    "layers_per_block": 2, "mid_block_only_cross_attention": null, "mid_block_scale_factor": 1,
+    "mid_block_type": "UNetMidBlock2DCrossAttn", "norm_eps": 1e-05, "norm_num_groups": 32,
+    "num_attention_heads": null, "num_class_embeds": null, "only_cross_attention": false,
+    "out_channels": 4, "projection_class_embeddings_input_dim": null,
+    "resnet_out_scale_factor": 1.0, "resnet_skip_time_act": false,
+    "resnet_time_scale_shift": "default", "sample_size": 96, "time_cond_proj_dim": null,
+    "time_embedding_act_fn": null, "time_embedding_dim": null, "time_embedding_type": "positional",
+    "timestep_post_act": null, "transformer_layers_per_block": 1,
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D",
+                       "CrossAttnUpBlock2D"],
+    "upcast_attention": true, "use_linear_projection": true})");
+  auto c = parse(j);
+  EXPECT_EQ(c.num_attention_heads, (std::vector<int64_t>{5, 10, 20, 20}));
+  EXPECT_EQ(c.cross_attention_dim[0], 1024);
+  EXPECT_EQ(c.time_embedding_dim, 1280);
+  EXPECT_EQ(c.sample_size, (std::vector<int64_t>{96}));
+  EXPECT_TRUE(c.upcast_attention);
+  EXPECT_EQ(c.spatial_factor(), 8);
+}
+
 TEST(UNetModel, ParameterNamesEqualTheDiffusersFile) {
   auto folder = io::ModelFolder::open(golden_model_dir());
   UNet2DConditionModel unet(UNet2DConditionConfig::from_json(folder.component_config("unet")));

@@ -156,6 +156,8 @@ TEST(VaeModel, BFloat16StaysCloseToFloat32) {
   auto ref = vae->decode(z);
   vae->to(torch::kBFloat16);
   auto out = vae->decode(z.to(torch::kBFloat16)).to(torch::kFloat32);
+  // float32 input is converted to the weights' dtype rather than failing inside a conv.
+  EXPECT_EQ(vae->decode(z).scalar_type(), torch::kBFloat16);
   auto err = (out - ref).abs().max().item<double>();
   EXPECT_LT(err, 0.03 * ref.abs().max().item<double>() + 1e-3) << err;
 }

@@ -106,7 +106,9 @@ LatentDist AutoencoderKLImpl::encode(const torch::Tensor& x, Intermediates* inte
     throw InvalidArgument(who + "image height and width must be multiples of " + std::to_string(f) +
                           ", got " + std::to_string(x.size(2)) + "x" + std::to_string(x.size(3)));
 
-  auto moments = encoder(x, intermediates, "encoder.");
+  // Inputs follow the weights' device and dtype (a no-op when they already match).
+  const auto& w = encoder->conv_in->weight;
+  auto moments = encoder(x.to(w.device(), w.scalar_type()), intermediates, "encoder.");
   if (quant_conv) {
     moments = quant_conv(moments);
     capture(intermediates, "quant_conv", moments);
@@ -129,7 +131,8 @@ torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& z_in, Intermediates
     throw InvalidArgument(
         who + "latents have " + std::to_string(z_in.size(1)) +
         " channels, expected latent_channels = " + std::to_string(c.latent_channels));
-  auto z = z_in;
+  const auto& w = decoder->conv_in->weight;
+  auto z = z_in.to(w.device(), w.scalar_type());
   if (post_quant_conv) {
     z = post_quant_conv(z);
     capture(intermediates, "post_quant_conv", z);

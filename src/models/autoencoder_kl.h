@@ -58,7 +58,8 @@ class AutoencoderKLImpl : public torch::nn::Module {
 
   // x: [B, in_channels, H, W] in [-1, 1], H and W multiples of spatial_factor().
   // With `intermediates`, records encoder.{conv_in, down_blocks.i, mid_block, conv_norm_out,
-  // conv_out} and quant_conv. InvalidArgument on malformed input.
+  // conv_out} and quant_conv. InvalidArgument on malformed input. Inputs of encode and decode
+  // are converted to the weights' device and dtype; results have that dtype.
   LatentDist encode(const torch::Tensor& x, Intermediates* intermediates = nullptr);
   // z: [B, latent_channels, h, w] (unscaled) -> [B, out_channels, h * f, w * f], not clamped.
   // Records post_quant_conv and decoder.{conv_in, mid_block, up_blocks.i, conv_norm_out, conv_out}.

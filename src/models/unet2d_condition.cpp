@@ -159,7 +159,10 @@ torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
                                                 Intermediates* intermediates) {
   check_inputs(sample_in, timestep, encoder_hidden_states);
   const int64_t B = sample_in.size(0);
-  auto sample = config_.center_input_sample ? 2 * sample_in - 1.0 : sample_in;
+  // Inputs follow the weights' device and dtype (a no-op when they already match).
+  const auto& w = conv_in->weight;
+  auto sample = sample_in.to(w.device(), w.scalar_type());
+  if (config_.center_input_sample) sample = 2 * sample - 1.0;
 
   // Time embedding: sinusoidal in float32 (as diffusers), then cast to the model's dtype.
   auto t = timestep.to(sample.device());
@@ -170,7 +173,7 @@ torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
   capture(intermediates, "time_embedding", emb);
   if (time_embed_act_) emb = nn::apply_activation(emb, *time_embed_act_);
 
-  const auto& ctx = encoder_hidden_states;
+  const auto ctx = encoder_hidden_states.to(w.device(), w.scalar_type());
   sample = conv_in(sample);
   capture(intermediates, "conv_in", sample);
 

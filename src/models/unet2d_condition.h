@@ -69,7 +69,8 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
   // sample [B, in_channels, H, W]; timestep 0-d or [1] or [B], integer or floating;
   // encoder_hidden_states [B, N, cross_attention_dim]. Returns [B, out_channels, H, W].
   // With `intermediates`, records time_proj, time_embedding, conv_in, down_blocks.i,
-  // mid_block, up_blocks.i and conv_norm_out. InvalidArgument on malformed inputs.
+  // mid_block, up_blocks.i and conv_norm_out. InvalidArgument on malformed inputs. Inputs
+  // are converted to the weights' device and dtype; the result has that dtype.
   torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep,
                         const torch::Tensor& encoder_hidden_states,
                         Intermediates* intermediates = nullptr);
