@@ -8,5 +8,9 @@ namespace diffuse::verify {
 CaseResult verify_text_encoder(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o);
 
 CaseResult verify_tokenizer(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
+// UNet2DConditionModel forward (inputs sample, timestep, encoder_hidden_states; output out).
+CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
+// AutoencoderKL encode (input x; outputs mean, logvar, std) and/or decode (input z; output sample).
+CaseResult verify_vae(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 
 }  // namespace diffuse::verify

@@ -20,6 +20,8 @@ struct RunnerEntry {
 const std::vector<RunnerEntry> kRunners = {
     {"text_encoder", verify_text_encoder},
     {"tokenizer", verify_tokenizer},
+    {"unet", verify_unet},
+    {"vae", verify_vae},
 };
 
 Runner find_runner(const std::string& component) {

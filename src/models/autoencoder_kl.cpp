@@ -1,0 +1,153 @@
+#include "models/autoencoder_kl.h"
+
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "diffuse/errors.h"
+#include "models/config_values.h"
+#include "models/load_component.h"
+
+namespace diffuse::models {
+namespace {
+
+std::string shape_str(c10::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+void check_block_types(const io::JsonConfig& cfg, const std::string& key,
+                       const std::vector<std::string>& types, const std::string& known, size_t n) {
+  for (const auto& t : types)
+    if (t != known) cfg.fail(key, "unknown block type '" + t + "' (supported: " + known + ")");
+  if (types.size() != n)
+    cfg.fail(key, "has " + std::to_string(types.size()) + " entries but block_out_channels has " +
+                      std::to_string(n));
+}
+
+}  // namespace
+
+AutoencoderKLConfig AutoencoderKLConfig::from_json(const io::JsonConfig& cfg) {
+  AutoencoderKLConfig c;
+  c.source = cfg.source();
+  c.in_channels = cfg.get<int64_t>("in_channels", 3);
+  c.out_channels = cfg.get<int64_t>("out_channels", 3);
+  c.block_out_channels = read_int_list(cfg, "block_out_channels");
+  const size_t n = c.block_out_channels.size();
+  c.down_block_types = read_string_list(cfg, "down_block_types", {"DownEncoderBlock2D"});
+  c.up_block_types = read_string_list(cfg, "up_block_types", {"UpDecoderBlock2D"});
+  check_block_types(cfg, "down_block_types", c.down_block_types, "DownEncoderBlock2D", n);
+  check_block_types(cfg, "up_block_types", c.up_block_types, "UpDecoderBlock2D", n);
+  c.layers_per_block = cfg.get<int64_t>("layers_per_block", 1);
+  if (c.layers_per_block <= 0) cfg.fail("layers_per_block", "must be positive");
+  c.act_fn = cfg.get<std::string>("act_fn", "silu");
+  nn::parse_activation(c.act_fn, c.source + ": key 'act_fn'");
+  c.latent_channels = cfg.get<int64_t>("latent_channels", 4);
+  if (c.latent_channels <= 0) cfg.fail("latent_channels", "must be positive");
+  c.norm_num_groups = cfg.get<int64_t>("norm_num_groups", 32);
+  if (c.norm_num_groups <= 0) cfg.fail("norm_num_groups", "must be positive");
+  for (size_t i = 0; i < n; ++i)
+    if (c.block_out_channels[i] % c.norm_num_groups != 0)
+      cfg.fail("norm_num_groups",
+               std::to_string(c.norm_num_groups) + " groups do not divide block_out_channels[" +
+                   std::to_string(i) + "] = " + std::to_string(c.block_out_channels[i]));
+  c.sample_size = read_size(cfg, "sample_size");
+  c.scaling_factor = cfg.get<double>("scaling_factor", 0.18215);
+  c.shift_factor = cfg.get_optional<double>("shift_factor");
+  c.force_upcast = cfg.get<bool>("force_upcast", true);
+  c.use_quant_conv = cfg.get<bool>("use_quant_conv", true);
+  c.use_post_quant_conv = cfg.get<bool>("use_post_quant_conv", true);
+  c.mid_block_add_attention = cfg.get<bool>("mid_block_add_attention", true);
+  return c;
+}
+
+int64_t AutoencoderKLConfig::spatial_factor() const {
+  return int64_t{1} << (block_out_channels.size() - 1);
+}
+
+AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config) : config_(std::move(config)) {
+  const auto& c = config_;
+  VaeCoderOptions o;
+  o.block_out_channels = c.block_out_channels;
+  o.layers_per_block = c.layers_per_block;
+  o.norm_num_groups = c.norm_num_groups;
+  o.act = nn::parse_activation(c.act_fn, c.source + ": key 'act_fn'");
+  o.mid_block_add_attention = c.mid_block_add_attention;
+
+  VaeCoderOptions enc = o;
+  enc.in_channels = c.in_channels;
+  enc.out_channels = c.latent_channels;
+  encoder = register_module("encoder", Encoder(enc));
+  VaeCoderOptions dec = o;
+  dec.in_channels = c.latent_channels;
+  dec.out_channels = c.out_channels;
+  decoder = register_module("decoder", Decoder(dec));
+  const int64_t lc = c.latent_channels;
+  if (c.use_quant_conv)
+    quant_conv = register_module("quant_conv",
+                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(2 * lc, 2 * lc, 1)));
+  if (c.use_post_quant_conv)
+    post_quant_conv =
+        register_module("post_quant_conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(lc, lc, 1)));
+}
+
+LatentDist AutoencoderKLImpl::encode(const torch::Tensor& x, Intermediates* intermediates) {
+  const auto& c = config_;
+  const std::string who = "AutoencoderKL.encode (" + c.source + "): ";
+  if (!x.defined() || x.dim() != 4)
+    throw InvalidArgument(who + "image must be 4-D [batch, channels, height, width], got " +
+                          (x.defined() ? shape_str(x.sizes()) : std::string("no tensor")));
+  if (x.size(1) != c.in_channels)
+    throw InvalidArgument(who + "image has " + std::to_string(x.size(1)) +
+                          " channels, expected in_channels = " + std::to_string(c.in_channels));
+  const int64_t f = c.spatial_factor();
+  if (x.size(2) % f != 0 || x.size(3) % f != 0)
+    throw InvalidArgument(who + "image height and width must be multiples of " + std::to_string(f) +
+                          ", got " + std::to_string(x.size(2)) + "x" + std::to_string(x.size(3)));
+
+  // Inputs follow the weights' device and dtype (a no-op when they already match).
+  const auto& w = encoder->conv_in->weight;
+  auto moments = encoder(x.to(w.device(), w.scalar_type()), intermediates, "encoder.");
+  if (quant_conv) {
+    moments = quant_conv(moments);
+    capture(intermediates, "quant_conv", moments);
+  }
+  auto halves = moments.chunk(2, 1);
+  LatentDist d;
+  d.mean = halves[0];
+  d.logvar = halves[1].clamp(-30.0, 20.0);
+  d.std = torch::exp(0.5 * d.logvar);
+  return d;
+}
+
+torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& z_in, Intermediates* intermediates) {
+  const auto& c = config_;
+  const std::string who = "AutoencoderKL.decode (" + c.source + "): ";
+  if (!z_in.defined() || z_in.dim() != 4)
+    throw InvalidArgument(who + "latents must be 4-D [batch, channels, height, width], got " +
+                          (z_in.defined() ? shape_str(z_in.sizes()) : std::string("no tensor")));
+  if (z_in.size(1) != c.latent_channels)
+    throw InvalidArgument(
+        who + "latents have " + std::to_string(z_in.size(1)) +
+        " channels, expected latent_channels = " + std::to_string(c.latent_channels));
+  const auto& w = decoder->conv_in->weight;
+  auto z = z_in.to(w.device(), w.scalar_type());
+  if (post_quant_conv) {
+    z = post_quant_conv(z);
+    capture(intermediates, "post_quant_conv", z);
+  }
+  return decoder(z, intermediates, "decoder.");
+}
+
+AutoencoderKL load_vae(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
+                       const std::string& component) {
+  auto cfg = component_config(folder, component, "AutoencoderKL");
+  AutoencoderKL model(AutoencoderKLConfig::from_json(cfg));
+  load_component_weights(*model, folder, component);
+  model->to(device, dtype);
+  model->eval();
+  return model;
+}
+
+}  // namespace diffuse::models

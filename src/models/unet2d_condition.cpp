@@ -1,0 +1,208 @@
+#include "models/unet2d_condition.h"
+
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "diffuse/errors.h"
+#include "models/load_component.h"
+
+namespace diffuse::models {
+namespace {
+
+std::string shape_str(c10::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+template <typename T>
+std::vector<T> reversed(std::vector<T> v) {
+  std::reverse(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
+    : config_(std::move(config)) {
+  const auto& c = config_;
+  act_ = nn::parse_activation(c.act_fn, c.source + ": key 'act_fn'");
+  if (c.time_embedding_act_fn)
+    time_embed_act_ =
+        nn::parse_activation(*c.time_embedding_act_fn, c.source + ": key 'time_embedding_act_fn'");
+  std::optional<nn::Activation> post_act;
+  if (c.timestep_post_act)
+    post_act = nn::parse_activation(*c.timestep_post_act, c.source + ": key 'timestep_post_act'");
+
+  const int64_t n = static_cast<int64_t>(c.block_out_channels.size());
+  const auto& boc = c.block_out_channels;
+  conv_in = register_module(
+      "conv_in", torch::nn::Conv2d(torch::nn::Conv2dOptions(c.in_channels, boc[0], c.conv_in_kernel)
+                                       .padding((c.conv_in_kernel - 1) / 2)));
+  time_proj = register_module("time_proj", nn::Timesteps(boc[0], c.flip_sin_to_cos, c.freq_shift));
+  time_embedding = register_module(
+      "time_embedding", nn::TimestepEmbedding(boc[0], c.time_embedding_dim, act_, post_act));
+
+  nn::UNetBlockOptions base;
+  base.temb_channels = c.time_embedding_dim;
+  base.resnet_eps = c.norm_eps;
+  base.act = act_;
+  base.resnet_groups = c.norm_num_groups;
+  base.time_embedding_norm = c.resnet_time_scale_shift == "scale_shift"
+                                 ? nn::TimeEmbeddingNorm::kScaleShift
+                                 : nn::TimeEmbeddingNorm::kDefault;
+  base.use_linear_projection = c.use_linear_projection;
+  base.upcast_attention = c.upcast_attention;
+  base.downsample_padding = c.downsample_padding;
+
+  down_blocks = register_module("down_blocks", torch::nn::ModuleList());
+  int64_t output_channel = boc[0];
+  for (int64_t i = 0; i < n; ++i) {
+    nn::UNetBlockOptions o = base;
+    o.in_channels = output_channel;
+    o.out_channels = output_channel = boc[i];
+    o.num_layers = c.layers_per_block[i];
+    o.transformer_layers.assign(o.num_layers, c.transformer_layers_per_block[i]);
+    o.num_attention_heads = c.num_attention_heads[i];
+    o.cross_attention_dim = c.cross_attention_dim[i];
+    o.only_cross_attention = c.only_cross_attention[i];
+    o.add_downsample = i < n - 1;
+    down_list.emplace_back(o, c.down_block_types[i] == "CrossAttnDownBlock2D");
+    down_blocks->push_back(down_list.back());
+  }
+
+  if (!c.mid_block_type.empty()) {
+    nn::UNetBlockOptions o = base;
+    o.in_channels = o.out_channels = boc[n - 1];
+    o.num_layers = 1;
+    o.transformer_layers = {c.transformer_layers_per_block[n - 1]};
+    o.num_attention_heads = c.num_attention_heads[n - 1];
+    o.cross_attention_dim = c.cross_attention_dim[n - 1];
+    o.output_scale_factor = c.mid_block_scale_factor;
+    mid_block = register_module("mid_block", nn::UNetMidBlock2DCrossAttn(o));
+  }
+
+  const auto r_boc = reversed(boc);
+  const auto r_layers = reversed(c.layers_per_block);
+  const auto r_heads = reversed(c.num_attention_heads);
+  const auto r_cross = reversed(c.cross_attention_dim);
+  const auto r_tlayers = reversed(c.transformer_layers_per_block);
+  const auto r_only_cross = reversed(c.only_cross_attention);
+  up_blocks = register_module("up_blocks", torch::nn::ModuleList());
+  output_channel = r_boc[0];
+  for (int64_t i = 0; i < n; ++i) {
+    nn::UNetBlockOptions o = base;
+    o.prev_output_channel = output_channel;
+    o.out_channels = output_channel = r_boc[i];
+    o.in_channels = r_boc[std::min(i + 1, n - 1)];
+    o.num_layers = r_layers[i] + 1;
+    o.transformer_layers.assign(o.num_layers, r_tlayers[i]);
+    o.num_attention_heads = r_heads[i];
+    o.cross_attention_dim = r_cross[i];
+    o.only_cross_attention = r_only_cross[i];
+    o.add_upsample = i < n - 1;
+    up_list.emplace_back(o, c.up_block_types[i] == "CrossAttnUpBlock2D");
+    up_blocks->push_back(up_list.back());
+  }
+
+  conv_norm_out = register_module(
+      "conv_norm_out",
+      torch::nn::GroupNorm(torch::nn::GroupNormOptions(c.norm_num_groups, boc[0]).eps(c.norm_eps)));
+  conv_out = register_module(
+      "conv_out",
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(boc[0], c.out_channels, c.conv_out_kernel)
+                            .padding((c.conv_out_kernel - 1) / 2)));
+}
+
+void UNet2DConditionModelImpl::check_inputs(const torch::Tensor& sample,
+                                            const torch::Tensor& timestep,
+                                            const torch::Tensor& ehs) const {
+  const auto& c = config_;
+  const std::string who = "UNet2DConditionModel (" + c.source + "): ";
+  if (!sample.defined() || sample.dim() != 4)
+    throw InvalidArgument(
+        who + "sample must be 4-D [batch, channels, height, width], got " +
+        (sample.defined() ? shape_str(sample.sizes()) : std::string("no tensor")));
+  if (sample.size(1) != c.in_channels)
+    throw InvalidArgument(who + "sample has " + std::to_string(sample.size(1)) +
+                          " channels, expected in_channels = " + std::to_string(c.in_channels));
+  const int64_t f = c.spatial_factor();
+  if (sample.size(2) % f != 0 || sample.size(3) % f != 0)
+    throw InvalidArgument(who + "sample height and width must be multiples of " +
+                          std::to_string(f) + ", got " + std::to_string(sample.size(2)) + "x" +
+                          std::to_string(sample.size(3)));
+  const int64_t B = sample.size(0);
+  if (!timestep.defined() || timestep.dim() > 1 ||
+      (timestep.dim() == 1 && timestep.size(0) != 1 && timestep.size(0) != B))
+    throw InvalidArgument(who + "timestep must be a scalar or have 1 or batch (" +
+                          std::to_string(B) + ") elements, got " +
+                          (timestep.defined() ? shape_str(timestep.sizes()) : "no tensor"));
+  if (timestep.scalar_type() == torch::kBool || timestep.is_complex())
+    throw InvalidArgument(who + "timestep must be an integer or floating-point tensor");
+  if (!ehs.defined() || ehs.dim() != 3)
+    throw InvalidArgument(who + "encoder_hidden_states must be 3-D [batch, tokens, " +
+                          std::to_string(c.cross_attention_dim[0]) + "], got " +
+                          (ehs.defined() ? shape_str(ehs.sizes()) : std::string("no tensor")));
+  if (ehs.size(2) != c.cross_attention_dim[0])
+    throw InvalidArgument(
+        who + "encoder_hidden_states has last dimension " + std::to_string(ehs.size(2)) +
+        ", expected cross_attention_dim = " + std::to_string(c.cross_attention_dim[0]));
+  if (ehs.size(0) != B)
+    throw InvalidArgument(who + "encoder_hidden_states has batch " + std::to_string(ehs.size(0)) +
+                          ", sample has batch " + std::to_string(B));
+}
+
+torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
+                                                const torch::Tensor& timestep,
+                                                const torch::Tensor& encoder_hidden_states,
+                                                Intermediates* intermediates) {
+  check_inputs(sample_in, timestep, encoder_hidden_states);
+  const int64_t B = sample_in.size(0);
+  // Inputs follow the weights' device and dtype (a no-op when they already match).
+  const auto& w = conv_in->weight;
+  auto sample = sample_in.to(w.device(), w.scalar_type());
+  if (config_.center_input_sample) sample = 2 * sample - 1.0;
+
+  // Time embedding: sinusoidal in float32 (as diffusers), then cast to the model's dtype.
+  auto t = timestep.to(sample.device());
+  if (t.dim() == 0) t = t.unsqueeze(0);
+  auto t_emb = time_proj(t.expand({B})).to(sample.scalar_type());
+  capture(intermediates, "time_proj", t_emb);
+  auto emb = time_embedding(t_emb);
+  capture(intermediates, "time_embedding", emb);
+  if (time_embed_act_) emb = nn::apply_activation(emb, *time_embed_act_);
+
+  const auto ctx = encoder_hidden_states.to(w.device(), w.scalar_type());
+  sample = conv_in(sample);
+  capture(intermediates, "conv_in", sample);
+
+  nn::ResidualStack residuals{sample};
+  for (size_t i = 0; i < down_list.size(); ++i) {
+    sample = down_list[i](sample, emb, ctx, residuals);
+    capture(intermediates, "down_blocks." + std::to_string(i), sample);
+  }
+  if (mid_block) {
+    sample = mid_block(sample, emb, ctx);
+    capture(intermediates, "mid_block", sample);
+  }
+  for (size_t i = 0; i < up_list.size(); ++i) {
+    sample = up_list[i](sample, residuals, emb, ctx);
+    capture(intermediates, "up_blocks." + std::to_string(i), sample);
+  }
+  sample = conv_norm_out(sample);
+  capture(intermediates, "conv_norm_out", sample);
+  return conv_out(nn::apply_activation(sample, act_));
+}
+
+UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device device,
+                               torch::Dtype dtype, const std::string& component) {
+  auto cfg = component_config(folder, component, "UNet2DConditionModel");
+  UNet2DConditionModel model(UNet2DConditionConfig::from_json(cfg));
+  load_component_weights(*model, folder, component);
+  model->to(device, dtype);
+  model->eval();
+  return model;
+}
+
+}  // namespace diffuse::models

@@ -1,0 +1,104 @@
+// UNet2DConditionModel (diffusers unets/unet_2d_condition.py), built from its config.json.
+// Supports the SD 1.x / 2.x family: positional timestep embedding, CrossAttnDownBlock2D /
+// DownBlock2D / UNetMidBlock2DCrossAttn / UpBlock2D / CrossAttnUpBlock2D, linear or conv
+// transformer projections. Features outside that family (class / added embeddings, ...) are
+// rejected with a ConfigError instead of being silently ignored.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/json_config.h"
+#include "io/model_folder.h"
+#include "models/intermediates.h"
+#include "nn/activations.h"
+#include "nn/embeddings.h"
+#include "nn/unet_blocks.h"
+
+namespace diffuse::models {
+
+struct UNet2DConditionConfig {
+  std::string source;                // the config file, for messages
+  std::vector<int64_t> sample_size;  // [] absent, [s] square, or [h, w]
+  int64_t in_channels = 4;
+  int64_t out_channels = 4;
+  bool center_input_sample = false;
+  bool flip_sin_to_cos = true;
+  double freq_shift = 0;
+  std::vector<std::string> down_block_types;
+  std::string mid_block_type = "UNetMidBlock2DCrossAttn";  // "" = no mid block
+  std::vector<std::string> up_block_types;
+  std::vector<int64_t> block_out_channels;
+  // Per down block (index i of the down path; the up path uses them reversed):
+  std::vector<int64_t> layers_per_block;
+  std::vector<int64_t>
+      num_attention_heads;  // resolved from num_attention_heads / attention_head_dim
+  std::vector<int64_t> cross_attention_dim;
+  std::vector<int64_t> transformer_layers_per_block;
+  std::vector<bool> only_cross_attention;
+  int64_t downsample_padding = 1;
+  double mid_block_scale_factor = 1.0;
+  std::string act_fn = "silu";
+  int64_t norm_num_groups = 32;
+  double norm_eps = 1e-5;
+  bool use_linear_projection = false;
+  bool upcast_attention = false;
+  std::string resnet_time_scale_shift = "default";
+  int64_t time_embedding_dim = 0;  // resolved: block_out_channels[0] * 4 unless set
+  std::optional<std::string> time_embedding_act_fn;
+  std::optional<std::string> timestep_post_act;
+  int64_t conv_in_kernel = 3;
+  int64_t conv_out_kernel = 3;
+
+  // Parses and validates; ConfigError naming the file, key and value on any problem.
+  static UNet2DConditionConfig from_json(const io::JsonConfig& cfg);
+  // Height and width of the sample must be multiples of this (2^number of upsamplers).
+  int64_t spatial_factor() const;
+};
+
+class UNet2DConditionModelImpl : public torch::nn::Module {
+ public:
+  explicit UNet2DConditionModelImpl(UNet2DConditionConfig config);
+
+  // sample [B, in_channels, H, W]; timestep 0-d or [1] or [B], integer or floating;
+  // encoder_hidden_states [B, N, cross_attention_dim]. Returns [B, out_channels, H, W].
+  // With `intermediates`, records time_proj, time_embedding, conv_in, down_blocks.i,
+  // mid_block, up_blocks.i and conv_norm_out. InvalidArgument on malformed inputs. Inputs
+  // are converted to the weights' device and dtype; the result has that dtype.
+  torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep,
+                        const torch::Tensor& encoder_hidden_states,
+                        Intermediates* intermediates = nullptr);
+
+  const UNet2DConditionConfig& config() const { return config_; }
+
+  torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  nn::Timesteps time_proj{nullptr};
+  nn::TimestepEmbedding time_embedding{nullptr};
+  torch::nn::ModuleList down_blocks{nullptr}, up_blocks{nullptr};
+  std::vector<nn::DownBlock2D> down_list;
+  nn::UNetMidBlock2DCrossAttn mid_block{nullptr};
+  std::vector<nn::UpBlock2D> up_list;
+  torch::nn::GroupNorm conv_norm_out{nullptr};
+
+ private:
+  void check_inputs(const torch::Tensor& sample, const torch::Tensor& timestep,
+                    const torch::Tensor& encoder_hidden_states) const;
+
+  UNet2DConditionConfig config_;
+  nn::Activation act_;
+  std::optional<nn::Activation> time_embed_act_;
+};
+TORCH_MODULE(UNet2DConditionModel);
+
+// Builds the model from `<component>/config.json`, loads its weights by name, and moves it to
+// `device` / `dtype` in eval mode. ConfigError / FormatError / IoError name the file.
+UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device device,
+                               torch::Dtype dtype, const std::string& component = "unet");
+
+}  // namespace diffuse::models

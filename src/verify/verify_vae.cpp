@@ -1,0 +1,40 @@
+// Golden runner for component "vae". What a case checks follows from its tensors: an input
+// "x" means encode (compare mean / logvar / std), an input "z" means decode (compare sample);
+// every captured "inter.*" is compared too.
+#include <torch/torch.h>
+
+#include "diffuse/errors.h"
+#include "io/model_folder.h"
+#include "models/autoencoder_kl.h"
+#include "verify/compare_intermediates.h"
+#include "verify/runners.h"
+
+namespace diffuse::verify {
+
+CaseResult verify_vae(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options) {
+  auto folder = io::ModelFolder::open(set.model_dir());
+  auto vae = models::load_vae(folder, options.device, torch::kFloat32);
+  CaseTensors tensors(c.file);
+  if (!tensors.has("x") && !tensors.has("z"))
+    throw FormatError(c.file + ": a vae case needs an input 'x' (encode) or 'z' (decode)");
+
+  const double atol = c.tol("atol", 1e-4), rtol = c.tol("rtol", 0.0);
+  CaseResult result;
+  models::Intermediates captured;
+  if (tensors.has("x")) {
+    auto dist = vae->encode(tensors.get("x").to(options.device), &captured);
+    for (const auto& [name, got] : {std::pair<std::string, torch::Tensor>{"mean", dist.mean},
+                                    {"logvar", dist.logvar},
+                                    {"std", dist.std}})
+      if (tensors.has(name)) result.add(name, compare(name, got, tensors.get(name), atol, rtol));
+  }
+  if (tensors.has("z")) {
+    auto image = vae->decode(tensors.get("z").to(options.device), &captured);
+    if (tensors.has("sample"))
+      result.add("sample", compare("sample", image, tensors.get("sample"), atol, rtol));
+  }
+  compare_intermediates(result, tensors, captured, atol, rtol);
+  return result;
+}
+
+}  // namespace diffuse::verify
