@@ -5,5 +5,6 @@
 
 namespace diffuse::verify {
 
+CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 
 }  // namespace diffuse::verify

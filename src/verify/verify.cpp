@@ -18,6 +18,7 @@ struct RunnerEntry {
 
 // Add a line here when a component gets a runner.
 const std::vector<RunnerEntry> kRunners = {
+    {"scheduler", verify_scheduler},
 };
 
 Runner find_runner(const std::string& component) {
