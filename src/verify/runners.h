@@ -12,5 +12,6 @@ CaseResult verify_tokenizer(const GoldenSet& set, const GoldenCase& c, const Ver
 CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 // AutoencoderKL encode (input x; outputs mean, logvar, std) and/or decode (input z; output sample).
 CaseResult verify_vae(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
+CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 
 }  // namespace diffuse::verify

@@ -22,6 +22,7 @@ const std::vector<RunnerEntry> kRunners = {
     {"tokenizer", verify_tokenizer},
     {"unet", verify_unet},
     {"vae", verify_vae},
+    {"scheduler", verify_scheduler},
 };
 
 Runner find_runner(const std::string& component) {

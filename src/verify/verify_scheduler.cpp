@@ -1,0 +1,139 @@
+// Golden runner for component "scheduler": builds the scheduler from params.class +
+// params.config and checks alphas_cumprod, the schedules for every timesteps_N / sigmas_N in
+// the case, init_noise_sigma, and a trajectory driven by the supplied model outputs (and step
+// noise), exactly as the diffusers pipelines call a scheduler.
+#include <torch/torch.h>
+
+#include <cctype>
+#include <limits>
+#include <set>
+
+#include "diffuse/errors.h"
+#include "io/json_config.h"
+#include "schedulers/scheduler.h"
+#include "verify/runners.h"
+
+namespace diffuse::verify {
+namespace {
+
+// N of "<prefix>N", or -1 if the name is not of that form.
+int count_suffix(const std::string& name, const std::string& prefix) {
+  if (name.compare(0, prefix.size(), prefix) != 0 || name.size() == prefix.size()) return -1;
+  for (size_t i = prefix.size(); i < name.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return -1;
+  return std::stoi(name.substr(prefix.size()));
+}
+
+Comparison failure(const std::string& reason) {
+  Comparison c;
+  c.passed = false;
+  c.max_abs_err = std::numeric_limits<double>::infinity();
+  c.reason = reason;
+  return c;
+}
+
+Comparison compare_timesteps(const std::string& what, const torch::Tensor& got,
+                             const torch::Tensor& expected) {
+  // Integer schedules must match exactly and stay integer; float schedules to 1e-4.
+  if (expected.scalar_type() == torch::kInt64) {
+    if (got.scalar_type() != torch::kInt64)
+      return failure(what + ": expected int64 timesteps, got " +
+                     std::string(c10::toString(got.scalar_type())));
+    return compare_exact(what, got, expected);
+  }
+  if (!torch::isFloatingType(got.scalar_type()))
+    return failure(what + ": expected floating-point timesteps, got " +
+                   std::string(c10::toString(got.scalar_type())));
+  return compare(what, got, expected, 1e-4, 0.0);
+}
+
+}  // namespace
+
+CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c,
+                            const VerifyOptions& options) {
+  CaseResult result;
+  CaseTensors tensors(c.file);
+  if (!c.params.contains("config") || !c.params["config"].is_object())
+    throw FormatError(c.name + ": params.config (the scheduler config) is missing");
+  io::JsonConfig config(c.params["config"], c.name + " params.config");
+  std::string cls = c.params.value("class", std::string());
+  auto scheduler =
+      cls.empty() ? schedulers::make_scheduler(config) : schedulers::make_scheduler(cls, config);
+  const double atol = c.tol("atol", 1e-5);
+  const double rtol = c.tol("rtol", 1e-5);
+  const auto device = options.device;
+
+  if (tensors.has("alphas_cumprod"))
+    result.add("alphas_cumprod", compare("alphas_cumprod", scheduler->alphas_cumprod(),
+                                         tensors.get("alphas_cumprod"), atol, rtol));
+
+  std::set<int> counts;
+  for (const std::string prefix : {"timesteps_", "sigmas_"})
+    for (const auto& name : tensors.names_with_prefix(prefix))
+      if (int n = count_suffix(name, prefix); n >= 0) counts.insert(n);
+  for (int n : counts) {
+    scheduler->set_timesteps(n);
+    const std::string ts = "timesteps_" + std::to_string(n), sg = "sigmas_" + std::to_string(n);
+    if (tensors.has(ts))
+      result.add(ts, compare_timesteps(ts, scheduler->timesteps(), tensors.get(ts)));
+    if (tensors.has(sg)) {
+      if (!scheduler->sigmas().defined())
+        result.add(sg, failure(sg + ": " + scheduler->class_name() + " has no sigmas"));
+      else
+        result.add(sg, compare(sg, scheduler->sigmas(), tensors.get(sg), atol, rtol));
+    }
+  }
+
+  if (!c.params.contains("num_inference_steps") ||
+      !c.params["num_inference_steps"].is_number_integer())
+    throw FormatError(c.name + ": params.num_inference_steps is missing");
+  const int steps = c.params["num_inference_steps"].get<int>();
+  scheduler->set_timesteps(steps);
+  if (tensors.has("init_noise_sigma"))
+    result.add(
+        "init_noise_sigma",
+        compare("init_noise_sigma", torch::tensor(scheduler->init_noise_sigma(), torch::kFloat64),
+                tensors.get("init_noise_sigma").reshape({}), atol, rtol));
+
+  if (!tensors.has("sample_0")) return result;
+  auto sample = tensors.get("sample_0").to(device);
+  const auto timesteps = scheduler->timesteps();
+  for (int64_t i = 0; i < timesteps.size(0); ++i) {
+    const std::string idx = "." + std::to_string(i);
+    if (!tensors.has("model_output" + idx)) {
+      result.add("model_output" + idx,
+                 failure("schedule has " + std::to_string(timesteps.size(0)) +
+                         " timesteps but the case has no model_output" + idx));
+      return result;
+    }
+    const auto t = timesteps[i];
+    auto scaled = scheduler->scale_model_input(sample, t);
+    if (tensors.has("scaled_model_input" + idx))
+      result.add("scaled_model_input" + idx,
+                 compare("scaled_model_input" + idx, scaled,
+                         tensors.get("scaled_model_input" + idx), atol, rtol));
+    schedulers::StepNoise noise;
+    if (tensors.has("noise" + idx)) noise.noise = tensors.get("noise" + idx).to(device);
+    auto out = scheduler->step(tensors.get("model_output" + idx).to(device), t, sample, noise);
+    if (out.prev_sample.device() != sample.device())
+      result.add("prev_sample" + idx,
+                 failure("prev_sample" + idx + " is not on the sample's device"));
+    if (tensors.has("prev_sample" + idx))
+      result.add("prev_sample" + idx, compare("prev_sample" + idx, out.prev_sample,
+                                              tensors.get("prev_sample" + idx), atol, rtol));
+    if (tensors.has("pred_original_sample" + idx)) {
+      const std::string what = "pred_original_sample" + idx;
+      result.add(what, out.pred_original_sample.defined()
+                           ? compare(what, out.pred_original_sample, tensors.get(what), atol, rtol)
+                           : failure(what + ": the scheduler returned none"));
+    }
+    sample = out.prev_sample;
+  }
+  const std::string extra = "model_output." + std::to_string(timesteps.size(0));
+  if (tensors.has(extra))
+    result.add(extra, failure("the case has " + extra + " but the schedule has only " +
+                              std::to_string(timesteps.size(0)) + " timesteps"));
+  return result;
+}
+
+}  // namespace diffuse::verify
