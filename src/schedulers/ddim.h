@@ -20,6 +20,7 @@ class DDIMScheduler : public Scheduler {
   torch::Tensor add_noise(const torch::Tensor& original, const torch::Tensor& noise,
                           const torch::Tensor& timesteps) override;
   void set_eta(double eta) override { eta_ = eta; }
+  bool is_stochastic() const override { return eta_ > 0; }
 
  private:
   PredictionType prediction_type_;

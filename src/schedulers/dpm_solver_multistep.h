@@ -40,6 +40,7 @@ class DPMSolverMultistepScheduler : public Scheduler {
                                    const torch::Tensor& noise) const;
   torch::Tensor second_order_update(const torch::Tensor& sample, const torch::Tensor& noise) const;
   torch::Tensor third_order_update(const torch::Tensor& sample) const;
+  bool is_stochastic() const override { return is_sde(); }
   bool is_sde() const {
     return algorithm_ == Algorithm::kSdeDpmSolver || algorithm_ == Algorithm::kSdeDpmSolverPP;
   }

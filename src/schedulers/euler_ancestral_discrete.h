@@ -11,6 +11,7 @@ class EulerAncestralDiscreteScheduler : public SigmaScheduler {
   // v_prediction), timestep_spacing, steps_offset, rescale_betas_zero_snr.
   explicit EulerAncestralDiscreteScheduler(const SchedulerConfig& config);
 
+  bool is_stochastic() const override { return true; }
   const char* class_name() const override { return "EulerAncestralDiscreteScheduler"; }
   void set_timesteps(int num_inference_steps) override;
   // Each step adds noise * sigma_up: `noise` supplies it (or its generator draws it).

@@ -103,6 +103,10 @@ class Scheduler {
   // diffusers pipelines, which pass eta only to schedulers whose step accepts it.
   virtual void set_eta(double eta) {}
 
+  // Whether step() draws noise (Euler ancestral, DDIM with eta > 0, SDE variants), so the
+  // pipeline knows to hand it a generator or recorded noise.
+  virtual bool is_stochastic() const { return false; }
+
  protected:
   Scheduler(std::string source, torch::Tensor alphas_cumprod);
 

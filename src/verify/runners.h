@@ -14,4 +14,7 @@ CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOp
 CaseResult verify_vae(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 
+// Stable Diffusion txt2img / img2img replay (diffusers folder and single-file checkpoint).
+CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
+
 }  // namespace diffuse::verify

@@ -23,6 +23,7 @@ const std::vector<RunnerEntry> kRunners = {
     {"unet", verify_unet},
     {"vae", verify_vae},
     {"scheduler", verify_scheduler},
+    {"pipeline", verify_pipeline},
 };
 
 Runner find_runner(const std::string& component) {

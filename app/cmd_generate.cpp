@@ -1,0 +1,247 @@
+// `diffuse txt2img` and `diffuse img2img`: flags -> GenerationConfig -> PNG files.
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "commands.h"
+#include "diffuse/pipeline.h"
+#include "io/safetensors.h"
+#include "progress.h"
+
+namespace fs = std::filesystem;
+
+namespace diffuse::app {
+namespace {
+
+struct GenerateFlags {
+  std::string model;
+  std::vector<std::string> prompts;
+  std::vector<std::string> negative_prompts;
+  int width = 0, height = 0;
+  int steps = 25;
+  double cfg_scale = 7.5;
+  std::optional<int64_t> seed;
+  std::string scheduler;
+  double strength = 0.8;
+  std::string init_image;
+  int num_images = 1;
+  int batch_count = 1;
+  std::string out = "output.png";
+  std::string device = "auto", dtype = "auto", vae_dtype = "auto", attention = "auto";
+  std::string latents_file, noise_file;
+  std::string config_dir;
+  bool v_prediction = false, epsilon = false;
+  bool quiet = false;
+  bool json = false;
+};
+
+void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
+  app.add_option("-m,--model", f.model, "Diffusers folder or single-file .safetensors checkpoint")->required();
+  app.add_option("-p,--prompt", f.prompts, "Prompt (repeat for a batch of prompts)")->required();
+  app.add_option("-n,--negative-prompt", f.negative_prompts, "Negative prompt (one, or one per prompt)");
+  app.add_option("-W,--width", f.width, "Width in pixels, multiple of 8 (default: the model's)");
+  app.add_option("-H,--height", f.height, "Height in pixels, multiple of 8 (default: the model's)");
+  app.add_option("--steps", f.steps, "Denoising steps")->capture_default_str();
+  app.add_option("--cfg-scale", f.cfg_scale, "Classifier-free guidance scale (<= 1 disables it)")->capture_default_str();
+  app.add_option("-s,--seed", f.seed, "Seed (default: random); same seed, same image on every device");
+  app.add_option("--scheduler", f.scheduler, "ddim|pndm|euler|euler_a|dpmpp_2m|lms (default: the model's)");
+  app.add_option("--num-images", f.num_images, "Images per prompt in one batch")->capture_default_str();
+  app.add_option("--batch-count", f.batch_count, "Repeat the generation with seed+1, seed+2, ...")->capture_default_str();
+  app.add_option("-o,--out", f.out, "Output PNG (numbered when several images)")->capture_default_str();
+  app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N] (env DIFFUSE_DEVICE)")->capture_default_str();
+  app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")->capture_default_str();
+  app.add_option("--vae-dtype", f.vae_dtype, "auto|fp32|bf16|fp16 for the VAE")->capture_default_str();
+  app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")->capture_default_str();
+  app.add_option("--noise", f.noise_file, "safetensors file with the noise tensor to use (instead of the seed)");
+  app.add_option("--config", f.config_dir, "Diffusers folder giving configs/tokenizer for a single-file checkpoint");
+  app.add_flag("--v-prediction", f.v_prediction, "Single-file checkpoint is v-prediction (SD2.x 768-v)");
+  app.add_flag("--epsilon", f.epsilon, "Single-file checkpoint is epsilon-prediction");
+  app.add_flag("-q,--quiet", f.quiet, "No progress output");
+  app.add_flag("--json", f.json, "Print a JSON summary on stdout");
+  if (img2img) {
+    app.add_option("-i,--init-image", f.init_image, "Input PNG image")->required();
+    app.add_option("--strength", f.strength, "How far to move from the init image, in (0, 1]")->capture_default_str();
+  } else {
+    app.add_option("--latents", f.latents_file, "safetensors file with the initial latents (instead of the seed)");
+  }
+}
+
+// The single tensor of a safetensors file, or the one named `name`.
+torch::Tensor read_tensor_file(const std::string& path, const std::string& name) {
+  auto file = io::SafetensorsFile::open(path);
+  if (file->contains(name)) return file->get(name).clone();
+  if (file->names().size() == 1) return file->get(file->names()[0]).clone();
+  throw FormatError(path + ": expected a tensor named '" + name + "' or exactly one tensor");
+}
+
+std::string output_path(const std::string& out, size_t index, size_t total) {
+  if (total <= 1) return out;
+  fs::path p(out);
+  std::string ext = p.has_extension() ? p.extension().string() : ".png";
+  return (p.parent_path() / (p.stem().string() + "-" + std::to_string(index) + ext)).string();
+}
+
+std::string parameters_text(const GenerateFlags& f, const GenerationConfig& g, const PipelineInfo& info,
+                            const std::string& prompt, const std::string& negative, uint64_t seed, int w, int h) {
+  std::ostringstream os;
+  os << prompt << "\n";
+  if (!negative.empty()) os << "Negative prompt: " << negative << "\n";
+  os << "Steps: " << g.steps << ", Sampler: " << (g.scheduler.empty() ? info.scheduler : g.scheduler)
+     << ", CFG scale: " << g.guidance_scale << ", Seed: " << seed << ", Size: " << w << "x" << h
+     << ", Model: " << fs::path(f.model).filename().string();
+  if (!f.init_image.empty()) os << ", Denoising strength: " << g.strength;
+  os << ", Device: " << info.device << ", Dtype: " << info.unet_dtype << ", Engine: diffuse " << DIFFUSE_VERSION;
+  return os.str();
+}
+
+int run_generate(const GenerateFlags& f, bool img2img) {
+  if (f.v_prediction && f.epsilon) throw InvalidArgument("--v-prediction and --epsilon are mutually exclusive");
+  if (f.batch_count < 1) throw InvalidArgument("--batch-count must be >= 1, got " + std::to_string(f.batch_count));
+  GenerationConfig g;
+  g.prompts = f.prompts;
+  g.negative_prompts = f.negative_prompts;
+  g.width = f.width;
+  g.height = f.height;
+  g.steps = f.steps;
+  g.guidance_scale = f.cfg_scale;
+  g.strength = f.strength;
+  g.images_per_prompt = f.num_images;
+  g.scheduler = f.scheduler;
+  if (f.seed) {
+    if (*f.seed < 0) throw InvalidArgument("--seed must be >= 0");
+    g.seed = static_cast<uint64_t>(*f.seed);
+  }
+  if (!f.scheduler.empty()) {
+    auto names = scheduler_names();
+    if (std::find(names.begin(), names.end(), f.scheduler) == names.end()) {
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      throw InvalidArgument("unknown scheduler '" + f.scheduler + "' (expected one of: " + list + ")");
+    }
+  }
+  // Check everything that does not need the model before the (slow) load.
+  if (g.width % 8 != 0 || g.height % 8 != 0 || g.width < 0 || g.height < 0)
+    throw InvalidArgument("--width/--height must be multiples of 8, got " + std::to_string(g.width) + "x" +
+                          std::to_string(g.height));
+  if (g.steps < 1) throw InvalidArgument("--steps must be >= 1, got " + std::to_string(g.steps));
+  if (img2img && !(g.strength > 0 && g.strength <= 1))
+    throw InvalidArgument("--strength must be in (0, 1], got " + std::to_string(g.strength));
+  if (!fs::exists(f.model)) throw IoError("model '" + f.model + "' does not exist");
+  auto out_dir = fs::path(f.out).parent_path();
+  if (!out_dir.empty() && !fs::is_directory(out_dir))
+    throw IoError("output folder '" + out_dir.string() + "' does not exist");
+  Image init;
+  if (img2img) init = read_png(f.init_image);
+  if (!f.latents_file.empty()) g.latents = read_tensor_file(f.latents_file, "latents");
+  if (!f.noise_file.empty()) g.noise = read_tensor_file(f.noise_file, "noise");
+
+  LoadOptions lo;
+  lo.device = f.device;
+  lo.dtype = f.dtype;
+  lo.vae_dtype = f.vae_dtype;
+  lo.attention = f.attention;
+  lo.config_dir = f.config_dir;
+  if (f.v_prediction) lo.v_prediction = true;
+  if (f.epsilon) lo.v_prediction = false;
+
+  Progress progress(f.quiet || f.json);
+  if (!f.quiet && !f.json) std::cerr << "loading " << f.model << " ...\n";
+  std::shared_ptr<Text2Image> t2i;
+  std::shared_ptr<Image2Image> i2i;
+  const PipelineInfo* info;
+  if (img2img) {
+    i2i = std::make_shared<Image2Image>(Image2Image::load(f.model, lo));
+    info = &i2i->info();
+  } else {
+    t2i = std::make_shared<Text2Image>(Text2Image::load(f.model, lo));
+    info = &t2i->info();
+  }
+  if (!f.quiet && !f.json)
+    std::cerr << "device " << info->device << ", unet " << info->unet_dtype << ", vae " << info->vae_dtype
+              << ", attention " << info->attention << ", scheduler "
+              << (g.scheduler.empty() ? info->scheduler : g.scheduler) << " (loaded in "
+              << format_seconds(info->load_s) << ")\n";
+
+  std::vector<GenerationResult> results;
+  uint64_t base_seed = g.seed.value_or(0);
+  for (int b = 0; b < f.batch_count; ++b) {
+    GenerationConfig run = g;
+    if (g.seed) run.seed = base_seed + static_cast<uint64_t>(b);
+    else if (b > 0) run.seed = results[0].seed + static_cast<uint64_t>(b);
+    auto cb = [&progress](const StepEvent& e) { return progress(e); };
+    results.push_back(img2img ? i2i->generate(run, init, cb) : t2i->generate(run, cb));
+    progress.finish();
+  }
+
+  size_t total = 0;
+  for (const auto& r : results) total += r.images.size();
+  nlohmann::json files = nlohmann::json::array();
+  size_t index = 0;
+  for (const auto& r : results) {
+    for (size_t i = 0; i < r.images.size(); ++i, ++index) {
+      size_t prompt_index = i / static_cast<size_t>(g.images_per_prompt);
+      std::string neg = g.negative_prompts.empty() ? ""
+                        : g.negative_prompts.size() == 1 ? g.negative_prompts[0]
+                                                         : g.negative_prompts[prompt_index];
+      std::string path = output_path(f.out, index, total);
+      nlohmann::json meta = {{"prompt", g.prompts[prompt_index]}, {"negative_prompt", neg},
+                             {"seed", r.seed}, {"steps", g.steps},
+                             {"scheduler", g.scheduler.empty() ? info->scheduler : g.scheduler},
+                             {"cfg_scale", g.guidance_scale}, {"width", r.images[i].width},
+                             {"height", r.images[i].height}, {"model", f.model}, {"device", info->device},
+                             {"dtype", info->unet_dtype}};
+      if (img2img) meta["strength"] = g.strength;
+      write_png(path, r.images[i],
+                {{"parameters", parameters_text(f, g, *info, g.prompts[prompt_index], neg, r.seed, r.images[i].width,
+                                                r.images[i].height)},
+                 {"diffuse", meta.dump()}});
+      files.push_back(path);
+      if (!f.json) std::cout << path << "\n";
+    }
+  }
+  const auto& t = results.back().timings;
+  double denoise = 0, steps = 0, decode = 0, encode = 0, text = 0, total_s = 0;
+  for (const auto& r : results) {
+    denoise += r.timings.denoise_s;
+    steps += static_cast<double>(r.timings.step_s.size());
+    decode += r.timings.vae_decode_s;
+    encode += r.timings.vae_encode_s;
+    text += r.timings.text_encode_s;
+    total_s += r.timings.total_s;
+  }
+  if (f.json) {
+    nlohmann::json j = {{"files", files}, {"seed", results[0].seed}, {"device", info->device},
+                        {"dtype", info->unet_dtype}, {"vae_dtype", info->vae_dtype}, {"attention", info->attention},
+                        {"load_s", info->load_s}, {"text_encode_s", text}, {"vae_encode_s", encode},
+                        {"denoise_s", denoise}, {"step_s", steps > 0 ? denoise / steps : 0.0},
+                        {"vae_decode_s", decode}, {"total_s", total_s},
+                        {"peak_rss_mb", static_cast<double>(t.peak_rss_bytes) / (1024.0 * 1024.0)}};
+    std::cout << j.dump(2) << "\n";
+  } else if (!f.quiet) {
+    std::cerr << "timings: load " << format_seconds(info->load_s) << ", text encode " << format_seconds(text);
+    if (img2img) std::cerr << ", vae encode " << format_seconds(encode);
+    std::cerr << ", denoise " << format_seconds(denoise) << " (" << format_seconds(steps > 0 ? denoise / steps : 0)
+              << "/step), vae decode " << format_seconds(decode) << ", total " << format_seconds(total_s)
+              << "; peak memory " << format_bytes(t.peak_rss_bytes) << " (seed " << results[0].seed << ")\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_txt2img_command(CLI::App& app) {
+  auto f = std::make_shared<GenerateFlags>();
+  add_common_flags(app, *f, false);
+  return [f]() { return run_generate(*f, false); };
+}
+
+Command add_img2img_command(CLI::App& app) {
+  auto f = std::make_shared<GenerateFlags>();
+  add_common_flags(app, *f, true);
+  return [f]() { return run_generate(*f, true); };
+}
+
+}  // namespace diffuse::app

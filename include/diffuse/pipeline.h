@@ -1,0 +1,128 @@
+// The public API: Stable Diffusion text-to-image and image-to-image pipelines, loaded from a
+// diffusers folder or a single-file checkpoint, placed on a device by policy.
+//
+//   auto pipe = diffuse::Text2Image::load("models/sd21", {});
+//   diffuse::GenerationConfig cfg;
+//   cfg.prompts = {"a photograph of an astronaut riding a horse"};
+//   cfg.seed = 42;
+//   auto result = pipe.generate(cfg);
+//   diffuse::write_png("out.png", result.images[0]);
+#pragma once
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "diffuse/errors.h"
+#include "diffuse/image.h"
+
+namespace diffuse {
+
+struct LoadOptions {
+  std::string device = "auto";      // auto|cpu|cuda[:N]|npu[:N]; auto honours DIFFUSE_DEVICE
+  std::string dtype = "auto";       // auto|fp32|bf16|fp16 for text encoder and UNet
+  std::string vae_dtype = "auto";   // the VAE separately (auto keeps it fp32 where needed)
+  std::string attention = "auto";   // auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)
+  // Single-file checkpoints: a diffusers folder whose config.json files and tokenizer to use
+  // (required for non-standard shapes; the tokenizer comes from here or a sibling folder).
+  std::string config_dir;
+  // Single-file checkpoints: force v-prediction (SD2.x 768-v) or epsilon; unset = infer.
+  std::optional<bool> v_prediction;
+};
+
+struct GenerationConfig {
+  std::vector<std::string> prompts;           // one image batch entry per prompt
+  std::vector<std::string> negative_prompts;  // empty, one for all, or one per prompt
+  int width = 0;                              // 0 = the model's default size
+  int height = 0;
+  int steps = 25;
+  double guidance_scale = 7.5;  // <= 1 disables classifier-free guidance
+  double strength = 0.8;        // img2img: how much of the schedule to run, in (0, 1]
+  std::optional<uint64_t> seed;  // unset = random; the result reports the seed used
+  int images_per_prompt = 1;
+  std::string scheduler;  // ddim|pndm|euler|euler_a|dpmpp_2m|lms; "" = the model's own
+  double eta = 0.0;       // DDIM only
+  // Advanced: start from these latents ([N, C, h, w], before init_noise_sigma scaling) instead
+  // of seeded noise (txt2img), or use this noise for add_noise (img2img).
+  torch::Tensor latents;
+  torch::Tensor noise;
+};
+
+struct StepEvent {
+  int step = 0;       // 0-based
+  int num_steps = 0;
+  double timestep = 0;
+  double elapsed_s = 0;   // since the denoising loop started
+  const torch::Tensor* latents = nullptr;
+};
+// Return false to cancel; generate() then throws diffuse::Cancelled.
+using StepCallback = std::function<bool(const StepEvent&)>;
+
+struct StageTimings {
+  double load_s = 0;
+  double text_encode_s = 0;
+  double vae_encode_s = 0;
+  double denoise_s = 0;
+  double vae_decode_s = 0;
+  double total_s = 0;
+  std::vector<double> step_s;
+  int64_t peak_rss_bytes = 0;
+};
+
+struct GenerationResult {
+  std::vector<Image> images;
+  torch::Tensor images_float;  // [N, H, W, 3] float32 in [0, 1] on the CPU
+  torch::Tensor latents;       // final latents [N, C, h, w] float32 on the CPU
+  uint64_t seed = 0;
+  StageTimings timings;
+};
+
+struct PipelineInfo {
+  std::string model;       // path it was loaded from
+  std::string device;
+  std::string unet_dtype, text_encoder_dtype, vae_dtype;
+  std::string attention;
+  std::string scheduler;   // default scheduler class
+  std::string prediction_type;
+  int default_width = 0, default_height = 0;
+  double load_s = 0;
+};
+
+namespace pipeline {
+class StableDiffusion;
+}
+
+class Text2Image {
+ public:
+  // `path` is a diffusers folder (model_index.json) or a single-file .safetensors checkpoint.
+  static Text2Image load(const std::string& path, const LoadOptions& options = {});
+  GenerationResult generate(const GenerationConfig& config, const StepCallback& on_step = {});
+  const PipelineInfo& info() const;
+  std::shared_ptr<pipeline::StableDiffusion> impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<pipeline::StableDiffusion> impl_;
+};
+
+class Image2Image {
+ public:
+  static Image2Image load(const std::string& path, const LoadOptions& options = {});
+  // The init image is resized to width x height when those are set, else to its own size
+  // rounded down to a multiple of 8.
+  GenerationResult generate(const GenerationConfig& config, const Image& init_image,
+                            const StepCallback& on_step = {});
+  const PipelineInfo& info() const;
+  std::shared_ptr<pipeline::StableDiffusion> impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<pipeline::StableDiffusion> impl_;
+};
+
+// Names accepted by GenerationConfig::scheduler.
+std::vector<std::string> scheduler_names();
+
+}  // namespace diffuse

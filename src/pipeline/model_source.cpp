@@ -1,0 +1,77 @@
+#include "pipeline/model_source.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "diffuse/errors.h"
+#include "io/ldm_checkpoint.h"
+#include "io/model_folder.h"
+
+namespace fs = std::filesystem;
+
+namespace diffuse::pipeline {
+namespace {
+
+ModelSource from_folder(const std::string& path) {
+  auto folder = io::ModelFolder::open(path);
+  ModelSource s;
+  s.path = path;
+  s.kind = "diffusers";
+  for (const char* c : {"unet", "vae", "text_encoder", "tokenizer", "scheduler"})
+    if (!folder.has_component(c))
+      throw IoError("model folder '" + path + "' has no '" + c + "' component folder");
+  s.unet_config = folder.component_config("unet");
+  s.vae_config = folder.component_config("vae");
+  s.text_encoder_config = folder.component_config("text_encoder");
+  s.scheduler_config = folder.component_config("scheduler", "scheduler_config.json");
+  s.tokenizer_dir = folder.component_dir("tokenizer");
+  s.unet_weights = folder.component_weights("unet");
+  s.vae_weights = folder.component_weights("vae");
+  s.text_encoder_weights = folder.component_weights("text_encoder");
+  return s;
+}
+
+ModelSource from_single_file(const std::string& path, const ModelSourceOptions& options) {
+  io::SingleFileOptions so;
+  so.config_dir = options.config_dir;
+  so.v_prediction = options.v_prediction;
+  auto parts = io::load_single_file_checkpoint(path, so);
+  ModelSource s;
+  s.path = path;
+  s.kind = "single-file";
+  s.unet_config = io::JsonConfig(parts.unet_config, path + " (inferred unet config)");
+  s.vae_config = io::JsonConfig(parts.vae_config, path + " (inferred vae config)");
+  s.text_encoder_config = io::JsonConfig(parts.text_encoder_config, path + " (inferred text_encoder config)");
+  s.scheduler_config = io::JsonConfig(parts.scheduler_config, path + " (scheduler config)");
+  s.unet_weights = std::move(parts.unet);
+  s.vae_weights = std::move(parts.vae);
+  s.text_encoder_weights = std::move(parts.text_encoder);
+  // A checkpoint carries no tokenizer: take it from the config folder, or from a diffusers
+  // folder or tokenizer/ folder next to the file.
+  std::vector<fs::path> candidates;
+  if (!options.config_dir.empty()) candidates.push_back(fs::path(options.config_dir) / "tokenizer");
+  candidates.push_back(fs::path(path).parent_path() / "tokenizer");
+  for (const auto& c : candidates)
+    if (fs::exists(c / "vocab.json")) {
+      s.tokenizer_dir = c.string();
+      break;
+    }
+  if (s.tokenizer_dir.empty())
+    throw IoError("single-file checkpoint '" + path + "' carries no tokenizer: pass a diffusers folder with "
+                  "--config DIR (its tokenizer/ is used), or put a tokenizer/ folder next to the file");
+  return s;
+}
+
+}  // namespace
+
+ModelSource open_model_source(const std::string& path, const ModelSourceOptions& options) {
+  if (!fs::exists(path)) throw IoError("model '" + path + "' does not exist");
+  if (fs::is_directory(path)) return from_folder(path);
+  auto ext = fs::path(path).extension().string();
+  if (ext == ".ckpt" || ext == ".pt" || ext == ".pth" || ext == ".bin")
+    throw FormatError("'" + path + "' is a pickled checkpoint; diffuse only reads .safetensors (convert it first)");
+  return from_single_file(path, options);
+}
+
+}  // namespace diffuse::pipeline

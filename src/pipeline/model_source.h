@@ -1,0 +1,31 @@
+// Where a pipeline's parts come from: a diffusers folder or a single-file checkpoint, reduced
+// to the same thing — a config per component, a state dict per component (diffusers names)
+// and a tokenizer folder — so the pipeline has one loading path.
+#pragma once
+#include <torch/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "io/json_config.h"
+
+namespace diffuse::pipeline {
+
+struct ModelSource {
+  std::string path;
+  std::string kind;  // "diffusers" | "single-file"
+  io::JsonConfig unet_config, vae_config, text_encoder_config, scheduler_config;
+  std::string tokenizer_dir;
+  std::map<std::string, torch::Tensor> unet_weights, vae_weights, text_encoder_weights;
+};
+
+struct ModelSourceOptions {
+  std::string config_dir;
+  std::optional<bool> v_prediction;
+};
+
+// Throws IoError when `path` does not exist, FormatError/ConfigError when it is not a model.
+ModelSource open_model_source(const std::string& path, const ModelSourceOptions& options);
+
+}  // namespace diffuse::pipeline

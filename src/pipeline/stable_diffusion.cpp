@@ -1,0 +1,362 @@
+#include "pipeline/stable_diffusion.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <random>
+
+#include "device/device.h"
+#include "device/memory.h"
+#include "models/autoencoder_kl.h"
+#include "models/clip_text_model.h"
+#include "models/unet2d_condition.h"
+#include "nn/attention.h"
+#include "nn/load_weights.h"
+#include "pipeline/model_source.h"
+#include "schedulers/scheduler.h"
+#include "text/clip_tokenizer.h"
+
+namespace diffuse::pipeline {
+namespace {
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32 | rd()) & ((1ull << 53) - 1);
+}
+
+// Noise is always drawn on the CPU with PyTorch's generator and then moved, so a seed gives
+// the same latents on every device and the same as torch.Generator("cpu").manual_seed(seed).
+torch::Tensor cpu_randn(c10::IntArrayRef shape, at::Generator& gen) {
+  return torch::randn(shape, gen, torch::TensorOptions().dtype(torch::kFloat32));
+}
+
+std::vector<Image> to_images(const torch::Tensor& nhwc) {
+  // diffusers' numpy_to_pil: (x * 255).round() as uint8.
+  auto u8 = (nhwc * 255).round().clamp(0, 255).to(torch::kUInt8).contiguous();
+  std::vector<Image> out;
+  for (int64_t i = 0; i < u8.size(0); ++i) {
+    Image img;
+    img.height = static_cast<int>(u8.size(1));
+    img.width = static_cast<int>(u8.size(2));
+    auto slice = u8[i];
+    img.rgb.assign(slice.data_ptr<uint8_t>(), slice.data_ptr<uint8_t>() + slice.numel());
+    out.push_back(std::move(img));
+  }
+  return out;
+}
+
+}  // namespace
+
+struct StableDiffusion::Components {
+  torch::Device device{torch::kCPU};
+  torch::Dtype unet_dtype = torch::kFloat32, text_dtype = torch::kFloat32, vae_dtype = torch::kFloat32;
+  std::unique_ptr<text::ClipTokenizer> tokenizer;
+  models::ClipTextModel text_encoder{nullptr};
+  models::UNet2DConditionModel unet{nullptr};
+  models::AutoencoderKL vae{nullptr};
+  io::JsonConfig scheduler_config;
+};
+
+void validate_generation_config(const GenerationConfig& c, bool image2image) {
+  if (c.prompts.empty()) throw InvalidArgument("no prompt given (prompts is empty)");
+  if (!c.negative_prompts.empty() && c.negative_prompts.size() != 1 && c.negative_prompts.size() != c.prompts.size())
+    throw InvalidArgument("negative prompts: got " + std::to_string(c.negative_prompts.size()) +
+                          ", expected none, one, or one per prompt (" + std::to_string(c.prompts.size()) + ")");
+  if (c.steps < 1) throw InvalidArgument("steps must be >= 1, got " + std::to_string(c.steps));
+  if (c.images_per_prompt < 1)
+    throw InvalidArgument("images per prompt must be >= 1, got " + std::to_string(c.images_per_prompt));
+  if (c.width < 0 || c.height < 0 || c.width % 8 != 0 || c.height % 8 != 0)
+    throw InvalidArgument("width and height must be positive multiples of 8, got " + std::to_string(c.width) +
+                          "x" + std::to_string(c.height));
+  if (c.width > 8192 || c.height > 8192)
+    throw InvalidArgument("width/height above 8192 are not supported, got " + std::to_string(c.width) + "x" +
+                          std::to_string(c.height));
+  if (!(c.guidance_scale >= 0)) throw InvalidArgument("guidance scale must be >= 0");
+  if (image2image && !(c.strength > 0 && c.strength <= 1))
+    throw InvalidArgument("strength must be in (0, 1], got " + std::to_string(c.strength));
+}
+
+StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& options)
+    : c_(std::make_unique<Components>()) {
+  double t0 = now_s();
+  c_->device = device::resolve_device(options.device);
+  c_->unet_dtype = device::resolve_dtype(options.dtype, c_->device, "unet");
+  c_->text_dtype = device::resolve_dtype(options.dtype, c_->device, "text_encoder");
+  c_->vae_dtype = device::resolve_dtype(options.vae_dtype, c_->device, "vae");
+  std::string attention = options.attention;
+  if (attention.empty() || attention == "auto") {
+    const char* env = std::getenv("DIFFUSE_ATTENTION");
+    if (env && *env) attention = env;
+  }
+  if (!attention.empty()) nn::set_default_attention_backend(nn::parse_attention_backend(attention));
+
+  ModelSourceOptions so;
+  so.config_dir = options.config_dir;
+  so.v_prediction = options.v_prediction;
+  ModelSource src = open_model_source(path, so);
+
+  c_->tokenizer = std::make_unique<text::ClipTokenizer>(text::ClipTokenizer::from_folder(src.tokenizer_dir));
+  c_->text_encoder = models::ClipTextModel(models::ClipTextConfig::from_json(src.text_encoder_config));
+  nn::load_state_dict(*c_->text_encoder, src.text_encoder_weights, src.path + " (text_encoder)",
+                      {"text_model.embeddings.position_ids"});
+  c_->text_encoder->to(c_->device, c_->text_dtype);
+  c_->text_encoder->eval();
+
+  c_->unet = models::UNet2DConditionModel(models::UNet2DConditionConfig::from_json(src.unet_config));
+  nn::load_state_dict(*c_->unet, src.unet_weights, src.path + " (unet)");
+  c_->unet->to(c_->device, c_->unet_dtype);
+  c_->unet->eval();
+
+  c_->vae = models::AutoencoderKL(models::AutoencoderKLConfig::from_json(src.vae_config));
+  nn::load_state_dict(*c_->vae, src.vae_weights, src.path + " (vae)");
+  c_->vae->to(c_->device, c_->vae_dtype);
+  c_->vae->eval();
+
+  c_->scheduler_config = src.scheduler_config;
+  // Weights now live in the modules; drop the file mappings.
+  src.unet_weights.clear();
+  src.vae_weights.clear();
+  src.text_encoder_weights.clear();
+
+  info_.model = path;
+  info_.device = device::device_name(c_->device);
+  info_.unet_dtype = device::dtype_name(c_->unet_dtype);
+  info_.text_encoder_dtype = device::dtype_name(c_->text_dtype);
+  info_.vae_dtype = device::dtype_name(c_->vae_dtype);
+  info_.attention = nn::attention_backend_name(nn::default_attention_backend());
+  info_.scheduler = c_->scheduler_config.get<std::string>("_class_name", "PNDMScheduler");
+  info_.prediction_type = c_->scheduler_config.get<std::string>("prediction_type", "epsilon");
+  // sample_size is the latent size the model was trained at: [s] or [h, w]; 64 if absent.
+  const auto& ss = c_->unet->config().sample_size;
+  int64_t sh = ss.empty() ? 64 : ss[0], sw = ss.empty() ? 64 : ss.back();
+  info_.default_width = static_cast<int>(sw * vae_scale_factor());
+  info_.default_height = static_cast<int>(sh * vae_scale_factor());
+  info_.load_s = now_s() - t0;
+}
+
+StableDiffusion::~StableDiffusion() = default;
+
+torch::Tensor StableDiffusion::draw_noise(c10::IntArrayRef shape, at::Generator& gen) const {
+  if (!noise_) return cpu_randn(shape, gen);
+  auto t = noise_(shape);
+  if (!t.defined() || t.sizes() != shape)
+    throw InvalidArgument("noise source returned a tensor of the wrong shape (expected " + c10::str(shape) + ")");
+  return t.to(torch::kFloat32);
+}
+
+void StableDiffusion::set_scheduler_config(const nlohmann::json& config) {
+  c_->scheduler_config = io::JsonConfig(config, "scheduler config");
+  info_.scheduler = c_->scheduler_config.get<std::string>("_class_name", info_.scheduler);
+  info_.prediction_type = c_->scheduler_config.get<std::string>("prediction_type", "epsilon");
+}
+
+int StableDiffusion::vae_scale_factor() const { return static_cast<int>(c_->vae->config().spatial_factor()); }
+
+int64_t StableDiffusion::latent_channels() const { return c_->unet->config().in_channels; }
+
+PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& prompts,
+                                                const std::vector<std::string>& negative_prompts,
+                                                int images_per_prompt, bool guidance) {
+  auto encode = [&](const std::vector<std::string>& texts, std::vector<bool>* truncated, const char* name) {
+    auto batch = c_->tokenizer->encode_padded(texts);
+    int64_t n = static_cast<int64_t>(batch.input_ids.size());
+    int64_t len = n ? static_cast<int64_t>(batch.input_ids[0].size()) : 0;
+    auto ids = torch::empty({n, len}, torch::kInt64);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < len; ++j) ids[i][j] = batch.input_ids[i][j];
+    trace(name, ids);
+    if (truncated) *truncated = batch.truncated;
+    auto out = c_->text_encoder->forward(ids.to(c_->device)).last_hidden_state;
+    return out;
+  };
+  PromptEmbeddings e;
+  auto pos = encode(prompts, &e.truncated, "text_input_ids");
+  trace("prompt_embeds", pos);
+  // Each prompt's copies stay adjacent, as diffusers' repeat + view does.
+  e.positive = pos.repeat_interleave(images_per_prompt, 0);
+  if (guidance) {
+    std::vector<std::string> neg;
+    if (negative_prompts.empty()) neg.assign(prompts.size(), "");
+    else if (negative_prompts.size() == 1) neg.assign(prompts.size(), negative_prompts[0]);
+    else neg = negative_prompts;
+    auto n = encode(neg, nullptr, "negative_text_input_ids");
+    trace("negative_prompt_embeds", n);
+    e.negative = n.repeat_interleave(images_per_prompt, 0);
+  }
+  return e;
+}
+
+torch::Tensor StableDiffusion::decode_latents(const torch::Tensor& latents) {
+  const auto& vc = c_->vae->config();
+  auto z = latents.to(c_->device, torch::kFloat32) / vc.scaling_factor + vc.shift_factor.value_or(0.0);
+  auto img = c_->vae->decode(z.to(c_->vae_dtype)).to(torch::kFloat32);
+  return (img / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().to(torch::kCPU);
+}
+
+GenerationResult StableDiffusion::denoise_and_decode(const GenerationConfig& config, const PromptEmbeddings& embeds,
+                                                     torch::Tensor latents, const torch::Tensor& timesteps,
+                                                     schedulers::Scheduler& scheduler, at::Generator& gen,
+                                                     const StepCallback& on_step, StageTimings timings,
+                                                     uint64_t seed) {
+  double start = now_s();
+  bool guidance = embeds.negative.defined();
+  auto cond = guidance ? torch::cat({embeds.negative, embeds.positive}) : embeds.positive;
+  cond = cond.to(c_->device, c_->unet_dtype);
+  latents = latents.to(c_->device, torch::kFloat32);
+  int64_t n = timesteps.size(0);
+  scheduler.set_eta(config.eta);
+  for (int64_t i = 0; i < n; ++i) {
+    double step_start = now_s();
+    auto t = timesteps[i];
+    auto model_input = guidance ? torch::cat({latents, latents}) : latents;
+    model_input = scheduler.scale_model_input(model_input, t);
+    trace("step." + std::to_string(i) + ".t", t);
+    trace("step." + std::to_string(i) + ".unet_timestep", t);
+    trace("step." + std::to_string(i) + ".unet_input", model_input);
+    auto noise_pred = c_->unet->forward(model_input.to(c_->unet_dtype), t, cond).to(torch::kFloat32);
+    trace("step." + std::to_string(i) + ".noise_pred_raw", noise_pred);
+    if (guidance) {
+      auto chunks = noise_pred.chunk(2);
+      noise_pred = chunks[0] + config.guidance_scale * (chunks[1] - chunks[0]);
+    }
+    schedulers::StepNoise step_noise;
+    if (scheduler.is_stochastic()) {
+      step_noise = noise_ ? schedulers::StepNoise::from_tensor(draw_noise(latents.sizes(), gen).to(c_->device))
+                          : schedulers::StepNoise::from_generator(gen);
+    }
+    latents = scheduler.step(noise_pred, t, latents, step_noise).prev_sample;
+    trace("step." + std::to_string(i) + ".latents", latents);
+    timings.step_s.push_back(now_s() - step_start);
+    if (on_step) {
+      StepEvent ev;
+      ev.step = static_cast<int>(i);
+      ev.num_steps = static_cast<int>(n);
+      ev.timestep = t.item<double>();
+      ev.elapsed_s = now_s() - start;
+      ev.latents = &latents;
+      if (!on_step(ev)) throw Cancelled("cancelled by the step callback at step " + std::to_string(i + 1) + "/" +
+                                        std::to_string(n));
+    }
+  }
+  timings.denoise_s = now_s() - start;
+  trace("latents_out", latents);
+  double d0 = now_s();
+  GenerationResult result;
+  result.images_float = decode_latents(latents);
+  timings.vae_decode_s = now_s() - d0;
+  trace("image", result.images_float);
+  result.images = to_images(result.images_float);
+  result.latents = latents.to(torch::kCPU);
+  result.seed = seed;
+  timings.peak_rss_bytes = device::memory_stats().peak_rss_bytes;
+  result.timings = std::move(timings);
+  return result;
+}
+
+GenerationResult StableDiffusion::text2image(const GenerationConfig& config, const StepCallback& on_step) {
+  validate_generation_config(config, false);
+  torch::InferenceMode guard;
+  double t0 = now_s();
+  StageTimings timings;
+  bool guidance = config.guidance_scale > 1.0;
+  auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt, guidance);
+  timings.text_encode_s = now_s() - t0;
+
+  auto scheduler = config.scheduler.empty() ? schedulers::make_scheduler(c_->scheduler_config)
+                                            : schedulers::make_scheduler(config.scheduler, c_->scheduler_config);
+  scheduler->set_timesteps(config.steps);
+  int width = config.width ? config.width : info_.default_width;
+  int height = config.height ? config.height : info_.default_height;
+  int64_t n = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
+  std::vector<int64_t> shape{n, latent_channels(), height / vae_scale_factor(), width / vae_scale_factor()};
+  uint64_t seed = config.seed.value_or(random_seed());
+  torch::Tensor latents;
+  if (config.latents.defined()) {
+    if (config.latents.sizes() != c10::IntArrayRef(shape))
+      throw InvalidArgument("given latents have shape " + c10::str(config.latents.sizes()) + ", expected " +
+                            c10::str(c10::IntArrayRef(shape)) + " for this batch and size");
+    latents = config.latents.to(torch::kFloat32);
+  } else {
+  }
+  auto gen = at::detail::createCPUGenerator(seed);
+  if (!latents.defined()) latents = cpu_randn(shape, gen);
+  latents = latents * scheduler->init_noise_sigma();
+  auto result =
+      denoise_and_decode(config, embeds, latents, scheduler->timesteps(), *scheduler, gen, on_step, timings, seed);
+  result.timings.total_s = now_s() - t0;
+  return result;
+}
+
+GenerationResult StableDiffusion::image2image(const GenerationConfig& config, const torch::Tensor& init,
+                                              const StepCallback& on_step) {
+  validate_generation_config(config, true);
+  torch::InferenceMode guard;
+  double t0 = now_s();
+  StageTimings timings;
+  int64_t batch = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
+  if (init.dim() != 4 || init.size(1) != 3)
+    throw InvalidArgument("init image must be [B, 3, H, W], got " + c10::str(init.sizes()));
+  if (init.size(0) != 1 && init.size(0) != batch && batch % init.size(0) != 0)
+    throw InvalidArgument("init image batch " + std::to_string(init.size(0)) + " does not divide the prompt batch " +
+                          std::to_string(batch));
+  int sf = vae_scale_factor();
+  if (init.size(2) % sf != 0 || init.size(3) % sf != 0)
+    throw InvalidArgument("init image size " + std::to_string(init.size(3)) + "x" + std::to_string(init.size(2)) +
+                          " is not a multiple of " + std::to_string(sf));
+  bool guidance = config.guidance_scale > 1.0;
+  auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt, guidance);
+  timings.text_encode_s = now_s() - t0;
+
+  auto scheduler = config.scheduler.empty() ? schedulers::make_scheduler(c_->scheduler_config)
+                                            : schedulers::make_scheduler(config.scheduler, c_->scheduler_config);
+  scheduler->set_timesteps(config.steps);
+  // diffusers' get_timesteps: run only the last `strength` part of the schedule.
+  int init_steps = std::min(static_cast<int>(config.steps * config.strength), config.steps);
+  int t_start = std::max(config.steps - init_steps, 0);
+  int64_t begin = static_cast<int64_t>(t_start) * scheduler->order();
+  auto all = scheduler->timesteps();
+  if (begin >= all.size(0))
+    throw InvalidArgument("strength " + std::to_string(config.strength) + " with " + std::to_string(config.steps) +
+                          " steps leaves no denoising step; raise strength or steps");
+  auto timesteps = all.slice(0, begin);
+  scheduler->set_begin_index(begin);
+
+  uint64_t seed = config.seed.value_or(random_seed());
+  auto gen = at::detail::createCPUGenerator(seed);
+  double e0 = now_s();
+  auto image = (init.to(torch::kFloat32) * 2 - 1);
+  trace("image_preprocessed", image);
+  auto dist = c_->vae->encode(image.to(c_->device, c_->vae_dtype));
+  auto mean = dist.mean.to(torch::kFloat32), std = dist.std.to(torch::kFloat32);
+  trace("posterior_mean", mean);
+  trace("posterior_std", std);
+  auto posterior_noise = draw_noise(mean.sizes(), gen).to(c_->device);
+  const auto& vc = c_->vae->config();
+  auto init_latents = (mean + std * posterior_noise - vc.shift_factor.value_or(0.0)) * vc.scaling_factor;
+  if (init_latents.size(0) != batch) init_latents = init_latents.repeat({batch / init_latents.size(0), 1, 1, 1});
+  trace("init_latents", init_latents);
+  timings.vae_encode_s = now_s() - e0;
+  torch::Tensor noise;
+  if (config.noise.defined()) {
+    if (config.noise.sizes() != init_latents.sizes())
+      throw InvalidArgument("given noise has shape " + c10::str(config.noise.sizes()) + ", expected " +
+                            c10::str(init_latents.sizes()));
+    noise = config.noise.to(c_->device, torch::kFloat32);
+  } else {
+    noise = draw_noise(init_latents.sizes(), gen).to(c_->device);
+  }
+  auto latent_timestep = timesteps.slice(0, 0, 1).repeat({batch});
+  trace("latent_timestep", latent_timestep);
+  auto latents = scheduler->add_noise(init_latents, noise, latent_timestep);
+  trace("noised_latents", latents);
+  auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step, timings, seed);
+  result.timings.total_s = now_s() - t0;
+  return result;
+}
+
+}  // namespace diffuse::pipeline

@@ -1,0 +1,78 @@
+// The Stable Diffusion engine behind Text2Image and Image2Image: owns the components and
+// runs the stages (encode prompt, prepare latents, denoise with CFG, decode / encode images).
+#pragma once
+#include <ATen/core/Generator.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "diffuse/pipeline.h"
+
+namespace diffuse::schedulers {
+class Scheduler;
+}
+
+namespace diffuse::pipeline {
+
+// Receives named intermediate tensors (golden tests: "step.3.latents", ...).
+using TraceFn = std::function<void(const std::string&, const torch::Tensor&)>;
+// Supplies every random tensor the pipeline draws (VAE posterior sample, img2img noise,
+// ancestral step noise), in order, instead of the seeded CPU generator. Used to replay a
+// reference run whose noise was recorded.
+using NoiseFn = std::function<torch::Tensor(c10::IntArrayRef shape)>;
+
+struct PromptEmbeddings {
+  torch::Tensor positive;  // [N, T, D] (already repeated per image)
+  torch::Tensor negative;  // undefined when guidance is off
+  std::vector<bool> truncated;
+};
+
+class StableDiffusion {
+ public:
+  StableDiffusion(const std::string& path, const LoadOptions& options);
+  ~StableDiffusion();
+
+  const PipelineInfo& info() const { return info_; }
+  void set_trace(TraceFn trace) { trace_ = std::move(trace); }
+  void set_noise_source(NoiseFn noise) { noise_ = std::move(noise); }
+  // Replaces the pipeline's scheduler config (diffusers scheduler_config.json content).
+  void set_scheduler_config(const nlohmann::json& config);
+
+  GenerationResult text2image(const GenerationConfig& config, const StepCallback& on_step);
+  // init: [B, 3, H, W] float in [0, 1] (B = 1 or one per prompt).
+  GenerationResult image2image(const GenerationConfig& config, const torch::Tensor& init,
+                               const StepCallback& on_step);
+
+  // Stages, public for tools and tests.
+  PromptEmbeddings encode_prompt(const std::vector<std::string>& prompts,
+                                 const std::vector<std::string>& negative_prompts, int images_per_prompt,
+                                 bool guidance);
+  torch::Tensor decode_latents(const torch::Tensor& latents);  // -> [N, H, W, 3] float in [0,1], CPU
+  int vae_scale_factor() const;
+  int64_t latent_channels() const;
+
+ private:
+  struct Components;
+  std::unique_ptr<Components> c_;
+  PipelineInfo info_;
+  TraceFn trace_;
+  NoiseFn noise_;
+
+  torch::Tensor draw_noise(c10::IntArrayRef shape, at::Generator& gen) const;
+
+  void trace(const std::string& name, const torch::Tensor& t) const {
+    if (trace_) trace_(name, t);
+  }
+  GenerationResult denoise_and_decode(const GenerationConfig& config, const PromptEmbeddings& embeds,
+                                      torch::Tensor latents, const torch::Tensor& timesteps,
+                                      schedulers::Scheduler& scheduler, at::Generator& gen,
+                                      const StepCallback& on_step, StageTimings timings, uint64_t seed);
+};
+
+// Validates what every generate() call needs; throws InvalidArgument naming the field.
+void validate_generation_config(const GenerationConfig& config, bool image2image);
+
+}  // namespace diffuse::pipeline

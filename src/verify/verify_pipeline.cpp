@@ -1,0 +1,111 @@
+// Replays a reference pipeline run: same prompts, same scheduler config, same initial latents
+// or recorded noise, then compares every recorded tensor (final image, latents, embeddings,
+// per-step intermediates). Runs from the diffusers folder and, when the set has one, from the
+// single-file checkpoint too.
+#include <torch/torch.h>
+
+#include <deque>
+
+#include "device/device.h"
+#include "pipeline/stable_diffusion.h"
+#include "verify/runners.h"
+
+namespace diffuse::verify {
+namespace {
+
+std::vector<std::string> string_list(const nlohmann::json& j) {
+  std::vector<std::string> out;
+  if (j.is_string()) out.push_back(j.get<std::string>());
+  if (j.is_array())
+    for (const auto& s : j) out.push_back(s.get<std::string>());
+  return out;
+}
+
+bool is_integer(const torch::Tensor& t) { return !t.is_floating_point(); }
+
+// Tensors whose scale is O(1) are compared with the plain atol; latent-like tensors grow
+// large with random weights and use latents_rtol relative to their largest magnitude.
+bool uses_absolute_tolerance(const std::string& name) {
+  static const char* kAbsolute[] = {"image", "prompt_embeds", "negative_prompt_embeds", "image_preprocessed",
+                                    "posterior_mean", "posterior_std"};
+  for (const char* a : kAbsolute)
+    if (name == a) return true;
+  return false;
+}
+
+void run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o, const std::string& model_path,
+             const std::string& label, CaseResult* r) {
+  CaseTensors t(c.file);
+  const auto& p = c.params;
+  LoadOptions lo;
+  lo.device = device::device_name(o.device);
+  lo.dtype = "fp32";
+  lo.vae_dtype = "fp32";
+  if (model_path != set.model_dir()) lo.config_dir = set.model_dir();
+  pipeline::StableDiffusion sd(model_path, lo);
+  if (p.contains("scheduler") && p["scheduler"].is_object()) sd.set_scheduler_config(p["scheduler"]);
+  std::map<std::string, torch::Tensor> traced;
+  sd.set_trace([&](const std::string& name, const torch::Tensor& v) { traced[name] = v.detach().to(torch::kCPU).clone(); });
+
+  GenerationConfig g;
+  g.prompts = string_list(p.value("prompt", nlohmann::json()));
+  g.negative_prompts = string_list(p.value("negative_prompt", nlohmann::json()));
+  g.guidance_scale = p.value("guidance_scale", 7.5);
+  g.steps = p.value("num_inference_steps", 50);
+  g.images_per_prompt = p.value("num_images_per_prompt", 1);
+  g.seed = 0;
+  if (p.contains("eta")) g.eta = p["eta"].get<double>();
+  if (t.has("init_image")) {
+    g.strength = p.value("strength", 0.8);
+    // Recorded randomness in draw order: the VAE posterior sample, then add_noise's noise.
+    std::deque<torch::Tensor> noise;
+    for (const char* n : {"posterior_noise", "noise"})
+      if (t.has(n)) noise.push_back(t.get(n));
+    sd.set_noise_source([&noise](c10::IntArrayRef shape) {
+      if (noise.empty()) throw FormatError("the case supplies fewer noise tensors than the pipeline draws");
+      auto v = noise.front();
+      noise.pop_front();
+      return v;
+    });
+    auto result = sd.image2image(g, t.get("init_image"), {});
+    if (!noise.empty()) r->add(label + "noise consumed", Comparison{false, 0, "not all supplied noise was used"});
+  } else {
+    g.height = p.value("height", 0);
+    g.width = p.value("width", 0);
+    g.latents = t.get("latents");
+    sd.text2image(g, {});
+  }
+  double atol = c.tol("atol", 1e-4);
+  double latents_rtol = c.tol("latents_rtol", c.tol("rtol", 1e-5));
+  int compared = 0;
+  for (const auto& [name, got] : traced) {
+    if (!t.has(name)) continue;
+    auto expected = t.get(name);
+    ++compared;
+    if (is_integer(expected)) {
+      r->add(label + name, compare_exact(label + name, got, expected));
+    } else if (name.find(".t") == name.size() - 2 || name.find("unet_timestep") != std::string::npos) {
+      r->add(label + name, compare(label + name, got, expected, 1e-4, 0));
+    } else if (uses_absolute_tolerance(name)) {
+      r->add(label + name, compare(label + name, got, expected, atol, 0));
+    } else {
+      double scale = expected.abs().max().item<double>();
+      r->add(label + name, compare(label + name, got, expected, std::max(atol, latents_rtol * scale), 0));
+    }
+  }
+  if (!t.has("image") || !traced.count("image"))
+    r->add(label + "image", Comparison{false, 0, "no final image to compare"});
+  (void)compared;
+}
+
+}  // namespace
+
+CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o) {
+  CaseResult r;
+  run_one(set, c, o, set.model_dir(), "", &r);
+  std::string single = set.single_file_checkpoint();
+  if (!single.empty()) run_one(set, c, o, single, "single-file:", &r);
+  return r;
+}
+
+}  // namespace diffuse::verify
