@@ -12,8 +12,7 @@ namespace {
 
 std::atomic<AttentionBackend> g_default{AttentionBackend::kAuto};
 
-// The reference: softmax(scale * q k^T) v, as diffusers' AttnProcessor computes it
-// (baddbmm with alpha = scale, then softmax, then bmm).
+// The reference: softmax(scale * q k^T) v, as diffusers' AttnProcessor computes it.
 torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              double scale, bool causal, bool upcast) {
   auto B = q.size(0), H = q.size(1), Nq = q.size(2), D = q.size(3), Nk = k.size(2);
@@ -25,8 +24,10 @@ torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, con
     q3 = q3.to(torch::kFloat32);
     k3 = k3.to(torch::kFloat32);
   }
-  auto scores = torch::baddbmm(torch::empty({B * H, Nq, Nk}, q3.options()), q3, k3.transpose(1, 2),
-                               /*beta=*/0, /*alpha=*/scale);
+  // Not baddbmm(empty, q, k^T, beta=0, alpha=scale) as diffusers writes it: libtorch 1.13's
+  // CPU kernel for small matrices reads the uninitialised input despite beta=0 and
+  // intermittently yields NaN. bmm then an in-place scale rounds the same way.
+  auto scores = torch::bmm(q3, k3.transpose(1, 2)).mul_(scale);
   if (causal) {
     auto mask = torch::ones({Nq, Nk}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
     scores = scores.masked_fill(mask.to(scores.device()), -std::numeric_limits<float>::infinity());
