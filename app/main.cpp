@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   };
   add("txt2img", "Generate images from a prompt", diffuse::app::add_txt2img_command);
   add("img2img", "Transform an image guided by a prompt", diffuse::app::add_img2img_command);
+  add("create-demo-model", "Write the small random-weight demo model", diffuse::app::add_create_demo_command);
   add("verify", "Compare the engine with a golden reference set", diffuse::app::add_verify_command);
 
   if (argc == 2 && std::string(argv[1]) == "--version") {

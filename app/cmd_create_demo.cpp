@@ -1,0 +1,25 @@
+#include <iostream>
+
+#include "commands.h"
+#include "pipeline/demo_model.h"
+
+namespace diffuse::app {
+
+Command add_create_demo_command(CLI::App& app) {
+  struct Opts {
+    std::string out;
+    uint64_t seed = pipeline::DemoModelOptions().seed;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("-o,--out", o->out, "Folder to write the demo model into")->required();
+  app.add_option("--seed", o->seed, "Seed of the random weights")->capture_default_str();
+  return [o]() {
+    pipeline::DemoModelOptions options;
+    options.seed = o->seed;
+    pipeline::create_demo_model(o->out, options);
+    std::cout << "wrote demo model (random weights) to " << o->out << "\n";
+    return 0;
+  };
+}
+
+}  // namespace diffuse::app
