@@ -127,11 +127,10 @@ void UNet2DConditionModelImpl::check_inputs(const torch::Tensor& sample,
   if (sample.size(1) != c.in_channels)
     throw InvalidArgument(who + "sample has " + std::to_string(sample.size(1)) +
                           " channels, expected in_channels = " + std::to_string(c.in_channels));
-  const int64_t f = c.spatial_factor();
-  if (sample.size(2) % f != 0 || sample.size(3) % f != 0)
-    throw InvalidArgument(who + "sample height and width must be multiples of " +
-                          std::to_string(f) + ", got " + std::to_string(sample.size(2)) + "x" +
-                          std::to_string(sample.size(3)));
+  // Any size works: when it is not a multiple of the downsampling factor, the up blocks
+  // upsample to the size of the skip connection they meet (diffusers' forward_upsample_size).
+  if (sample.size(2) < 1 || sample.size(3) < 1)
+    throw InvalidArgument(who + "sample has an empty spatial size " + shape_str(sample.sizes()));
   const int64_t B = sample.size(0);
   if (!timestep.defined() || timestep.dim() > 1 ||
       (timestep.dim() == 1 && timestep.size(0) != 1 && timestep.size(0) != B))

@@ -127,7 +127,13 @@ torch::Tensor UpBlock2DImpl::forward(torch::Tensor x, ResidualStack& residuals,
     x = resnet_list[i](torch::cat({x, skip}, 1), temb);
     if (has_cross_attention) x = attention_list[i](x, context);
   }
-  if (upsampler) x = upsampler(x, std::move(upsample_size));
+  if (upsampler) {
+    // Upsample to the skip connection the next block consumes first; that is 2x unless the
+    // input size was not a multiple of the downsampling factor.
+    if (!upsample_size && !residuals.empty())
+      upsample_size = std::vector<int64_t>{residuals.back().size(2), residuals.back().size(3)};
+    x = upsampler(x, std::move(upsample_size));
+  }
   return x;
 }
 

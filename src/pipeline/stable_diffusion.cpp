@@ -285,6 +285,7 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config, con
   }
   auto gen = at::detail::createCPUGenerator(seed);
   if (!latents.defined()) latents = cpu_randn(shape, gen);
+  trace("initial_latents", latents);
   latents = latents * scheduler->init_noise_sigma();
   auto result =
       denoise_and_decode(config, embeds, latents, scheduler->timesteps(), *scheduler, gen, on_step, timings, seed);
