@@ -8,7 +8,9 @@
 
 #include "commands.h"
 #include "diffuse/pipeline.h"
+#include "device/device.h"
 #include "io/safetensors.h"
+#include "nn/attention.h"
 #include "progress.h"
 
 namespace fs = std::filesystem;
@@ -130,6 +132,12 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (img2img && !(g.strength > 0 && g.strength <= 1))
     throw InvalidArgument("--strength must be in (0, 1], got " + std::to_string(g.strength));
   if (!fs::exists(f.model)) throw IoError("model '" + f.model + "' does not exist");
+  {
+    auto dev = device::resolve_device(f.device);
+    device::resolve_dtype(f.dtype, dev, "unet");
+    device::resolve_dtype(f.vae_dtype, dev, "vae");
+    nn::parse_attention_backend(f.attention);
+  }
   auto out_dir = fs::path(f.out).parent_path();
   if (!out_dir.empty() && !fs::is_directory(out_dir))
     throw IoError("output folder '" + out_dir.string() + "' does not exist");

@@ -1,0 +1,228 @@
+// The `diffuse` binary as a user runs it: golden pipeline cases end to end through the CLI
+// (PNG output), and bad input giving one clear line, a non-zero exit and no output file.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "diffuse/image.h"
+#include "io/json_config.h"
+#include "io/safetensors.h"
+#include "schedulers/scheduler.h"
+#include "test_util.h"
+#include "verify/golden.h"
+
+namespace diffuse {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+RunResult run_cli(const std::vector<std::string>& args, const test::TempDir& dir) {
+  std::string cmd = quote(DIFFUSE_CLI_PATH);
+  for (const auto& a : args) cmd += " " + quote(a);
+  std::string err_file = dir.file("stderr.txt");
+  cmd += " 2>" + quote(err_file) + " </dev/null";
+  RunResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+std::vector<std::string> strings(const nlohmann::json& j) {
+  std::vector<std::string> v;
+  if (j.is_string()) v.push_back(j.get<std::string>());
+  if (j.is_array())
+    for (const auto& s : j) v.push_back(s.get<std::string>());
+  return v;
+}
+
+// The CLI scheduler name whose class is `class_name` when built from `base`.
+std::string scheduler_flag_for(const std::string& class_name, const io::JsonConfig& base) {
+  for (const auto& name : schedulers::scheduler_names())
+    if (schedulers::make_scheduler(name, base)->class_name() == class_name) return name;
+  return "";
+}
+
+// Every txt2img golden case (one with supplied latents), run through the CLI from the
+// diffusers folder and from the single-file checkpoint; the PNG must equal the reference
+// image up to 8-bit rounding.
+TEST(Cli, GoldenTxt2ImgCasesThroughTheCli) {
+  auto set = verify::GoldenSet::load(test::golden_dir());
+  int ran = 0;
+  for (const auto& c : set.cases) {
+    if (c.component != "pipeline") continue;
+    verify::CaseTensors t(c.file);
+    if (!t.has("latents") || !t.has("image")) continue;
+    const auto& p = c.params;
+    test::TempDir dir;
+    std::vector<std::string> args = {"txt2img", "--device", "cpu", "--dtype", "fp32", "--vae-dtype", "fp32",
+                                     "--latents", c.file, "--quiet"};
+    for (const auto& s : strings(p.value("prompt", nlohmann::json()))) args.insert(args.end(), {"--prompt", s});
+    for (const auto& s : strings(p.value("negative_prompt", nlohmann::json())))
+      args.insert(args.end(), {"--negative-prompt", s});
+    args.insert(args.end(), {"--steps", std::to_string(p.value("num_inference_steps", 50)), "--cfg-scale",
+                             std::to_string(p.value("guidance_scale", 7.5)), "--width",
+                             std::to_string(p.value("width", 0)), "--height", std::to_string(p.value("height", 0))});
+    if (p.contains("scheduler")) {
+      io::JsonConfig sc(p["scheduler"], c.name + " scheduler");
+      auto flag = scheduler_flag_for(sc.get<std::string>("_class_name", ""), sc);
+      ASSERT_FALSE(flag.empty()) << c.name;
+      args.insert(args.end(), {"--scheduler", flag});
+    }
+    auto expected = t.get("image");  // [N, H, W, 3] in [0, 1]
+    std::vector<std::pair<std::string, std::vector<std::string>>> sources = {{"folder", {"--model", set.model_dir()}}};
+    if (!set.single_file_checkpoint().empty())
+      sources.push_back({"single-file", {"--model", set.single_file_checkpoint(), "--config", set.model_dir()}});
+    for (const auto& [label, model_args] : sources) {
+      auto a = args;
+      a.insert(a.end(), model_args.begin(), model_args.end());
+      a.insert(a.end(), {"--out", dir.file(label + ".png")});
+      auto r = run_cli(a, dir);
+      ASSERT_EQ(r.exit_code, 0) << c.name << " " << label << ": " << r.err;
+      for (int64_t i = 0; i < expected.size(0); ++i) {
+        std::string path = expected.size(0) > 1 ? dir.file(label + "-" + std::to_string(i) + ".png") : dir.file(label + ".png");
+        auto img = read_png(path);
+        ASSERT_EQ(img.height, expected.size(1));
+        ASSERT_EQ(img.width, expected.size(2));
+        auto got = torch::from_blob(img.rgb.data(), {img.height, img.width, 3}, torch::kUInt8).to(torch::kFloat64) / 255.0;
+        double err = (got - expected[i].to(torch::kFloat64)).abs().max().item<double>();
+        EXPECT_LE(err, 0.5 / 255.0 + c.tol("atol", 1e-4) + 1e-9) << c.name << " " << label << " image " << i;
+        auto text = read_png_text(path);
+        EXPECT_NE(text.at("parameters").find(strings(p["prompt"])[static_cast<size_t>(i)]), std::string::npos);
+        auto meta = nlohmann::json::parse(text.at("diffuse"));
+        EXPECT_EQ(meta["steps"], p.value("num_inference_steps", 50));
+      }
+    }
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "no txt2img pipeline case with supplied latents in this golden set";
+}
+
+TEST(Cli, SeedMakesRunsRepeatableAndIsRecorded) {
+  test::TempDir dir;
+  auto set = verify::GoldenSet::load(test::golden_dir());
+  std::vector<std::string> base = {"txt2img", "-m", set.model_dir(), "-p", "a fox", "--steps", "2", "-W", "64",
+                                   "-H", "64", "--seed", "7", "--quiet", "--json"};
+  auto a = base;
+  a.insert(a.end(), {"-o", dir.file("a.png")});
+  auto b = base;
+  b.insert(b.end(), {"-o", dir.file("b.png"), "--batch-count", "2"});
+  auto ra = run_cli(a, dir);
+  ASSERT_EQ(ra.exit_code, 0) << ra.err;
+  auto rb = run_cli(b, dir);
+  ASSERT_EQ(rb.exit_code, 0) << rb.err;
+  auto summary = nlohmann::json::parse(rb.out);
+  ASSERT_EQ(summary["files"].size(), 2u);
+  EXPECT_EQ(summary["seed"], 7);
+  for (const char* key : {"device", "dtype", "load_s", "text_encode_s", "denoise_s", "vae_decode_s", "peak_rss_mb"})
+    EXPECT_TRUE(summary.contains(key)) << key;
+  // --batch-count 2 runs seeds 7 and 8: the first equals the single run with seed 7.
+  EXPECT_EQ(read_png(dir.file("a.png")).rgb, read_png(dir.file("b-0.png")).rgb);
+  EXPECT_NE(read_png(dir.file("b-0.png")).rgb, read_png(dir.file("b-1.png")).rgb);
+  EXPECT_NE(read_png_text(dir.file("b-1.png")).at("parameters").find("Seed: 8"), std::string::npos);
+}
+
+TEST(Cli, Img2ImgFromAPng) {
+  test::TempDir dir;
+  auto set = verify::GoldenSet::load(test::golden_dir());
+  Image init;
+  init.width = 64;
+  init.height = 48;
+  init.rgb.resize(64 * 48 * 3);
+  for (size_t i = 0; i < init.rgb.size(); ++i) init.rgb[i] = static_cast<uint8_t>(i % 251);
+  write_png(dir.file("in.png"), init);
+  auto r = run_cli({"img2img", "-m", set.model_dir(), "-p", "a fox", "-i", dir.file("in.png"), "--strength", "0.5",
+                    "--steps", "4", "--seed", "1", "--quiet", "-o", dir.file("out.png")},
+                   dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto out = read_png(dir.file("out.png"));
+  EXPECT_EQ(out.width, 64);
+  EXPECT_EQ(out.height, 48);
+  EXPECT_NE(read_png_text(dir.file("out.png")).at("parameters").find("Denoising strength: 0.5"), std::string::npos);
+}
+
+// Bad input: exit code non-zero, one line on stderr saying what is wrong, no output file.
+TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
+  test::TempDir dir;
+  auto set = verify::GoldenSet::load(test::golden_dir());
+  std::string model = set.model_dir();
+  {
+    std::ofstream f(dir.file("notpng.png"));
+    f << "hello";
+  }
+  struct Case {
+    std::vector<std::string> args;
+    std::string needle;
+  };
+  std::vector<Case> cases = {
+      {{"txt2img", "-m", dir.file("missing-model"), "-p", "x"}, "does not exist"},
+      {{"txt2img", "-m", model, "-p", "x", "-W", "100"}, "multiples of 8"},
+      {{"txt2img", "-m", model, "-p", "x", "--steps", "0"}, "steps"},
+      {{"txt2img", "-m", model, "-p", "x", "--scheduler", "warp"}, "unknown scheduler 'warp'"},
+      {{"txt2img", "-m", model, "-p", "x", "--device", "tpu"}, "unknown device 'tpu'"},
+      {{"txt2img", "-m", model, "-p", "x", "--dtype", "int4"}, "unknown dtype"},
+      {{"txt2img", "-m", model, "-p", "x", "--latents", dir.file("none.safetensors")}, "cannot open"},
+      {{"img2img", "-m", model, "-p", "x", "-i", dir.file("notpng.png")}, "not a PNG"},
+      {{"img2img", "-m", model, "-p", "x", "-i", dir.file("missing.png")}, "cannot open image"},
+      {{"img2img", "-m", model, "-p", "x", "-i", dir.file("notpng.png"), "--strength", "1.5"}, "strength"},
+      {{"txt2img", "-m", model, "-p", "x", "-o", dir.file("no/such/dir/out.png")}, "does not exist"},
+      {{"verify", "--golden", dir.file("nothing")}, "cases.json"},
+  };
+  for (const auto& c : cases) {
+    auto args = c.args;
+    if (std::find(args.begin(), args.end(), "-o") == args.end() && args[0] != "verify")
+      args.insert(args.end(), {"-o", dir.file("out.png")});
+    auto r = run_cli(args, dir);
+    EXPECT_NE(r.exit_code, 0) << c.needle;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << "stderr: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr: " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("out.png"))) << c.needle;
+  }
+  // Nothing but the files the test made (no temporary PNG left behind).
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    auto name = e.path().filename().string();
+    EXPECT_TRUE(name == "notpng.png" || name == "stderr.txt") << name;
+  }
+}
+
+TEST(Cli, VerifyJsonReportsEveryCase) {
+  test::TempDir dir;
+  auto set = verify::GoldenSet::load(test::golden_dir());
+  auto r = run_cli({"verify", "--golden", test::golden_dir(), "--component", "tokenizer", "--component",
+                    "scheduler", "--json"},
+                   dir);
+  auto j = nlohmann::json::parse(r.out);
+  int expected = 0;
+  for (const auto& c : set.cases) expected += c.component == "tokenizer" || c.component == "scheduler";
+  EXPECT_EQ(static_cast<int>(j["cases"].size()), expected);
+  EXPECT_EQ(j["passed"].get<int>() + j["failed"].get<int>(), expected);
+  EXPECT_EQ(r.exit_code, j["failed"].get<int>() == 0 ? 0 : 1);
+  for (const auto& c : j["cases"])
+    for (const char* k : {"name", "component", "passed", "max_abs_err", "reason"}) EXPECT_TRUE(c.contains(k)) << k;
+}
+
+}  // namespace
+}  // namespace diffuse
