@@ -182,6 +182,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     auto cb = [&progress](const StepEvent& e) { return progress(e); };
     results.push_back(img2img ? i2i->generate(run, init, cb) : t2i->generate(run, cb));
     progress.finish();
+    if (b == 0)
+      for (const auto& w : results.back().warnings) std::cerr << "warning: " << w << "\n";
   }
 
   size_t total = 0;

@@ -158,6 +158,20 @@ TEST(Pipeline, BadParametersAreRejectedBeforeAnyWork) {
   EXPECT_THROW(i2i.generate(g, init), InvalidArgument);
 }
 
+TEST(Pipeline, WarnsWhenAPromptIsTruncated) {
+  auto pipe = Text2Image::load(model_dir(), fp32_cpu());
+  auto g = small_config(1);
+  auto r = pipe.generate(g);
+  EXPECT_TRUE(r.warnings.empty());
+  std::string long_prompt;
+  for (int i = 0; i < 100; ++i) long_prompt += "cat ";
+  g.prompts = {"short", long_prompt};
+  r = pipe.generate(g);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("prompt 2"), std::string::npos) << r.warnings[0];
+  EXPECT_NE(r.warnings[0].find("truncated"), std::string::npos) << r.warnings[0];
+}
+
 TEST(Pipeline, MissingModelIsAnIoError) {
   EXPECT_THROW(Text2Image::load("/nonexistent/model", fp32_cpu()), IoError);
   LoadOptions o = fp32_cpu();

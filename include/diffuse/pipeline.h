@@ -79,6 +79,9 @@ struct GenerationResult {
   torch::Tensor latents;       // final latents [N, C, h, w] float32 on the CPU
   uint64_t seed = 0;
   StageTimings timings;
+  // Things the user should know but that did not stop the run (e.g. a prompt longer than the
+  // text encoder's 77 tokens was truncated, as the reference pipeline does).
+  std::vector<std::string> warnings;
 };
 
 struct PipelineInfo {

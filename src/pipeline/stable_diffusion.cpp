@@ -176,6 +176,11 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
   };
   PromptEmbeddings e;
   auto pos = encode(prompts, &e.truncated, "text_input_ids");
+  auto limit = std::to_string(c_->tokenizer->model_max_length());
+  for (size_t i = 0; i < e.truncated.size(); ++i)
+    if (e.truncated[i])
+      e.warnings.push_back("prompt " + std::to_string(i + 1) + " is longer than " + limit +
+                           " tokens and was truncated (the text encoder sees only the first " + limit + ")");
   trace("prompt_embeds", pos);
   // Each prompt's copies stay adjacent, as diffusers' repeat + view does.
   e.positive = pos.repeat_interleave(images_per_prompt, 0);
@@ -184,7 +189,12 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
     if (negative_prompts.empty()) neg.assign(prompts.size(), "");
     else if (negative_prompts.size() == 1) neg.assign(prompts.size(), negative_prompts[0]);
     else neg = negative_prompts;
-    auto n = encode(neg, nullptr, "negative_text_input_ids");
+    std::vector<bool> neg_truncated;
+    auto n = encode(neg, &neg_truncated, "negative_text_input_ids");
+    for (size_t i = 0; i < neg_truncated.size(); ++i)
+      if (neg_truncated[i])
+        e.warnings.push_back("negative prompt " + std::to_string(i + 1) + " is longer than " + limit +
+                             " tokens and was truncated");
     trace("negative_prompt_embeds", n);
     e.negative = n.repeat_interleave(images_per_prompt, 0);
   }
@@ -290,6 +300,7 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config, con
   auto result =
       denoise_and_decode(config, embeds, latents, scheduler->timesteps(), *scheduler, gen, on_step, timings, seed);
   result.timings.total_s = now_s() - t0;
+  result.warnings = embeds.warnings;
   return result;
 }
 
@@ -357,6 +368,7 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config, co
   trace("noised_latents", latents);
   auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step, timings, seed);
   result.timings.total_s = now_s() - t0;
+  result.warnings = embeds.warnings;
   return result;
 }
 

@@ -27,7 +27,8 @@ using NoiseFn = std::function<torch::Tensor(c10::IntArrayRef shape)>;
 struct PromptEmbeddings {
   torch::Tensor positive;  // [N, T, D] (already repeated per image)
   torch::Tensor negative;  // undefined when guidance is off
-  std::vector<bool> truncated;
+  std::vector<bool> truncated;  // per prompt / negative prompt given
+  std::vector<std::string> warnings;
 };
 
 class StableDiffusion {

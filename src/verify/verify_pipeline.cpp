@@ -33,8 +33,9 @@ bool uses_absolute_tolerance(const std::string& name) {
   return false;
 }
 
-void run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o, const std::string& model_path,
-             const std::string& label, CaseResult* r) {
+// Returns the final image of the run.
+torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o,
+                      const std::string& model_path, const std::string& label, CaseResult* r) {
   CaseTensors t(c.file);
   const auto& p = c.params;
   LoadOptions lo;
@@ -93,18 +94,26 @@ void run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o, 
       r->add(label + name, compare(label + name, got, expected, std::max(atol, latents_rtol * scale), 0));
     }
   }
-  if (!t.has("image") || !traced.count("image"))
+  if (!t.has("image") || !traced.count("image")) {
     r->add(label + "image", Comparison{false, 0, "no final image to compare"});
+    return torch::Tensor();
+  }
   (void)compared;
+  return traced["image"];
 }
 
 }  // namespace
 
 CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o) {
   CaseResult r;
-  run_one(set, c, o, set.model_dir(), "", &r);
+  auto folder_image = run_one(set, c, o, set.model_dir(), "", &r);
   std::string single = set.single_file_checkpoint();
-  if (!single.empty()) run_one(set, c, o, single, "single-file:", &r);
+  if (!single.empty()) {
+    auto single_image = run_one(set, c, o, single, "single-file:", &r);
+    // Same weights in two layouts: the images must be identical, not just close.
+    if (folder_image.defined() && single_image.defined())
+      r.add("single-file == folder", compare("single-file image vs folder image", single_image, folder_image, 0, 0));
+  }
   return r;
 }
 
