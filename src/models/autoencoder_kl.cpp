@@ -11,12 +11,6 @@
 namespace diffuse::models {
 namespace {
 
-std::string shape_str(c10::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-
 void check_block_types(const io::JsonConfig& cfg, const std::string& key,
                        const std::vector<std::string>& types, const std::string& known, size_t n) {
   for (const auto& t : types)
@@ -97,7 +91,7 @@ LatentDist AutoencoderKLImpl::encode(const torch::Tensor& x, Intermediates* inte
   const std::string who = "AutoencoderKL.encode (" + c.source + "): ";
   if (!x.defined() || x.dim() != 4)
     throw InvalidArgument(who + "image must be 4-D [batch, channels, height, width], got " +
-                          (x.defined() ? shape_str(x.sizes()) : std::string("no tensor")));
+                          (x.defined() ? c10::str(x.sizes()) : std::string("no tensor")));
   if (x.size(1) != c.in_channels)
     throw InvalidArgument(who + "image has " + std::to_string(x.size(1)) +
                           " channels, expected in_channels = " + std::to_string(c.in_channels));
@@ -126,7 +120,7 @@ torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& z_in, Intermediates
   const std::string who = "AutoencoderKL.decode (" + c.source + "): ";
   if (!z_in.defined() || z_in.dim() != 4)
     throw InvalidArgument(who + "latents must be 4-D [batch, channels, height, width], got " +
-                          (z_in.defined() ? shape_str(z_in.sizes()) : std::string("no tensor")));
+                          (z_in.defined() ? c10::str(z_in.sizes()) : std::string("no tensor")));
   if (z_in.size(1) != c.latent_channels)
     throw InvalidArgument(
         who + "latents have " + std::to_string(z_in.size(1)) +

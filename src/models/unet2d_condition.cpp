@@ -10,12 +10,6 @@
 namespace diffuse::models {
 namespace {
 
-std::string shape_str(c10::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-
 template <typename T>
 std::vector<T> reversed(std::vector<T> v) {
   std::reverse(v.begin(), v.end());
@@ -123,26 +117,26 @@ void UNet2DConditionModelImpl::check_inputs(const torch::Tensor& sample,
   if (!sample.defined() || sample.dim() != 4)
     throw InvalidArgument(
         who + "sample must be 4-D [batch, channels, height, width], got " +
-        (sample.defined() ? shape_str(sample.sizes()) : std::string("no tensor")));
+        (sample.defined() ? c10::str(sample.sizes()) : std::string("no tensor")));
   if (sample.size(1) != c.in_channels)
     throw InvalidArgument(who + "sample has " + std::to_string(sample.size(1)) +
                           " channels, expected in_channels = " + std::to_string(c.in_channels));
   // Any size works: when it is not a multiple of the downsampling factor, the up blocks
   // upsample to the size of the skip connection they meet (diffusers' forward_upsample_size).
   if (sample.size(2) < 1 || sample.size(3) < 1)
-    throw InvalidArgument(who + "sample has an empty spatial size " + shape_str(sample.sizes()));
+    throw InvalidArgument(who + "sample has an empty spatial size " + c10::str(sample.sizes()));
   const int64_t B = sample.size(0);
   if (!timestep.defined() || timestep.dim() > 1 ||
       (timestep.dim() == 1 && timestep.size(0) != 1 && timestep.size(0) != B))
     throw InvalidArgument(who + "timestep must be a scalar or have 1 or batch (" +
                           std::to_string(B) + ") elements, got " +
-                          (timestep.defined() ? shape_str(timestep.sizes()) : "no tensor"));
+                          (timestep.defined() ? c10::str(timestep.sizes()) : "no tensor"));
   if (timestep.scalar_type() == torch::kBool || timestep.is_complex())
     throw InvalidArgument(who + "timestep must be an integer or floating-point tensor");
   if (!ehs.defined() || ehs.dim() != 3)
     throw InvalidArgument(who + "encoder_hidden_states must be 3-D [batch, tokens, " +
                           std::to_string(c.cross_attention_dim[0]) + "], got " +
-                          (ehs.defined() ? shape_str(ehs.sizes()) : std::string("no tensor")));
+                          (ehs.defined() ? c10::str(ehs.sizes()) : std::string("no tensor")));
   if (ehs.size(2) != c.cross_attention_dim[0])
     throw InvalidArgument(
         who + "encoder_hidden_states has last dimension " + std::to_string(ehs.size(2)) +

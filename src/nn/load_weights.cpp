@@ -7,14 +7,6 @@
 #include "diffuse/errors.h"
 
 namespace diffuse::nn {
-namespace {
-std::string shape_str(c10::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-}  // namespace
-
 LoadReport load_state_dict(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& weights,
                            const std::string& source, const std::set<std::string>& ignored) {
   torch::NoGradGuard no_grad;
@@ -28,8 +20,8 @@ LoadReport load_state_dict(torch::nn::Module& module, const std::map<std::string
     }
     auto& param = item.value();
     if (param.sizes() != it->second.sizes())
-      throw FormatError(source + ": tensor '" + item.key() + "' has shape " + shape_str(it->second.sizes()) +
-                        ", the model expects " + shape_str(param.sizes()));
+      throw FormatError(source + ": tensor '" + item.key() + "' has shape " + c10::str(it->second.sizes()) +
+                        ", the model expects " + c10::str(param.sizes()));
     param.copy_(it->second);
     used.insert(item.key());
   }
@@ -37,8 +29,8 @@ LoadReport load_state_dict(torch::nn::Module& module, const std::map<std::string
     auto it = weights.find(item.key());
     if (it == weights.end()) continue;
     if (item.value().sizes() != it->second.sizes())
-      throw FormatError(source + ": buffer '" + item.key() + "' has shape " + shape_str(it->second.sizes()) +
-                        ", the model expects " + shape_str(item.value().sizes()));
+      throw FormatError(source + ": buffer '" + item.key() + "' has shape " + c10::str(it->second.sizes()) +
+                        ", the model expects " + c10::str(item.value().sizes()));
     item.value().copy_(it->second);
     used.insert(item.key());
   }

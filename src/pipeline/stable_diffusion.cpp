@@ -141,6 +141,14 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
 
 StableDiffusion::~StableDiffusion() = default;
 
+std::unique_ptr<schedulers::Scheduler> StableDiffusion::make_scheduler(const GenerationConfig& config) const {
+  auto scheduler = config.scheduler.empty() ? schedulers::make_scheduler(c_->scheduler_config)
+                                            : schedulers::make_scheduler(config.scheduler, c_->scheduler_config);
+  scheduler->set_timesteps(config.steps);
+  scheduler->set_eta(config.eta);
+  return scheduler;
+}
+
 torch::Tensor StableDiffusion::draw_noise(c10::IntArrayRef shape, at::Generator& gen) const {
   if (!noise_) return cpu_randn(shape, gen);
   auto t = noise_(shape);
@@ -219,7 +227,6 @@ GenerationResult StableDiffusion::denoise_and_decode(const GenerationConfig& con
   cond = cond.to(c_->device, c_->unet_dtype);
   latents = latents.to(c_->device, torch::kFloat32);
   int64_t n = timesteps.size(0);
-  scheduler.set_eta(config.eta);
   for (int64_t i = 0; i < n; ++i) {
     double step_start = now_s();
     auto t = timesteps[i];
@@ -277,9 +284,7 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config, con
   auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt, guidance);
   timings.text_encode_s = now_s() - t0;
 
-  auto scheduler = config.scheduler.empty() ? schedulers::make_scheduler(c_->scheduler_config)
-                                            : schedulers::make_scheduler(config.scheduler, c_->scheduler_config);
-  scheduler->set_timesteps(config.steps);
+  auto scheduler = make_scheduler(config);
   int width = config.width ? config.width : info_.default_width;
   int height = config.height ? config.height : info_.default_height;
   int64_t n = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
@@ -324,9 +329,7 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config, co
   auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt, guidance);
   timings.text_encode_s = now_s() - t0;
 
-  auto scheduler = config.scheduler.empty() ? schedulers::make_scheduler(c_->scheduler_config)
-                                            : schedulers::make_scheduler(config.scheduler, c_->scheduler_config);
-  scheduler->set_timesteps(config.steps);
+  auto scheduler = make_scheduler(config);
   // diffusers' get_timesteps: run only the last `strength` part of the schedule.
   int init_steps = std::min(static_cast<int>(config.steps * config.strength), config.steps);
   int t_start = std::max(config.steps - init_steps, 0);

@@ -63,6 +63,8 @@ class StableDiffusion {
   NoiseFn noise_;
 
   torch::Tensor draw_noise(c10::IntArrayRef shape, at::Generator& gen) const;
+  // The run's scheduler (the model's, or the one named in the config) with its timesteps set.
+  std::unique_ptr<schedulers::Scheduler> make_scheduler(const GenerationConfig& config) const;
 
   void trace(const std::string& name, const torch::Tensor& t) const {
     if (trace_) trace_(name, t);

@@ -75,19 +75,11 @@ std::vector<std::string> CaseTensors::names_with_prefix(const std::string& prefi
   return out;
 }
 
-namespace {
-std::string shape_str(c10::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-}  // namespace
-
 Comparison compare(const std::string& what, const torch::Tensor& got, const torch::Tensor& expected,
                    double atol, double rtol) {
   Comparison c;
   if (got.sizes() != expected.sizes()) {
-    c.reason = what + ": shape " + shape_str(got.sizes()) + ", expected " + shape_str(expected.sizes());
+    c.reason = what + ": shape " + c10::str(got.sizes()) + ", expected " + c10::str(expected.sizes());
     c.max_abs_err = std::numeric_limits<double>::infinity();
     return c;
   }
@@ -119,7 +111,7 @@ Comparison compare(const std::string& what, const torch::Tensor& got, const torc
 Comparison compare_exact(const std::string& what, const torch::Tensor& got, const torch::Tensor& expected) {
   Comparison c;
   if (got.sizes() != expected.sizes()) {
-    c.reason = what + ": shape " + shape_str(got.sizes()) + ", expected " + shape_str(expected.sizes());
+    c.reason = what + ": shape " + c10::str(got.sizes()) + ", expected " + c10::str(expected.sizes());
     c.max_abs_err = std::numeric_limits<double>::infinity();
     return c;
   }
