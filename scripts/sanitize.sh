@@ -12,4 +12,4 @@ cmake --build --preset asan -- -j"$(nproc)"
 # libtorch itself is not instrumented; leak checking would report its global caches.
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-build-asan/tests/diffuse_tests --gtest_filter='Safetensors*:Png*:ClipTokenizer*:BpeTrainer*:Ldm*:SingleFile*'
+build-asan/tests/diffuse_parser_tests
