@@ -4,13 +4,45 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "diffuse/errors.h"
+#include "nn/attention_npu.h"
 
 namespace diffuse::nn {
 namespace {
 
 std::atomic<AttentionBackend> g_default{AttentionBackend::kAuto};
+
+struct Registered {
+  AttentionKernel kernel = nullptr;
+  AttentionSupports supports = nullptr;
+};
+
+std::mutex g_registry_mu;
+
+std::map<AttentionBackend, Registered>& registry() {
+  static std::map<AttentionBackend, Registered> r;
+  return r;
+}
+
+// The built-in run-time backends enter the table before any lookup or registration, so a
+// later register_attention_backend() call replaces them.
+void ensure_builtin_backends() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    registry().emplace(AttentionBackend::kNpu, Registered{&npu_attention, &npu_attention_supports});
+  });
+}
+
+Registered find_registered(AttentionBackend backend) {
+  ensure_builtin_backends();
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  auto it = registry().find(backend);
+  return it == registry().end() ? Registered{} : it->second;
+}
 
 // The reference: softmax(scale * q k^T) v, as diffusers' AttnProcessor computes it.
 torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -45,6 +77,16 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     throw InvalidArgument("attention: q, k, v must be 4-D [batch, heads, tokens, head_dim]");
   double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   AttentionBackend backend = options.backend == AttentionBackend::kAuto ? g_default.load() : options.backend;
+  // On the npu device, auto means the fused kernel where it takes these inputs.
+  if (backend == AttentionBackend::kAuto && q.device().type() == c10::DeviceType::PrivateUse1)
+    backend = AttentionBackend::kNpu;
+  if (backend == AttentionBackend::kNpu) {
+    Registered r = find_registered(backend);
+    AttentionOptions resolved = options;
+    resolved.scale = scale;
+    if (r.kernel && (!r.supports || r.supports(q, resolved))) return r.kernel(q, k, v, resolved);
+    backend = AttentionBackend::kMath;
+  }
   switch (backend) {
     case AttentionBackend::kAuto:
     case AttentionBackend::kMath:
@@ -74,6 +116,17 @@ const char* attention_backend_name(AttentionBackend backend) {
 }
 
 void set_default_attention_backend(AttentionBackend backend) { g_default = backend; }
+
+void register_attention_backend(AttentionBackend backend, AttentionKernel kernel, AttentionSupports supports) {
+  ensure_builtin_backends();
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  registry()[backend] = Registered{kernel, supports};
+}
+
+bool attention_backend_supports(AttentionBackend backend, const torch::Tensor& q, const AttentionOptions& options) {
+  Registered r = find_registered(backend);
+  return r.kernel && (!r.supports || r.supports(q, options));
+}
 AttentionBackend default_attention_backend() { return g_default.load(); }
 
 }  // namespace diffuse::nn
