@@ -62,6 +62,8 @@ class StableDiffusion {
   NoiseFn noise_;
 
   torch::Tensor draw_noise(c10::IntArrayRef shape, at::Generator& gen) const;
+  void seed_devices(uint64_t seed) const;
+  static void record_memory(StageTimings* timings, const char* stage, const torch::Device& where);
 
   void trace(const std::string& name, const torch::Tensor& t) const {
     if (trace_) trace_(name, t);
