@@ -52,7 +52,38 @@ void diffuse_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stac
                " has no kernel for the npu device; it runs on the CPU (inputs copied over, "
                "outputs copied back), which is slow. Set DIFFUSE_CPU_FALLBACK=0 to make this an "
                "error.");
+  // libtorch 1.13's at::native::cpu_fallback moves Tensor and Tensor[] arguments only: move
+  // Tensor?[] (index's indices, read-only) here, and run factory-style operators whose
+  // Device argument names the npu on the CPU, then move their results over.
+  const auto& args = op.schema().arguments();
+  const size_t begin = stack->size() - args.size();
+  c10::optional<c10::Device> target;
+  for (size_t i = 0; i < args.size(); ++i) {
+    c10::IValue& v = (*stack)[begin + i];
+    if (v.isOptionalTensorList()) {
+      auto list = v.toOptionalTensorList();
+      c10::List<c10::optional<at::Tensor>> cpu;
+      for (const c10::optional<at::Tensor>& t : list) {
+        if (t.has_value() && t->defined() && !t->is_cpu())
+          cpu.push_back(t->cpu());
+        else
+          cpu.push_back(t);
+      }
+      v = c10::IValue(cpu);
+    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      target = v.toDevice();
+      v = c10::IValue(c10::Device(c10::kCPU));
+    }
+  }
   at::native::cpu_fallback(op, stack);
+  if (target) {
+    const size_t n = op.schema().returns().size();
+    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+      c10::IValue& r = (*stack)[i];
+      if (r.isTensor() && r.toTensor().defined() && r.toTensor().is_cpu())
+        r = c10::IValue(r.toTensor().to(*target));
+    }
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "nn/attention_npu.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
 
@@ -53,6 +54,9 @@ torch::jit::Stack call_by_name(const c10::OperatorHandle& op,
     throw std::runtime_error(std::string(schema.name()) +
                              " lacks an argument diffuse passes (schema: " + c10::toString(schema) +
                              ")");
+  // Inference only: skip autograd, which torch_npu does not register for every fused operator
+  // (npu_prompt_flash_attention is an inference kernel).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   op.callBoxed(&stack);
   return stack;
 }
