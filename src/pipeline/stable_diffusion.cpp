@@ -371,7 +371,10 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config, co
   auto gen = at::detail::createCPUGenerator(seed);
   double e0 = now_s();
   device::reset_peak_memory(c_->vae_device);
-  auto image = (init.to(torch::kFloat32) * 2 - 1);
+  // Contiguous NCHW whatever the caller's strides (an HWC image permuted is channels-last):
+  // libtorch keeps channels-last through group_norm only on the CPU, so without this the same
+  // image would take different kernels, and give different bits, on different devices.
+  auto image = (init.to(torch::kFloat32).contiguous() * 2 - 1);
   trace("image_preprocessed", image);
   auto dist = c_->vae->encode(image.to(c_->vae_device, c_->vae_dtype));
   auto mean = dist.mean.to(torch::kFloat32), std = dist.std.to(torch::kFloat32);
