@@ -103,7 +103,7 @@ std::vector<std::string> attention_backends(const torch::Device& device, torch::
   if (c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""}))
     out.push_back("sdpa");
   auto q = torch::zeros({1, 2, 4, 16}, torch::TensorOptions().device(device).dtype(dtype));
-  auto kernel = nn::select_npu_attention_kernel(q, {});
+  auto kernel = nn::select_npu_attention_kernel(q);
   if (kernel != nn::NpuAttentionKernel::kNone)
     out.push_back(std::string("npu (") + nn::npu_attention_kernel_name(kernel) + ")");
   return out;
@@ -189,6 +189,7 @@ const char* yes_no(bool b) {
 }  // namespace
 
 DoctorReport run_doctor(const DoctorOptions& options) {
+  nn::register_npu_attention_backend();
   DoctorReport r;
   r.diffuse_version = DIFFUSE_VERSION;
   r.libtorch_version = TORCH_VERSION;

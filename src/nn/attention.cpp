@@ -8,7 +8,6 @@
 #include <mutex>
 
 #include "diffuse/errors.h"
-#include "nn/attention_npu.h"
 
 namespace diffuse::nn {
 namespace {
@@ -27,18 +26,7 @@ std::map<AttentionBackend, Registered>& registry() {
   return r;
 }
 
-// The built-in run-time backends enter the table before any lookup or registration, so a
-// later register_attention_backend() call replaces them.
-void ensure_builtin_backends() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    std::lock_guard<std::mutex> lock(g_registry_mu);
-    registry().emplace(AttentionBackend::kNpu, Registered{&npu_attention, &npu_attention_supports});
-  });
-}
-
 Registered find_registered(AttentionBackend backend) {
-  ensure_builtin_backends();
   std::lock_guard<std::mutex> lock(g_registry_mu);
   auto it = registry().find(backend);
   return it == registry().end() ? Registered{} : it->second;
@@ -118,15 +106,10 @@ const char* attention_backend_name(AttentionBackend backend) {
 void set_default_attention_backend(AttentionBackend backend) { g_default = backend; }
 
 void register_attention_backend(AttentionBackend backend, AttentionKernel kernel, AttentionSupports supports) {
-  ensure_builtin_backends();
   std::lock_guard<std::mutex> lock(g_registry_mu);
   registry()[backend] = Registered{kernel, supports};
 }
 
-bool attention_backend_supports(AttentionBackend backend, const torch::Tensor& q, const AttentionOptions& options) {
-  Registered r = find_registered(backend);
-  return r.kernel && (!r.supports || r.supports(q, options));
-}
 AttentionBackend default_attention_backend() { return g_default.load(); }
 
 }  // namespace diffuse::nn

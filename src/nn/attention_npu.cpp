@@ -7,9 +7,17 @@
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "device/npu_backend.h"
+
+// The attention backend table: nn/attention/backends.h where the attention module has one
+// (AttentionBackendHooks), else the minimal register_attention_backend() of nn/attention.h.
+#if __has_include("nn/attention/backends.h")
+#include "nn/attention/backends.h"
+#define DIFFUSE_NPU_ATTENTION_HOOKS 1
+#endif
 
 namespace diffuse::nn {
 namespace {
@@ -67,40 +75,40 @@ torch::Tensor causal_mask(int64_t nq, int64_t nk, const torch::Device& device) {
 }
 
 torch::Tensor run_fusion(const c10::OperatorHandle& op, const torch::Tensor& q,
-                         const torch::Tensor& k, const torch::Tensor& v,
-                         const AttentionOptions& o) {
+                         const torch::Tensor& k, const torch::Tensor& v, double scale,
+                         bool causal) {
   std::map<std::string, c10::IValue> a{
       {"query", q.contiguous()},
       {"key", k.contiguous()},
       {"value", v.contiguous()},
       {"head_num", q.size(1)},
       {"input_layout", std::string("BNSD")},
-      {"scale", *o.scale},
+      {"scale", scale},
       {"keep_prob", 1.0},
       {"pre_tockens", kAllTokens},
-      {"next_tockens", o.causal ? int64_t(0) : kAllTokens},
+      {"next_tockens", causal ? int64_t(0) : kAllTokens},
       {"sparse_mode", int64_t(0)},
   };
-  if (o.causal) a["atten_mask"] = causal_mask(q.size(2), k.size(2), q.device());
+  if (causal) a["atten_mask"] = causal_mask(q.size(2), k.size(2), q.device());
   // Outputs: attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, mask length.
   return call_by_name(op, a).at(0).toTensor();
 }
 
 torch::Tensor run_prompt_flash(const c10::OperatorHandle& op, const torch::Tensor& q,
-                               const torch::Tensor& k, const torch::Tensor& v,
-                               const AttentionOptions& o) {
+                               const torch::Tensor& k, const torch::Tensor& v, double scale,
+                               bool causal) {
   // next_tokens defaults to 0 (causal) in this operator: widen both windows for full attention.
   std::map<std::string, c10::IValue> a{
       {"query", q.contiguous()},
       {"key", k.contiguous()},
       {"value", v.contiguous()},
       {"num_heads", q.size(1)},
-      {"scale_value", *o.scale},
+      {"scale_value", scale},
       {"pre_tokens", kAllTokens},
-      {"next_tokens", o.causal ? int64_t(0) : kAllTokens},
+      {"next_tokens", causal ? int64_t(0) : kAllTokens},
       {"input_layout", std::string("BNSD")},
   };
-  if (o.causal) a["atten_mask"] = causal_mask(q.size(2), k.size(2), q.device());
+  if (causal) a["atten_mask"] = causal_mask(q.size(2), k.size(2), q.device());
   return call_by_name(op, a).at(0).toTensor();
 }
 
@@ -118,8 +126,24 @@ const char* npu_attention_kernel_name(NpuAttentionKernel kernel) {
   return "?";
 }
 
-NpuAttentionKernel select_npu_attention_kernel(const torch::Tensor& q,
-                                               const AttentionOptions& options) {
+std::string npu_attention_unavailable(const torch::Device& device) {
+  if (device.type() != c10::DeviceType::PrivateUse1)
+    return "fused npu attention runs on the npu device only";
+  if (!device::npu_backend()) return "this build has no npu device (-DDIFFUSE_WITH_TORCH_NPU=OFF)";
+  if (!find_op(NpuAttentionKernel::kFusionAttention) &&
+      !find_op(NpuAttentionKernel::kPromptFlashAttention))
+    return "torch_npu registers neither npu_fusion_attention nor npu_prompt_flash_attention";
+  return "";
+}
+
+std::string npu_attention_unsupported(const torch::Tensor& q) {
+  if (select_npu_attention_kernel(q) != NpuAttentionKernel::kNone) return "";
+  return "no fused npu kernel takes " + std::string(c10::toString(q.scalar_type())) +
+         " inputs with " + std::to_string(q.size(1)) + " heads of size " +
+         std::to_string(q.size(3)) + " on this device (or the kernel failed earlier)";
+}
+
+NpuAttentionKernel select_npu_attention_kernel(const torch::Tensor& q) {
   if (!q.defined() || q.dim() != 4 || q.device().type() != c10::DeviceType::PrivateUse1)
     return NpuAttentionKernel::kNone;
   const device::NpuBackend* b = device::npu_backend();
@@ -140,26 +164,26 @@ NpuAttentionKernel select_npu_attention_kernel(const torch::Tensor& q,
   return NpuAttentionKernel::kNone;
 }
 
-bool npu_attention_supports(const torch::Tensor& q, const AttentionOptions& options) {
-  return select_npu_attention_kernel(q, options) != NpuAttentionKernel::kNone;
-}
-
-torch::Tensor npu_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const AttentionOptions& options) {
-  AttentionOptions o = options;
-  if (!o.scale) o.scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  o.backend = AttentionBackend::kMath;  // what answers when no fused kernel can
-  NpuAttentionKernel kernel = select_npu_attention_kernel(q, o);
-  if (kernel == NpuAttentionKernel::kNone) return attention(q, k, v, o);
+torch::Tensor npu_fused_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, double scale, bool causal) {
+  NpuAttentionKernel kernel = select_npu_attention_kernel(q);
+  if (kernel == NpuAttentionKernel::kNone) {
+    AttentionOptions math;
+    math.scale = scale;
+    math.causal = causal;
+    math.backend = AttentionBackend::kMath;
+    return attention(q, k, v, math);
+  }
   auto op = find_op(kernel);
   try {
-    return kernel == NpuAttentionKernel::kFusionAttention ? run_fusion(*op, q, k, v, o)
-                                                          : run_prompt_flash(*op, q, k, v, o);
+    return kernel == NpuAttentionKernel::kFusionAttention
+               ? run_fusion(*op, q, k, v, scale, causal)
+               : run_prompt_flash(*op, q, k, v, scale, causal);
   } catch (const std::exception& e) {
     (kernel == NpuAttentionKernel::kFusionAttention ? g_fusion_failed : g_pfa_failed) = true;
     TORCH_WARN(npu_attention_kernel_name(kernel), " failed (", e.what(),
                "); npu attention uses the next kernel or the math path from now on");
-    return npu_attention(q, k, v, options);
+    return npu_fused_attention(q, k, v, scale, causal);
   }
 }
 
@@ -167,5 +191,42 @@ void reset_npu_attention_failures() {
   g_fusion_failed = false;
   g_pfa_failed = false;
 }
+
+#ifdef DIFFUSE_NPU_ATTENTION_HOOKS
+
+void register_npu_attention_backend() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    AttentionBackendHooks hooks;
+    hooks.run = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                   const AttentionCall& c) {
+      return npu_fused_attention(q, k, v, c.scale, c.causal);
+    };
+    hooks.unsupported = [](const torch::Tensor& q, const torch::Tensor&, const torch::Tensor&,
+                           const AttentionCall&) { return npu_attention_unsupported(q); };
+    hooks.unavailable = npu_attention_unavailable;
+    register_attention_backend(AttentionBackend::kNpu, hooks);
+  });
+}
+
+#else
+
+void register_npu_attention_backend() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_attention_backend(
+        AttentionBackend::kNpu,
+        [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+           const AttentionOptions& o) {
+          return npu_fused_attention(
+              q, k, v, o.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3)))), o.causal);
+        },
+        [](const torch::Tensor& q, const AttentionOptions&) {
+          return npu_attention_unsupported(q).empty();
+        });
+  });
+}
+
+#endif
 
 }  // namespace diffuse::nn

@@ -11,6 +11,7 @@
 #include "models/clip_text_model.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
+#include "nn/attention_npu.h"
 #include "nn/load_weights.h"
 #include "pipeline/model_source.h"
 #include "schedulers/scheduler.h"
@@ -96,6 +97,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   c_->unet_dtype = device::resolve_dtype(options.dtype, c_->device, "unet");
   c_->text_dtype = device::resolve_dtype(options.dtype, c_->text_device, "text_encoder");
   c_->vae_dtype = device::resolve_dtype(options.vae_dtype, c_->vae_device, "vae");
+  nn::register_npu_attention_backend();
   std::string attention = options.attention;
   if (attention.empty() || attention == "auto") {
     const char* env = std::getenv("DIFFUSE_ATTENTION");

@@ -44,6 +44,7 @@ class SimulatedNpuTest : public ::testing::Test {
   void SetUp() override {
     device::sim::register_simulated_npu({});
     device::sim::register_reference_npu_attention_ops();
+    nn::register_npu_attention_backend();
     device::clear_probe_cache();
     device::reset_cpu_fallback_log();
     device::sim::reset_fused_attention_calls();

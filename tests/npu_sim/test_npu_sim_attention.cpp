@@ -88,10 +88,10 @@ TEST_F(SimulatedNpuTest, AutoBackendUsesTheFusedKernelOnTheNpuOnly) {
   EXPECT_EQ(on_npu.device(), npu(1));
   EXPECT_EQ(device::sim::fused_attention_calls().size(), 1u);
   nn::attention(x.q, x.k, x.v);
-  nn::attention(x.q, x.k, x.v, with_backend(nn::AttentionBackend::kNpu));  // CPU tensors: math
+  nn::attention(x.q, x.k, x.v, with_backend(nn::AttentionBackend::kAuto));  // CPU tensors
   EXPECT_EQ(device::sim::fused_attention_calls().size(), 1u);
-  EXPECT_TRUE(nn::attention_backend_supports(nn::AttentionBackend::kNpu, x.q.to(npu(0)), {}));
-  EXPECT_FALSE(nn::attention_backend_supports(nn::AttentionBackend::kNpu, x.q, {}));
+  EXPECT_TRUE(nn::npu_attention_unsupported(x.q.to(npu(0))).empty());
+  EXPECT_FALSE(nn::npu_attention_unsupported(x.q).empty());
   // An explicit math choice is honoured on the npu too.
   nn::attention(x.q.to(npu(0)), x.k.to(npu(0)), x.v.to(npu(0)),
                 with_backend(nn::AttentionBackend::kMath));
@@ -108,7 +108,7 @@ TEST_F(SimulatedNpuTest, PromptFlashAttentionWhereFusionIsMissing) {
   auto d = npu(0);
   auto x = random_qkv(2, 2, 10, 10, 16, 5);
   auto q = x.q.to(torch::kFloat16), k = x.k.to(torch::kFloat16), v = x.v.to(torch::kFloat16);
-  EXPECT_EQ(nn::select_npu_attention_kernel(q.to(d), {}),
+  EXPECT_EQ(nn::select_npu_attention_kernel(q.to(d)),
             nn::NpuAttentionKernel::kPromptFlashAttention);
   auto out = nn::attention(q.to(d), k.to(d), v.to(d), with_backend(nn::AttentionBackend::kNpu));
   EXPECT_EQ(out.scalar_type(), torch::kFloat16);
@@ -123,13 +123,13 @@ TEST_F(SimulatedNpuTest, PromptFlashAttentionWhereFusionIsMissing) {
   EXPECT_EQ(calls[0].next_tokens, 2147483647);
   EXPECT_EQ(calls[0].pre_tokens, 2147483647);
 
-  // fp32 and bf16 are not supported here: the math path answers, no fused call.
+  // fp32 and bf16 are not supported here: auto takes another backend, no fused call.
   device::sim::reset_fused_attention_calls();
   for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
     auto qd = x.q.to(d, dt);
-    EXPECT_EQ(nn::select_npu_attention_kernel(qd, {}), nn::NpuAttentionKernel::kNone);
+    EXPECT_EQ(nn::select_npu_attention_kernel(qd), nn::NpuAttentionKernel::kNone);
     auto r =
-        nn::attention(qd, x.k.to(d, dt), x.v.to(d, dt), with_backend(nn::AttentionBackend::kNpu));
+        nn::attention(qd, x.k.to(d, dt), x.v.to(d, dt), with_backend(nn::AttentionBackend::kAuto));
     EXPECT_LT(max_diff(r.cpu(), expected), dt == torch::kFloat32 ? 1e-5 : 5e-2);
   }
   EXPECT_TRUE(device::sim::fused_attention_calls().empty());
@@ -141,7 +141,7 @@ TEST_F(SimulatedNpuTest, NoFusedKernelOnDevicesWithoutThem) {
   device::sim::set_simulated_capabilities(caps);
   auto x = random_qkv(1, 1, 4, 4, 8, 6);
   auto out = nn::attention(x.q.to(npu(0)), x.k.to(npu(0)), x.v.to(npu(0)),
-                           with_backend(nn::AttentionBackend::kNpu));
+                           with_backend(nn::AttentionBackend::kAuto));
   EXPECT_LT(
       max_diff(out.cpu(), nn::attention(x.q, x.k, x.v, with_backend(nn::AttentionBackend::kMath))),
       1e-6);
@@ -155,16 +155,16 @@ TEST_F(SimulatedNpuTest, FailingFusedKernelIsDisabledWithOneWarning) {
   WarningCapture warnings;
   device::sim::set_reference_ops_fail(true);
   for (int i = 0; i < 3; ++i) {
-    auto out = nn::attention(q, k, v, with_backend(nn::AttentionBackend::kNpu));
+    auto out = nn::attention(q, k, v, with_backend(nn::AttentionBackend::kAuto));
     EXPECT_LT(max_diff(out.cpu(), expected), 1e-6);  // answered by the math path
   }
   device::sim::set_reference_ops_fail(false);
   EXPECT_EQ(warnings.count_containing("npu_fusion_attention failed"), 1);
   // Fusion was tried once, then prompt flash attention (fp32: not eligible), then math.
   EXPECT_EQ(device::sim::fused_attention_calls().size(), 1u);
-  EXPECT_EQ(nn::select_npu_attention_kernel(q, {}), nn::NpuAttentionKernel::kNone);
+  EXPECT_EQ(nn::select_npu_attention_kernel(q), nn::NpuAttentionKernel::kNone);
   nn::reset_npu_attention_failures();
-  EXPECT_EQ(nn::select_npu_attention_kernel(q, {}), nn::NpuAttentionKernel::kFusionAttention);
+  EXPECT_EQ(nn::select_npu_attention_kernel(q), nn::NpuAttentionKernel::kFusionAttention);
 }
 
 TEST_F(SimulatedNpuTest, TransformerBlockOnNpuMatchesCpu) {
