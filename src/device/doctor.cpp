@@ -18,6 +18,9 @@
 #include "device/device.h"
 #include "device/npu_backend.h"
 #include "nn/attention_npu.h"
+#if __has_include("nn/attention/backends.h")
+#define DIFFUSE_DOCTOR_ATTENTION_TABLE 1  // the attention module lists what runs per device
+#endif
 #include "nn/random_init.h"
 #include "nn/resnet.h"
 #include "nn/transformer_2d.h"
@@ -99,9 +102,16 @@ torch::Tensor smoke_forward(const torch::Device& device, torch::Dtype dtype) {
 }
 
 std::vector<std::string> attention_backends(const torch::Device& device, torch::Dtype dtype) {
-  std::vector<std::string> out{"math"};
+  std::vector<std::string> out;
+#ifdef DIFFUSE_DOCTOR_ATTENTION_TABLE
+  for (auto b : nn::available_attention_backends(device))
+    if (b != nn::AttentionBackend::kNpu) out.push_back(nn::attention_backend_name(b));
+#else
+  out.push_back("math");
   if (c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""}))
     out.push_back("sdpa");
+#endif
+  // The npu backend, with the fused kernel it would use for this dtype.
   auto q = torch::zeros({1, 2, 4, 16}, torch::TensorOptions().device(device).dtype(dtype));
   auto kernel = nn::select_npu_attention_kernel(q);
   if (kernel != nn::NpuAttentionKernel::kNone)
