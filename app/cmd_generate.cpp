@@ -33,6 +33,7 @@ struct GenerateFlags {
   int batch_count = 1;
   std::string out = "output.png";
   std::string device = "auto", dtype = "auto", vae_dtype = "auto", attention = "auto";
+  std::string text_encoder_device, vae_device;
   std::string latents_file, noise_file;
   std::string config_dir;
   bool v_prediction = false, epsilon = false;
@@ -54,6 +55,8 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
   app.add_option("--batch-count", f.batch_count, "Repeat the generation with seed+1, seed+2, ...")->capture_default_str();
   app.add_option("-o,--out", f.out, "Output PNG (numbered when several images)")->capture_default_str();
   app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N] (env DIFFUSE_DEVICE)")->capture_default_str();
+  app.add_option("--text-encoder-device", f.text_encoder_device, "Device for the text encoder (default: --device)");
+  app.add_option("--vae-device", f.vae_device, "Device for the VAE (default: --device)");
   app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")->capture_default_str();
   app.add_option("--vae-dtype", f.vae_dtype, "auto|fp32|bf16|fp16 for the VAE")->capture_default_str();
   app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")->capture_default_str();
@@ -97,6 +100,36 @@ std::string parameters_text(const GenerateFlags& f, const GenerationConfig& g, c
   if (!f.init_image.empty()) os << ", Denoising strength: " << g.strength;
   os << ", Device: " << info.device << ", Dtype: " << info.unet_dtype << ", Engine: diffuse " << DIFFUSE_VERSION;
   return os.str();
+}
+
+// Per-stage memory of the last generation: device allocator figures where the device has an
+// allocator (CUDA, NPU), process RSS always.
+nlohmann::json memory_json(const std::vector<StageMemory>& memory) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : memory) {
+    nlohmann::json j = {{"stage", m.stage}, {"device", m.device}, {"rss_bytes", m.rss_bytes},
+                        {"peak_rss_bytes", m.peak_rss_bytes}};
+    if (m.allocated_bytes >= 0) {
+      j["allocated_bytes"] = m.allocated_bytes;
+      j["peak_allocated_bytes"] = m.peak_allocated_bytes;
+      j["reserved_bytes"] = m.reserved_bytes;
+    }
+    out.push_back(j);
+  }
+  return out;
+}
+
+std::string memory_text(const std::vector<StageMemory>& memory) {
+  std::string s;
+  for (const auto& m : memory) {
+    if (!s.empty()) s += "; ";
+    s += m.stage + " on " + m.device + ": ";
+    if (m.allocated_bytes >= 0)
+      s += format_bytes(m.allocated_bytes) + " allocated (peak " + format_bytes(m.peak_allocated_bytes) + ", reserved " +
+           format_bytes(m.reserved_bytes) + "), ";
+    s += "rss " + format_bytes(m.rss_bytes);
+  }
+  return s;
 }
 
 int run_generate(const GenerateFlags& f, bool img2img) {
@@ -148,6 +181,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
 
   LoadOptions lo;
   lo.device = f.device;
+  lo.text_encoder_device = f.text_encoder_device;
+  lo.vae_device = f.vae_device;
   lo.dtype = f.dtype;
   lo.vae_dtype = f.vae_dtype;
   lo.attention = f.attention;
@@ -168,7 +203,10 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     info = &t2i->info();
   }
   if (!f.quiet && !f.json)
-    std::cerr << "device " << info->device << ", unet " << info->unet_dtype << ", vae " << info->vae_dtype
+    std::cerr << "device " << info->device
+              << (info->text_encoder_device != info->device ? " (text encoder " + info->text_encoder_device + ")" : "")
+              << (info->vae_device != info->device ? " (vae " + info->vae_device + ")" : "") << ", unet "
+              << info->unet_dtype << ", vae " << info->vae_dtype
               << ", attention " << info->attention << ", scheduler "
               << (g.scheduler.empty() ? info->scheduler : g.scheduler) << " (loaded in "
               << format_seconds(info->load_s) << ")\n";
@@ -228,7 +266,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                         {"load_s", info->load_s}, {"text_encode_s", text}, {"vae_encode_s", encode},
                         {"denoise_s", denoise}, {"step_s", steps > 0 ? denoise / steps : 0.0},
                         {"vae_decode_s", decode}, {"total_s", total_s},
-                        {"peak_rss_mb", static_cast<double>(t.peak_rss_bytes) / (1024.0 * 1024.0)}};
+                        {"peak_rss_mb", static_cast<double>(t.peak_rss_bytes) / (1024.0 * 1024.0)},
+                        {"memory", memory_json(t.memory)}};
     std::cout << j.dump(2) << "\n";
   } else if (!f.quiet) {
     std::cerr << "timings: load " << format_seconds(info->load_s) << ", text encode " << format_seconds(text);
@@ -236,6 +275,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     std::cerr << ", denoise " << format_seconds(denoise) << " (" << format_seconds(steps > 0 ? denoise / steps : 0)
               << "/step), vae decode " << format_seconds(decode) << ", total " << format_seconds(total_s)
               << "; peak memory " << format_bytes(t.peak_rss_bytes) << " (seed " << results[0].seed << ")\n";
+    std::cerr << "memory: " << memory_text(t.memory) << "\n";
   }
   return 0;
 }

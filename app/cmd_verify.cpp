@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "device/device.h"
 #include "verify/verify.h"
 
 namespace diffuse::app {
@@ -24,7 +25,7 @@ Command add_verify_command(CLI::App& app) {
   return [o]() {
     auto set = verify::GoldenSet::load(o->golden);
     verify::VerifyOptions options;
-    options.device = torch::Device(o->device);
+    options.device = device::resolve_device(o->device);  // also npu[:N], which torch::Device cannot parse
     options.components = o->components;
     auto results = verify::run_all(set, options);
     int passed = 0, failed = 0;

@@ -4,7 +4,9 @@
 #include <cstdlib>
 
 #include "device/device.h"
+#include "device/cpu_fallback.h"
 #include "device/memory.h"
+#include "device/npu_backend.h"
 #include "diffuse/errors.h"
 
 namespace diffuse {
@@ -75,6 +77,57 @@ TEST(Device, DtypePolicy) {
   auto unet = device::resolve_dtype("auto", cpu, "unet");
   EXPECT_EQ(unet, device::cpu_has_native_bf16() ? torch::kBFloat16 : torch::kFloat32);
   EXPECT_TRUE(device::probe_dtype(cpu, torch::kFloat32));
+}
+
+TEST(Device, DtypePolicyDecisions) {
+  using device::choose_dtype;
+  device::DtypeSupport cpu_fast{true, true, true, false}, cpu_slow{true, true, false, false};
+  EXPECT_EQ(choose_dtype(cpu_fast, "unet"), torch::kBFloat16);
+  EXPECT_EQ(choose_dtype(cpu_fast, "text_encoder"), torch::kBFloat16);
+  EXPECT_EQ(choose_dtype(cpu_fast, "vae"), torch::kFloat32);
+  EXPECT_EQ(choose_dtype(cpu_slow, "unet"), torch::kFloat32);
+  // Accelerators: bf16 where native (A2-class NPU, sm80+ GPU), else fp16 (not for the VAE,
+  // whose decoder overflows in fp16), else fp32.
+  device::DtypeSupport a2{false, true, true, true}, p310{false, false, false, true}, v100{false, true, false, true},
+      none{false, false, false, false};
+  EXPECT_EQ(choose_dtype(a2, "unet"), torch::kBFloat16);
+  EXPECT_EQ(choose_dtype(a2, "vae"), torch::kBFloat16);
+  EXPECT_EQ(choose_dtype(p310, "unet"), torch::kFloat16);
+  EXPECT_EQ(choose_dtype(p310, "vae"), torch::kFloat32);
+  EXPECT_EQ(choose_dtype(v100, "text_encoder"), torch::kFloat16);  // bf16 runs but slowly
+  EXPECT_EQ(choose_dtype(v100, "vae"), torch::kFloat32);
+  EXPECT_EQ(choose_dtype(none, "unet"), torch::kFloat32);
+}
+
+TEST(Device, CpuFallbackSwitch) {
+  EnvGuard g("DIFFUSE_CPU_FALLBACK");
+  ::unsetenv("DIFFUSE_CPU_FALLBACK");
+  EXPECT_TRUE(device::cpu_fallback_enabled());
+  for (const char* off : {"0", "false", "OFF", "no"}) {
+    ::setenv("DIFFUSE_CPU_FALLBACK", off, 1);
+    EXPECT_FALSE(device::cpu_fallback_enabled()) << off;
+  }
+  ::setenv("DIFFUSE_CPU_FALLBACK", "1", 1);
+  EXPECT_TRUE(device::cpu_fallback_enabled());
+}
+
+TEST(Device, NoNpuWithoutABackend) {
+  if (device::npu_backend() != nullptr) GTEST_SKIP() << "built with torch_npu";
+  EXPECT_EQ(device::npu_count(), 0);
+  try {
+    device::resolve_device("npu:0");
+    FAIL();
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("DIFFUSE_WITH_TORCH_NPU"), std::string::npos) << e.what();
+  }
+  // Without an npu, seeding and memory calls are harmless no-ops for the CPU.
+  device::seed_device_generator(torch::kCPU, 1);
+  device::reset_peak_memory(torch::kCPU);
+  device::empty_cache(torch::kCPU);
+  auto m = device::device_memory(torch::kCPU);
+  EXPECT_EQ(m.device, "cpu");
+  EXPECT_FALSE(m.has_allocator);
+  EXPECT_GT(m.process.rss_bytes, 0);
 }
 
 TEST(Device, MemoryStatsArePlausible) {

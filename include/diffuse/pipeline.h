@@ -24,6 +24,10 @@ namespace diffuse {
 
 struct LoadOptions {
   std::string device = "auto";      // auto|cpu|cuda[:N]|npu[:N]; auto honours DIFFUSE_DEVICE
+  // Per-component placement (like OpenVINO's compile(text_encoder, denoiser, vae devices)):
+  // empty = the same device as the UNet. Tensors move between stages automatically.
+  std::string text_encoder_device;
+  std::string vae_device;
   std::string dtype = "auto";       // auto|fp32|bf16|fp16 for text encoder and UNet
   std::string vae_dtype = "auto";   // the VAE separately (auto keeps it fp32 where needed)
   std::string attention = "auto";   // auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)
@@ -62,6 +66,19 @@ struct StepEvent {
 // Return false to cancel; generate() then throws diffuse::Cancelled.
 using StepCallback = std::function<bool(const StepEvent&)>;
 
+// Memory after one stage of a generation, on the device the stage ran on.
+struct StageMemory {
+  std::string stage;   // "text_encode", "vae_encode", "denoise", "vae_decode"
+  std::string device;  // "cpu", "cuda:0", "npu:0"
+  // Device allocator (CUDA / NPU caching allocator): bytes held by tensors at the end of the
+  // stage, the peak during the stage, and bytes reserved. -1 where the device has none (CPU).
+  int64_t allocated_bytes = -1;
+  int64_t peak_allocated_bytes = -1;
+  int64_t reserved_bytes = -1;
+  int64_t rss_bytes = 0;       // process resident memory at the end of the stage
+  int64_t peak_rss_bytes = 0;  // process peak resident memory so far
+};
+
 struct StageTimings {
   double load_s = 0;
   double text_encode_s = 0;
@@ -71,6 +88,7 @@ struct StageTimings {
   double total_s = 0;
   std::vector<double> step_s;
   int64_t peak_rss_bytes = 0;
+  std::vector<StageMemory> memory;  // one entry per stage that ran, in order
 };
 
 struct GenerationResult {
@@ -86,7 +104,8 @@ struct GenerationResult {
 
 struct PipelineInfo {
   std::string model;       // path it was loaded from
-  std::string device;
+  std::string device;  // where the UNet runs
+  std::string text_encoder_device, vae_device;
   std::string unet_dtype, text_encoder_dtype, vae_dtype;
   std::string attention;
   std::string scheduler;   // default scheduler class

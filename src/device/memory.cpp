@@ -3,6 +3,10 @@
 #include <fstream>
 #include <string>
 
+#include "device/cuda_backend.h"
+#include "device/device.h"
+#include "device/npu_backend.h"
+
 namespace diffuse::device {
 
 MemoryStats memory_stats() {
@@ -17,6 +21,42 @@ MemoryStats memory_stats() {
     if (line.rfind("VmHWM:", 0) == 0) s.peak_rss_bytes = kb("VmHWM:");
   }
   return s;
+}
+
+DeviceMemory device_memory(const torch::Device& device) {
+  DeviceMemory m;
+  m.device = device_name(device);
+  m.process = memory_stats();
+  auto index = device.has_index() ? device.index() : c10::DeviceIndex(0);
+  if (device.is_cuda()) {
+    m.has_allocator = cuda::allocator_stats(index, &m.allocator);
+  } else if (device.type() == c10::DeviceType::PrivateUse1) {
+    const NpuBackend* b = npu_backend();
+    if (b && b->memory_stats) {
+      m.allocator = b->memory_stats(index);
+      m.has_allocator = true;
+    }
+  }
+  return m;
+}
+
+void reset_peak_memory(const torch::Device& device) {
+  auto index = device.has_index() ? device.index() : c10::DeviceIndex(0);
+  if (device.is_cuda()) {
+    cuda::reset_peak(index);
+  } else if (device.type() == c10::DeviceType::PrivateUse1) {
+    const NpuBackend* b = npu_backend();
+    if (b && b->reset_peak_memory) b->reset_peak_memory(index);
+  }
+}
+
+void empty_cache(const torch::Device& device) {
+  if (device.is_cuda()) {
+    cuda::empty_cache();
+  } else if (device.type() == c10::DeviceType::PrivateUse1) {
+    const NpuBackend* b = npu_backend();
+    if (b && b->empty_cache) b->empty_cache();
+  }
 }
 
 }  // namespace diffuse::device

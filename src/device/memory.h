@@ -1,7 +1,11 @@
 // Memory statistics: process RSS (current and peak) for the CPU, allocator statistics for
-// accelerators where the linked backend exposes them.
+// accelerators where the linked backend exposes them (CUDA caching allocator, torch_npu's
+// NPU caching allocator), and empty_cache.
 #pragma once
+#include <torch/types.h>
+
 #include <cstdint>
+#include <string>
 
 namespace diffuse::device {
 
@@ -10,6 +14,28 @@ struct MemoryStats {
   int64_t peak_rss_bytes = 0;
 };
 
+// This process's resident memory (VmRSS / VmHWM).
 MemoryStats memory_stats();
+
+struct AllocatorStats {
+  int64_t allocated_bytes = 0;  // held by live tensors
+  int64_t reserved_bytes = 0;   // held by the caching allocator (>= allocated)
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  int64_t total_bytes = 0;  // device memory size; 0 = unknown
+};
+
+struct DeviceMemory {
+  std::string device;          // "cpu", "cuda:0", "npu:0"
+  MemoryStats process;         // always filled
+  bool has_allocator = false;  // false on the CPU and where the backend has no statistics
+  AllocatorStats allocator;
+};
+
+DeviceMemory device_memory(const torch::Device& device);
+// Starts a new peak window for the device's allocator (no-op on the CPU).
+void reset_peak_memory(const torch::Device& device);
+// Returns cached, unused blocks of the device's allocator to the driver (no-op on the CPU).
+void empty_cache(const torch::Device& device);
 
 }  // namespace diffuse::device

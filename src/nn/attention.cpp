@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "diffuse/errors.h"
 
@@ -11,6 +13,24 @@ namespace diffuse::nn {
 namespace {
 
 std::atomic<AttentionBackend> g_default{AttentionBackend::kAuto};
+
+struct Registered {
+  AttentionKernel kernel = nullptr;
+  AttentionSupports supports = nullptr;
+};
+
+std::mutex g_registry_mu;
+
+std::map<AttentionBackend, Registered>& registry() {
+  static std::map<AttentionBackend, Registered> r;
+  return r;
+}
+
+Registered find_registered(AttentionBackend backend) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  auto it = registry().find(backend);
+  return it == registry().end() ? Registered{} : it->second;
+}
 
 // The reference: softmax(scale * q k^T) v, as diffusers' AttnProcessor computes it.
 torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -45,6 +65,16 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     throw InvalidArgument("attention: q, k, v must be 4-D [batch, heads, tokens, head_dim]");
   double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   AttentionBackend backend = options.backend == AttentionBackend::kAuto ? g_default.load() : options.backend;
+  // On the npu device, auto means the fused kernel where it takes these inputs.
+  if (backend == AttentionBackend::kAuto && q.device().type() == c10::DeviceType::PrivateUse1)
+    backend = AttentionBackend::kNpu;
+  if (backend == AttentionBackend::kNpu) {
+    Registered r = find_registered(backend);
+    AttentionOptions resolved = options;
+    resolved.scale = scale;
+    if (r.kernel && (!r.supports || r.supports(q, resolved))) return r.kernel(q, k, v, resolved);
+    backend = AttentionBackend::kMath;
+  }
   switch (backend) {
     case AttentionBackend::kAuto:
     case AttentionBackend::kMath:
@@ -74,6 +104,12 @@ const char* attention_backend_name(AttentionBackend backend) {
 }
 
 void set_default_attention_backend(AttentionBackend backend) { g_default = backend; }
+
+void register_attention_backend(AttentionBackend backend, AttentionKernel kernel, AttentionSupports supports) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  registry()[backend] = Registered{kernel, supports};
+}
+
 AttentionBackend default_attention_backend() { return g_default.load(); }
 
 }  // namespace diffuse::nn

@@ -32,4 +32,11 @@ const char* attention_backend_name(AttentionBackend backend);
 void set_default_attention_backend(AttentionBackend backend);
 AttentionBackend default_attention_backend();
 
+// Backends registered at run time (the npu fused kernels, see attention_npu.h). `supports`
+// says whether the kernel takes these inputs; when it does not, attention() uses math.
+using AttentionKernel = torch::Tensor (*)(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          const AttentionOptions& options);
+using AttentionSupports = bool (*)(const torch::Tensor& q, const AttentionOptions& options);
+void register_attention_backend(AttentionBackend backend, AttentionKernel kernel, AttentionSupports supports);
+
 }  // namespace diffuse::nn

@@ -11,6 +11,7 @@
 #include "models/clip_text_model.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
+#include "nn/attention_npu.h"
 #include "nn/load_weights.h"
 #include "pipeline/model_source.h"
 #include "schedulers/scheduler.h"
@@ -53,7 +54,9 @@ std::vector<Image> to_images(const torch::Tensor& nhwc) {
 }  // namespace
 
 struct StableDiffusion::Components {
-  torch::Device device{torch::kCPU};
+  torch::Device device{torch::kCPU};  // the UNet's; the denoising loop runs here
+  torch::Device text_device{torch::kCPU};
+  torch::Device vae_device{torch::kCPU};
   torch::Dtype unet_dtype = torch::kFloat32, text_dtype = torch::kFloat32, vae_dtype = torch::kFloat32;
   std::unique_ptr<text::ClipTokenizer> tokenizer;
   models::ClipTextModel text_encoder{nullptr};
@@ -85,9 +88,16 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
     : c_(std::make_unique<Components>()) {
   double t0 = now_s();
   c_->device = device::resolve_device(options.device);
+  // Per-component placement: empty = the UNet's device (not "auto" again, which could differ
+  // from an explicit --device).
+  c_->text_device = options.text_encoder_device.empty() ? c_->device
+                                                        : device::resolve_device(options.text_encoder_device);
+  c_->vae_device = options.vae_device.empty() ? c_->device : device::resolve_device(options.vae_device);
+  for (const auto& d : {c_->device, c_->text_device, c_->vae_device}) device::prepare_device(d);
   c_->unet_dtype = device::resolve_dtype(options.dtype, c_->device, "unet");
-  c_->text_dtype = device::resolve_dtype(options.dtype, c_->device, "text_encoder");
-  c_->vae_dtype = device::resolve_dtype(options.vae_dtype, c_->device, "vae");
+  c_->text_dtype = device::resolve_dtype(options.dtype, c_->text_device, "text_encoder");
+  c_->vae_dtype = device::resolve_dtype(options.vae_dtype, c_->vae_device, "vae");
+  nn::register_npu_attention_backend();
   std::string attention = options.attention;
   if (attention.empty() || attention == "auto") {
     const char* env = std::getenv("DIFFUSE_ATTENTION");
@@ -104,7 +114,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   c_->text_encoder = models::ClipTextModel(models::ClipTextConfig::from_json(src.text_encoder_config));
   nn::load_state_dict(*c_->text_encoder, src.text_encoder_weights, src.path + " (text_encoder)",
                       {"text_model.embeddings.position_ids"});
-  c_->text_encoder->to(c_->device, c_->text_dtype);
+  c_->text_encoder->to(c_->text_device, c_->text_dtype);
   c_->text_encoder->eval();
 
   c_->unet = models::UNet2DConditionModel(models::UNet2DConditionConfig::from_json(src.unet_config));
@@ -114,7 +124,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
 
   c_->vae = models::AutoencoderKL(models::AutoencoderKLConfig::from_json(src.vae_config));
   nn::load_state_dict(*c_->vae, src.vae_weights, src.path + " (vae)");
-  c_->vae->to(c_->device, c_->vae_dtype);
+  c_->vae->to(c_->vae_device, c_->vae_dtype);
   c_->vae->eval();
 
   c_->scheduler_config = src.scheduler_config;
@@ -125,6 +135,8 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
 
   info_.model = path;
   info_.device = device::device_name(c_->device);
+  info_.text_encoder_device = device::device_name(c_->text_device);
+  info_.vae_device = device::device_name(c_->vae_device);
   info_.unet_dtype = device::dtype_name(c_->unet_dtype);
   info_.text_encoder_dtype = device::dtype_name(c_->text_dtype);
   info_.vae_dtype = device::dtype_name(c_->vae_dtype);
@@ -147,6 +159,27 @@ std::unique_ptr<schedulers::Scheduler> StableDiffusion::make_scheduler(const Gen
   scheduler->set_timesteps(config.steps);
   scheduler->set_eta(config.eta);
   return scheduler;
+}
+
+void StableDiffusion::seed_devices(uint64_t seed) const {
+  // The pipeline's own noise comes from the CPU generator; device generators are seeded so
+  // that operators sampling on the device are reproducible as well.
+  for (const auto& d : {c_->device, c_->text_device, c_->vae_device}) device::seed_device_generator(d, seed);
+}
+
+void StableDiffusion::record_memory(StageTimings* timings, const char* stage, const torch::Device& where) {
+  auto m = device::device_memory(where);
+  StageMemory s;
+  s.stage = stage;
+  s.device = m.device;
+  if (m.has_allocator) {
+    s.allocated_bytes = m.allocator.allocated_bytes;
+    s.peak_allocated_bytes = m.allocator.peak_allocated_bytes;
+    s.reserved_bytes = m.allocator.reserved_bytes;
+  }
+  s.rss_bytes = m.process.rss_bytes;
+  s.peak_rss_bytes = m.process.peak_rss_bytes;
+  timings->memory.push_back(std::move(s));
 }
 
 torch::Tensor StableDiffusion::draw_noise(c10::IntArrayRef shape, at::Generator& gen) const {
@@ -179,7 +212,7 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
       for (int64_t j = 0; j < len; ++j) ids[i][j] = batch.input_ids[i][j];
     trace(name, ids);
     if (truncated) *truncated = batch.truncated;
-    auto out = c_->text_encoder->forward(ids.to(c_->device)).last_hidden_state;
+    auto out = c_->text_encoder->forward(ids.to(c_->text_device)).last_hidden_state;
     return out;
   };
   PromptEmbeddings e;
@@ -211,7 +244,7 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
 
 torch::Tensor StableDiffusion::decode_latents(const torch::Tensor& latents) {
   const auto& vc = c_->vae->config();
-  auto z = latents.to(c_->device, torch::kFloat32) / vc.scaling_factor + vc.shift_factor.value_or(0.0);
+  auto z = latents.to(c_->vae_device, torch::kFloat32) / vc.scaling_factor + vc.shift_factor.value_or(0.0);
   auto img = c_->vae->decode(z.to(c_->vae_dtype)).to(torch::kFloat32);
   return (img / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().to(torch::kCPU);
 }
@@ -222,6 +255,7 @@ GenerationResult StableDiffusion::denoise_and_decode(const GenerationConfig& con
                                                      const StepCallback& on_step, StageTimings timings,
                                                      uint64_t seed) {
   double start = now_s();
+  device::reset_peak_memory(c_->device);
   bool guidance = embeds.negative.defined();
   auto cond = guidance ? torch::cat({embeds.negative, embeds.positive}) : embeds.positive;
   cond = cond.to(c_->device, c_->unet_dtype);
@@ -261,11 +295,14 @@ GenerationResult StableDiffusion::denoise_and_decode(const GenerationConfig& con
     }
   }
   timings.denoise_s = now_s() - start;
+  record_memory(&timings, "denoise", c_->device);
   trace("latents_out", latents);
   double d0 = now_s();
   GenerationResult result;
+  device::reset_peak_memory(c_->vae_device);
   result.images_float = decode_latents(latents);
   timings.vae_decode_s = now_s() - d0;
+  record_memory(&timings, "vae_decode", c_->vae_device);
   trace("image", result.images_float);
   result.images = to_images(result.images_float);
   result.latents = latents.to(torch::kCPU);
@@ -281,15 +318,18 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config, con
   double t0 = now_s();
   StageTimings timings;
   bool guidance = config.guidance_scale > 1.0;
+  uint64_t seed = config.seed.value_or(random_seed());
+  seed_devices(seed);
+  device::reset_peak_memory(c_->text_device);
   auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt, guidance);
   timings.text_encode_s = now_s() - t0;
+  record_memory(&timings, "text_encode", c_->text_device);
 
   auto scheduler = make_scheduler(config);
   int width = config.width ? config.width : info_.default_width;
   int height = config.height ? config.height : info_.default_height;
   int64_t n = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
   std::vector<int64_t> shape{n, latent_channels(), height / vae_scale_factor(), width / vae_scale_factor()};
-  uint64_t seed = config.seed.value_or(random_seed());
   torch::Tensor latents;
   if (config.latents.defined()) {
     if (config.latents.sizes() != c10::IntArrayRef(shape))
@@ -326,8 +366,12 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config, co
     throw InvalidArgument("init image size " + std::to_string(init.size(3)) + "x" + std::to_string(init.size(2)) +
                           " is not a multiple of " + std::to_string(sf));
   bool guidance = config.guidance_scale > 1.0;
+  uint64_t seed = config.seed.value_or(random_seed());
+  seed_devices(seed);
+  device::reset_peak_memory(c_->text_device);
   auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt, guidance);
   timings.text_encode_s = now_s() - t0;
+  record_memory(&timings, "text_encode", c_->text_device);
 
   auto scheduler = make_scheduler(config);
   // diffusers' get_timesteps: run only the last `strength` part of the schedule.
@@ -341,21 +385,26 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config, co
   auto timesteps = all.slice(0, begin);
   scheduler->set_begin_index(begin);
 
-  uint64_t seed = config.seed.value_or(random_seed());
   auto gen = at::detail::createCPUGenerator(seed);
   double e0 = now_s();
-  auto image = (init.to(torch::kFloat32) * 2 - 1);
+  device::reset_peak_memory(c_->vae_device);
+  // Contiguous NCHW whatever the caller's strides (an HWC image permuted is channels-last):
+  // libtorch keeps channels-last through group_norm only on the CPU, so without this the same
+  // image would take different kernels, and give different bits, on different devices.
+  auto image = (init.to(torch::kFloat32).contiguous() * 2 - 1);
   trace("image_preprocessed", image);
-  auto dist = c_->vae->encode(image.to(c_->device, c_->vae_dtype));
+  auto dist = c_->vae->encode(image.to(c_->vae_device, c_->vae_dtype));
   auto mean = dist.mean.to(torch::kFloat32), std = dist.std.to(torch::kFloat32);
   trace("posterior_mean", mean);
   trace("posterior_std", std);
-  auto posterior_noise = draw_noise(mean.sizes(), gen).to(c_->device);
+  auto posterior_noise = draw_noise(mean.sizes(), gen).to(c_->vae_device);
   const auto& vc = c_->vae->config();
   auto init_latents = (mean + std * posterior_noise - vc.shift_factor.value_or(0.0)) * vc.scaling_factor;
+  init_latents = init_latents.to(c_->device);
   if (init_latents.size(0) != batch) init_latents = init_latents.repeat({batch / init_latents.size(0), 1, 1, 1});
   trace("init_latents", init_latents);
   timings.vae_encode_s = now_s() - e0;
+  record_memory(&timings, "vae_encode", c_->vae_device);
   torch::Tensor noise;
   if (config.noise.defined()) {
     if (config.noise.sizes() != init_latents.sizes())

@@ -65,6 +65,8 @@ class StableDiffusion {
   torch::Tensor draw_noise(c10::IntArrayRef shape, at::Generator& gen) const;
   // The run's scheduler (the model's, or the one named in the config) with its timesteps set.
   std::unique_ptr<schedulers::Scheduler> make_scheduler(const GenerationConfig& config) const;
+  void seed_devices(uint64_t seed) const;
+  static void record_memory(StageTimings* timings, const char* stage, const torch::Device& where);
 
   void trace(const std::string& name, const torch::Tensor& t) const {
     if (trace_) trace_(name, t);

@@ -8,6 +8,7 @@
 
 #include "device/device.h"
 #include "pipeline/stable_diffusion.h"
+#include "verify/pipeline_replay.h"
 #include "verify/runners.h"
 
 namespace diffuse::verify {
@@ -37,45 +38,13 @@ bool uses_absolute_tolerance(const std::string& name) {
 torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o,
                       const std::string& model_path, const std::string& label, CaseResult* r) {
   CaseTensors t(c.file);
-  const auto& p = c.params;
   LoadOptions lo;
   lo.device = device::device_name(o.device);
   lo.dtype = "fp32";
   lo.vae_dtype = "fp32";
-  if (model_path != set.model_dir()) lo.config_dir = set.model_dir();
-  pipeline::StableDiffusion sd(model_path, lo);
-  if (p.contains("scheduler") && p["scheduler"].is_object()) sd.set_scheduler_config(p["scheduler"]);
-  std::map<std::string, torch::Tensor> traced;
-  sd.set_trace([&](const std::string& name, const torch::Tensor& v) { traced[name] = v.detach().to(torch::kCPU).clone(); });
-
-  GenerationConfig g;
-  g.prompts = string_list(p.value("prompt", nlohmann::json()));
-  g.negative_prompts = string_list(p.value("negative_prompt", nlohmann::json()));
-  g.guidance_scale = p.value("guidance_scale", 7.5);
-  g.steps = p.value("num_inference_steps", 50);
-  g.images_per_prompt = p.value("num_images_per_prompt", 1);
-  g.seed = 0;
-  if (p.contains("eta")) g.eta = p["eta"].get<double>();
-  if (t.has("init_image")) {
-    g.strength = p.value("strength", 0.8);
-    // Recorded randomness in draw order: the VAE posterior sample, then add_noise's noise.
-    std::deque<torch::Tensor> noise;
-    for (const char* n : {"posterior_noise", "noise"})
-      if (t.has(n)) noise.push_back(t.get(n));
-    sd.set_noise_source([&noise](c10::IntArrayRef shape) {
-      if (noise.empty()) throw FormatError("the case supplies fewer noise tensors than the pipeline draws");
-      auto v = noise.front();
-      noise.pop_front();
-      return v;
-    });
-    auto result = sd.image2image(g, t.get("init_image"), {});
-    if (!noise.empty()) r->add(label + "noise consumed", Comparison{false, 0, "not all supplied noise was used"});
-  } else {
-    g.height = p.value("height", 0);
-    g.width = p.value("width", 0);
-    g.latents = t.get("latents");
-    sd.text2image(g, {});
-  }
+  PipelineReplay replay = replay_pipeline_case(set, c, model_path, lo);
+  const auto& traced = replay.traced;
+  if (!replay.all_noise_used) r->add(label + "noise consumed", Comparison{false, 0, "not all supplied noise was used"});
   double atol = c.tol("atol", 1e-4);
   double latents_rtol = c.tol("latents_rtol", c.tol("rtol", 1e-5));
   int compared = 0;
@@ -103,6 +72,49 @@ torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOpt
 }
 
 }  // namespace
+
+PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c, const std::string& model_path,
+                                    LoadOptions lo) {
+  CaseTensors t(c.file);
+  const auto& p = c.params;
+  if (model_path != set.model_dir()) lo.config_dir = set.model_dir();
+  pipeline::StableDiffusion sd(model_path, lo);
+  if (p.contains("scheduler") && p["scheduler"].is_object()) sd.set_scheduler_config(p["scheduler"]);
+  PipelineReplay replay;
+  sd.set_trace([&](const std::string& name, const torch::Tensor& v) {
+    replay.traced[name] = v.detach().to(torch::kCPU).clone();
+  });
+
+  GenerationConfig g;
+  g.prompts = string_list(p.value("prompt", nlohmann::json()));
+  g.negative_prompts = string_list(p.value("negative_prompt", nlohmann::json()));
+  g.guidance_scale = p.value("guidance_scale", 7.5);
+  g.steps = p.value("num_inference_steps", 50);
+  g.images_per_prompt = p.value("num_images_per_prompt", 1);
+  g.seed = 0;
+  if (p.contains("eta")) g.eta = p["eta"].get<double>();
+  if (t.has("init_image")) {
+    g.strength = p.value("strength", 0.8);
+    // Recorded randomness in draw order: the VAE posterior sample, then add_noise's noise.
+    std::deque<torch::Tensor> noise;
+    for (const char* n : {"posterior_noise", "noise"})
+      if (t.has(n)) noise.push_back(t.get(n));
+    sd.set_noise_source([&noise](c10::IntArrayRef shape) {
+      if (noise.empty()) throw FormatError("the case supplies fewer noise tensors than the pipeline draws");
+      auto v = noise.front();
+      noise.pop_front();
+      return v;
+    });
+    replay.result = sd.image2image(g, t.get("init_image"), {});
+    replay.all_noise_used = noise.empty();
+  } else {
+    g.height = p.value("height", 0);
+    g.width = p.value("width", 0);
+    g.latents = t.get("latents");
+    replay.result = sd.text2image(g, {});
+  }
+  return replay;
+}
 
 CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o) {
   CaseResult r;

@@ -1,0 +1,26 @@
+// What the host CPU and its math libraries offer: model, SIMD/matrix features that make bf16
+// fast, and which BLAS library libtorch's unblocked matmuls end up in.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace diffuse::device {
+
+struct CpuInfo {
+  std::string model;  // /proc/cpuinfo "model name"
+  int logical_cpus = 0;
+  bool avx2 = false, avx512f = false, avx512_bf16 = false, avx512_vnni = false;
+  bool amx_tile = false, amx_bf16 = false;
+};
+const CpuInfo& cpu_info();
+
+struct BlasInfo {
+  std::string provider;             // file that defines sgemm_ (dladdr), symlinks resolved
+  std::vector<std::string> loaded;  // BLAS/LAPACK-like libraries mapped into this process
+  bool reference = false;           // the slow netlib reference BLAS
+};
+// Which BLAS this process uses. Debian's libtorch calls whatever libblas.so.3 the
+// alternatives system selects; the reference implementation is ~20x slower than OpenBLAS.
+BlasInfo blas_info();
+
+}  // namespace diffuse::device

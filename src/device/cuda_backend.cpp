@@ -1,0 +1,65 @@
+#include "device/cuda_backend.h"
+
+#ifdef DIFFUSE_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace diffuse::device::cuda {
+
+#ifdef DIFFUSE_WITH_CUDA
+
+bool compiled_with_cuda() {
+  return true;
+}
+
+bool properties(c10::DeviceIndex index, Properties* out) {
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(index);
+  if (!p) return false;
+  out->name = p->name;
+  out->major = p->major;
+  out->minor = p->minor;
+  out->total_bytes = static_cast<int64_t>(p->totalGlobalMem);
+  return true;
+}
+
+bool allocator_stats(c10::DeviceIndex index, AllocatorStats* out) {
+  namespace A = c10::cuda::CUDACachingAllocator;
+  auto stats = A::getDeviceStats(index);
+  // Index 0 is StatType::AGGREGATE in every libtorch release (the enum moved namespaces in 2.x).
+  const auto& allocated = stats.allocated_bytes[0];
+  const auto& reserved = stats.reserved_bytes[0];
+  out->allocated_bytes = allocated.current;
+  out->peak_allocated_bytes = allocated.peak;
+  out->reserved_bytes = reserved.current;
+  out->peak_reserved_bytes = reserved.peak;
+  Properties props;
+  if (properties(index, &props)) out->total_bytes = props.total_bytes;
+  return true;
+}
+
+void reset_peak(c10::DeviceIndex index) {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+}
+
+void empty_cache() {
+  c10::cuda::CUDACachingAllocator::emptyCache();
+}
+
+#else
+
+bool compiled_with_cuda() {
+  return false;
+}
+bool properties(c10::DeviceIndex, Properties*) {
+  return false;
+}
+bool allocator_stats(c10::DeviceIndex, AllocatorStats*) {
+  return false;
+}
+void reset_peak(c10::DeviceIndex) {}
+void empty_cache() {}
+
+#endif
+
+}  // namespace diffuse::device::cuda

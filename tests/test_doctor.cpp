@@ -1,0 +1,97 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "device/cpu_info.h"
+#include "device/doctor.h"
+
+namespace diffuse {
+namespace {
+
+struct CliRun {
+  int status = -1;
+  std::string out;
+};
+
+CliRun run_cli(const std::string& args) {
+  CliRun r;
+  std::string cmd = std::string(DIFFUSE_CLI_PATH) + " " + args + " 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+TEST(Doctor, ReportsTheCpuAndRunsItsSmokeTest) {
+  device::DoctorOptions o;
+  o.device = "cpu";
+  auto r = device::run_doctor(o);
+  EXPECT_EQ(r.libtorch_version, TORCH_VERSION);
+  EXPECT_FALSE(r.torch_config.empty());
+  ASSERT_FALSE(r.devices.empty());
+  const auto& cpu = r.devices[0];
+  EXPECT_EQ(cpu.name, "cpu");
+  EXPECT_TRUE(cpu.smoke_ok) << cpu.error;
+  EXPECT_NE(std::find(cpu.dtypes.begin(), cpu.dtypes.end(), "fp32"), cpu.dtypes.end());
+  EXPECT_EQ(std::find(cpu.dtypes.begin(), cpu.dtypes.end(), "fp16"),
+            cpu.dtypes.end());  // never probed on CPU
+  EXPECT_EQ(cpu.vae_dtype, "fp32");
+  EXPECT_NE(std::find(cpu.attention.begin(), cpu.attention.end(), "math"), cpu.attention.end());
+  EXPECT_GT(cpu.total_memory_bytes, 0);
+  EXPECT_TRUE(r.requested_ok);
+  EXPECT_EQ(r.requested_device, "cpu");
+  EXPECT_GT(r.intra_op_threads, 0);
+  EXPECT_EQ(r.blas_reference, device::blas_info().reference);
+}
+
+TEST(Doctor, SaysPlainlyWhenThereIsNoAccelerator) {
+  auto r = device::run_doctor({"", false});
+  if (r.cuda_devices > 0 || r.npu_devices > 0) GTEST_SKIP() << "this machine has an accelerator";
+  auto text = device::to_text(r);
+  EXPECT_NE(text.find("No NPU or GPU is present"), std::string::npos) << text;
+  EXPECT_NE(text.find("Ascend NPU: no support in this build"), std::string::npos) << text;
+  auto j = device::to_json(r);
+  EXPECT_EQ(j["npu"]["devices"], 0);
+  EXPECT_EQ(j["devices"].size(), 1u);
+}
+
+TEST(Doctor, RequestedDeviceThatCannotRunIsReported) {
+  for (const char* spec : {"npu:3", "tpu", "cuda:7"}) {
+    auto r = device::run_doctor({spec, false});
+    EXPECT_FALSE(r.requested_ok) << spec;
+    EXPECT_FALSE(r.requested_error.empty()) << spec;
+  }
+}
+
+TEST(Doctor, CliJsonAndExitStatus) {
+  auto ok = run_cli("doctor --json --device cpu");
+  EXPECT_EQ(ok.status, 0) << ok.out;
+  auto j = nlohmann::json::parse(ok.out);
+  EXPECT_EQ(j["requested_device"]["ok"], true);
+  EXPECT_TRUE(j["devices"][0]["smoke_test"]["ok"].get<bool>());
+  EXPECT_TRUE(j.contains("blas"));
+  EXPECT_TRUE(j["cpu"].contains("amx_bf16"));
+  auto bad = run_cli("doctor --no-smoke-test --device npu:9");
+  EXPECT_EQ(bad.status, 1) << bad.out;
+  EXPECT_NE(bad.out.find("CANNOT RUN"), std::string::npos) << bad.out;
+}
+
+TEST(CpuInfo, FeaturesAreConsistent) {
+  const auto& c = device::cpu_info();
+  EXPECT_GT(c.logical_cpus, 0);
+  if (c.avx512_bf16) {
+    EXPECT_TRUE(c.avx512f);
+  }
+  if (c.amx_bf16) {
+    EXPECT_TRUE(c.amx_tile);
+  }
+}
+
+}  // namespace
+}  // namespace diffuse
