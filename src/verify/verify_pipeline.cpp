@@ -68,7 +68,7 @@ torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOpt
     return torch::Tensor();
   }
   (void)compared;
-  return traced["image"];
+  return traced.at("image");
 }
 
 }  // namespace
