@@ -88,12 +88,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   c_->unet_dtype = device::resolve_dtype(options.dtype, c_->device, "unet");
   c_->text_dtype = device::resolve_dtype(options.dtype, c_->device, "text_encoder");
   c_->vae_dtype = device::resolve_dtype(options.vae_dtype, c_->device, "vae");
-  std::string attention = options.attention;
-  if (attention.empty() || attention == "auto") {
-    const char* env = std::getenv("DIFFUSE_ATTENTION");
-    if (env && *env) attention = env;
-  }
-  if (!attention.empty()) nn::set_default_attention_backend(nn::parse_attention_backend(attention));
+  nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(options.attention, c_->device));
 
   ModelSourceOptions so;
   so.config_dir = options.config_dir;
