@@ -12,5 +12,6 @@ using Command = std::function<int()>;
 Command add_verify_command(CLI::App& app);
 Command add_txt2img_command(CLI::App& app);
 Command add_img2img_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
 
 }  // namespace diffuse::app

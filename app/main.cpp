@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   add("txt2img", "Generate images from a prompt", diffuse::app::add_txt2img_command);
   add("img2img", "Transform an image guided by a prompt", diffuse::app::add_img2img_command);
   add("verify", "Compare the engine with a golden reference set", diffuse::app::add_verify_command);
+  add("bench", "Benchmark pipeline stages, attention backends (bench attention) or the roofline", diffuse::app::add_bench_command);
 
   if (argc == 2 && std::string(argv[1]) == "--version") {
     std::cout << "diffuse " << DIFFUSE_VERSION << " (libtorch " << TORCH_VERSION << ")\n";

@@ -1,5 +1,6 @@
 #include "nn/attention.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <array>
@@ -123,6 +124,8 @@ void register_attention_backend(AttentionBackend backend, const AttentionBackend
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionOptions& options) {
   check_attention_inputs(q, k, v);
+  // Visible to profilers and to bench::FlopCounter, whatever kernel runs below.
+  RECORD_FUNCTION("diffuse::attention", std::vector<c10::IValue>({q, k, v}));
   const AttentionCall call = make_call(q, options);
   const AttentionBackend b = select(q, k, v, options, call);
   std::string why = unsupported_reason(b, q, k, v, call);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <random>
 
+#include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
 #include "models/autoencoder_kl.h"
@@ -84,6 +85,7 @@ void validate_generation_config(const GenerationConfig& c, bool image2image) {
 StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& options)
     : c_(std::make_unique<Components>()) {
   double t0 = now_s();
+  device::configure_cpu_threads();
   c_->device = device::resolve_device(options.device);
   c_->unet_dtype = device::resolve_dtype(options.dtype, c_->device, "unet");
   c_->text_dtype = device::resolve_dtype(options.dtype, c_->device, "text_encoder");
