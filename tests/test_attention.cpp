@@ -205,7 +205,9 @@ TEST(Attention, AutoPolicyOnCpu) {
   auto big = torch::randn({1, 5, 4096, 64}).to(torch::kBFloat16);
   auto cross = torch::randn({1, 5, 77, 64}).to(torch::kBFloat16);
   EXPECT_EQ(nn::select_attention_backend(big, big, big), AttentionBackend::kFlash);
-  EXPECT_EQ(nn::select_attention_backend(big, cross, cross), AttentionBackend::kMath);
+  EXPECT_EQ(nn::select_attention_backend(big, cross, cross), AttentionBackend::kFlash);
+  auto half = big.to(torch::kFloat16);  // flash takes float32 and bf16 only
+  EXPECT_EQ(nn::select_attention_backend(half, half, half), AttentionBackend::kMath);
   // An explicit default wins over the policy.
   nn::set_default_attention_backend(AttentionBackend::kMath);
   EXPECT_EQ(nn::select_attention_backend(big, big, big), AttentionBackend::kMath);

@@ -59,9 +59,10 @@ bool can_run(AttentionBackend b, const torch::Tensor& q, const torch::Tensor& k,
   return unsupported_reason(b, q, k, v, call).empty();
 }
 
-// The auto policy. Accelerators: their fused kernel when there is one. CPU: flash once the
-// score matrix is big enough that writing and re-reading it costs more than flash's packing
-// (measured with `diffuse bench attention`), math for small problems.
+// The auto policy. Accelerators: their fused kernel when there is one. CPU: flash for every
+// input it takes: `diffuse bench attention` measured it faster than math on every shape, from
+// 77-token causal text attention and 77-key cross-attention to 9216-token self-attention, in
+// float32 and bf16 (1.4-3x), with O(N) instead of O(N^2) memory.
 AttentionBackend choose_auto(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const AttentionCall& call) {
   const auto& dev = q.device();
@@ -69,9 +70,7 @@ AttentionBackend choose_auto(const torch::Tensor& q, const torch::Tensor& k, con
     return AttentionBackend::kNpu;
   if (!dev.is_cpu()) return can_run(AttentionBackend::kSdpa, q, k, v, call) ? AttentionBackend::kSdpa
                                                                           : AttentionBackend::kMath;
-  constexpr int64_t kFlashMinKeys = 256;
-  if (k.size(2) >= kFlashMinKeys && can_run(AttentionBackend::kFlash, q, k, v, call))
-    return AttentionBackend::kFlash;
+  if (can_run(AttentionBackend::kFlash, q, k, v, call)) return AttentionBackend::kFlash;
   return AttentionBackend::kMath;
 }
 

@@ -13,32 +13,15 @@
 #include "diffuse/errors.h"
 #include "nn/attention/backends.h"
 #include "nn/attention/flash_kernel.h"
+#include "nn/kernels/cpu_features.h"
 
 namespace diffuse::nn {
 namespace {
 
-struct CpuFeatures {
-  bool avx2_fma = false, avx512 = false, avx512_bf16 = false;
-};
-
-CpuFeatures cpu_features() {
-  CpuFeatures f;
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  f.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
-  f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
-#endif
-#endif
-  return f;
-}
-
 // Kernels compiled in and runnable on this CPU, best first.
 const std::vector<const flash::Kernel*>& runnable_kernels() {
   static const std::vector<const flash::Kernel*> kernels = [] {
-    CpuFeatures f = cpu_features();
+    const auto& f = kernels::cpu_features();
     std::vector<const flash::Kernel*> out;
     if (f.avx512_bf16 && flash::avx512_bf16_kernel()) out.push_back(flash::avx512_bf16_kernel());
     if (f.avx512 && flash::avx512_kernel()) out.push_back(flash::avx512_kernel());
