@@ -14,5 +14,6 @@ Command add_txt2img_command(CLI::App& app);
 Command add_img2img_command(CLI::App& app);
 Command add_create_demo_command(CLI::App& app);
 Command add_doctor_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
 
 }  // namespace diffuse::app

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   add("create-demo-model", "Write the small random-weight demo model", diffuse::app::add_create_demo_command);
   add("verify", "Compare the engine with a golden reference set", diffuse::app::add_verify_command);
   add("doctor", "Check libtorch, BLAS, CPU features and every device", diffuse::app::add_doctor_command);
+  add("bench", "Benchmark pipeline stages, attention backends (bench attention) or the roofline", diffuse::app::add_bench_command);
 
   if (argc == 2 && std::string(argv[1]) == "--version") {
     std::cout << "diffuse " << DIFFUSE_VERSION << " (libtorch " << TORCH_VERSION << ")\n";

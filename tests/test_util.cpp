@@ -3,9 +3,20 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <random>
 
 namespace diffuse::test {
+namespace {
+// The engine uses every CPU for intra-op threads (device/cpu_threads.h). The test models are
+// tiny: a second thread only adds synchronisation, and on a busy machine each parallel region
+// waits for a descheduled thread (a 200x slow-down measured on the golden pipeline cases). The
+// CLI processes the tests start inherit this too. An explicit setting wins.
+const bool kOneThread = [] {
+  setenv("DIFFUSE_THREADS", "1", /*overwrite=*/0);
+  return true;
+}();
+}  // namespace
 
 TempDir::TempDir() {
   static std::atomic<int> counter{0};

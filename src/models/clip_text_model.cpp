@@ -71,7 +71,7 @@ torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x) {
 ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTextConfig& c) {
   self_attn = register_module("self_attn", ClipAttention(c));
   auto ln = [&] {
-    return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps));
+    return nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps));
   };
   layer_norm1 = register_module("layer_norm1", ln());
   mlp = register_module("mlp", ClipMlp(c));
@@ -103,7 +103,7 @@ ClipTextTransformerImpl::ClipTextTransformerImpl(const ClipTextConfig& c) {
   embeddings = register_module("embeddings", ClipTextEmbeddings(c));
   encoder = register_module("encoder", ClipEncoder(c));
   final_layer_norm = register_module(
-      "final_layer_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
+      "final_layer_norm", nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
 }
 
 ClipTextModelImpl::ClipTextModelImpl(const ClipTextConfig& config) : config_(config) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/json_config.h"
+#include "nn/fused_ops.h"
 
 namespace diffuse::io {
 class ModelFolder;
@@ -60,7 +61,7 @@ struct ClipEncoderLayerImpl : torch::nn::Module {
   ClipEncoderLayerImpl(const ClipTextConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
   ClipAttention self_attn{nullptr};
-  torch::nn::LayerNorm layer_norm1{nullptr}, layer_norm2{nullptr};
+  nn::LayerNorm layer_norm1{nullptr}, layer_norm2{nullptr};
   ClipMlp mlp{nullptr};
 };
 TORCH_MODULE(ClipEncoderLayer);
@@ -82,7 +83,7 @@ struct ClipTextTransformerImpl : torch::nn::Module {
   ClipTextTransformerImpl(const ClipTextConfig& c);
   ClipTextEmbeddings embeddings{nullptr};
   ClipEncoder encoder{nullptr};
-  torch::nn::LayerNorm final_layer_norm{nullptr};
+  nn::LayerNorm final_layer_norm{nullptr};
 };
 TORCH_MODULE(ClipTextTransformer);
 

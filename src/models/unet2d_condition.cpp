@@ -102,7 +102,7 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
 
   conv_norm_out = register_module(
       "conv_norm_out",
-      torch::nn::GroupNorm(torch::nn::GroupNormOptions(c.norm_num_groups, boc[0]).eps(c.norm_eps)));
+      nn::GroupNorm(torch::nn::GroupNormOptions(c.norm_num_groups, boc[0]).eps(c.norm_eps)));
   conv_out = register_module(
       "conv_out",
       torch::nn::Conv2d(torch::nn::Conv2dOptions(boc[0], c.out_channels, c.conv_out_kernel)

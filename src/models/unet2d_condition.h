@@ -19,6 +19,7 @@
 #include "models/intermediates.h"
 #include "nn/activations.h"
 #include "nn/embeddings.h"
+#include "nn/fused_ops.h"
 #include "nn/unet_blocks.h"
 
 namespace diffuse::models {
@@ -84,7 +85,7 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
   std::vector<nn::DownBlock2D> down_list;
   nn::UNetMidBlock2DCrossAttn mid_block{nullptr};
   std::vector<nn::UpBlock2D> up_list;
-  torch::nn::GroupNorm conv_norm_out{nullptr};
+  nn::GroupNorm conv_norm_out{nullptr};
 
  private:
   void check_inputs(const torch::Tensor& sample, const torch::Tensor& timestep,

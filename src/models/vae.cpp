@@ -12,8 +12,8 @@ torch::nn::Conv2d conv3x3(int64_t in, int64_t out) {
   return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
 }
 
-torch::nn::GroupNorm group_norm(int64_t groups, int64_t channels) {
-  return torch::nn::GroupNorm(torch::nn::GroupNormOptions(groups, channels).eps(kVaeEps));
+nn::GroupNorm group_norm(int64_t groups, int64_t channels) {
+  return nn::GroupNorm(torch::nn::GroupNormOptions(groups, channels).eps(kVaeEps));
 }
 
 nn::UNetMidBlock2D make_mid_block(const VaeCoderOptions& o) {

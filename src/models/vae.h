@@ -35,7 +35,7 @@ struct EncoderImpl : torch::nn::Module {
   torch::nn::ModuleList down_blocks{nullptr};
   std::vector<nn::DownEncoderBlock2D> down_list;
   nn::UNetMidBlock2D mid_block{nullptr};
-  torch::nn::GroupNorm conv_norm_out{nullptr};
+  nn::GroupNorm conv_norm_out{nullptr};
 };
 TORCH_MODULE(Encoder);
 
@@ -49,7 +49,7 @@ struct DecoderImpl : torch::nn::Module {
   nn::UNetMidBlock2D mid_block{nullptr};
   torch::nn::ModuleList up_blocks{nullptr};
   std::vector<nn::UpDecoderBlock2D> up_list;
-  torch::nn::GroupNorm conv_norm_out{nullptr};
+  nn::GroupNorm conv_norm_out{nullptr};
 };
 TORCH_MODULE(Decoder);
 

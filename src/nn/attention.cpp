@@ -1,86 +1,143 @@
 #include "nn/attention.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
-#include <map>
-#include <mutex>
+#include <cstdlib>
 
 #include "diffuse/errors.h"
+#include "nn/attention/backends.h"
 
 namespace diffuse::nn {
 namespace {
 
-std::atomic<AttentionBackend> g_default{AttentionBackend::kAuto};
+constexpr size_t kBackends = 5;  // indexed by AttentionBackend
 
-struct Registered {
-  AttentionKernel kernel = nullptr;
-  AttentionSupports supports = nullptr;
+struct Slot {
+  std::atomic<AttentionRunFn> run{nullptr};
+  std::atomic<AttentionCheckFn> unsupported{nullptr};
+  std::atomic<AttentionDeviceFn> unavailable{nullptr};
 };
 
-std::mutex g_registry_mu;
-
-std::map<AttentionBackend, Registered>& registry() {
-  static std::map<AttentionBackend, Registered> r;
-  return r;
+std::string npu_not_registered(const torch::Device&) {
+  return "no npu attention kernel is registered (this build has no Ascend support)";
 }
 
-Registered find_registered(AttentionBackend backend) {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  auto it = registry().find(backend);
-  return it == registry().end() ? Registered{} : it->second;
+std::array<Slot, kBackends>& table() {
+  static std::array<Slot, kBackends> slots;
+  static const bool init = [] {
+    slots[static_cast<size_t>(AttentionBackend::kMath)].run = math_attention;
+    slots[static_cast<size_t>(AttentionBackend::kSdpa)].run = sdpa_attention;
+    slots[static_cast<size_t>(AttentionBackend::kSdpa)].unavailable = sdpa_unavailable;
+    slots[static_cast<size_t>(AttentionBackend::kFlash)].run = flash_attention;
+    slots[static_cast<size_t>(AttentionBackend::kFlash)].unsupported = flash_unsupported;
+    slots[static_cast<size_t>(AttentionBackend::kFlash)].unavailable = flash_unavailable;
+    slots[static_cast<size_t>(AttentionBackend::kNpu)].unavailable = npu_not_registered;
+    return true;
+  }();
+  (void)init;
+  return slots;
 }
 
-// The reference: softmax(scale * q k^T) v, as diffusers' AttnProcessor computes it.
-torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             double scale, bool causal, bool upcast) {
-  auto B = q.size(0), H = q.size(1), Nq = q.size(2), D = q.size(3), Nk = k.size(2);
-  auto dtype = q.scalar_type();
-  auto q3 = q.reshape({B * H, Nq, D});
-  auto k3 = k.reshape({B * H, Nk, D});
-  auto v3 = v.reshape({B * H, Nk, v.size(3)});
-  if (upcast) {
-    q3 = q3.to(torch::kFloat32);
-    k3 = k3.to(torch::kFloat32);
-  }
-  // Not baddbmm(empty, q, k^T, beta=0, alpha=scale) as diffusers writes it: libtorch 1.13's
-  // CPU kernel for small matrices reads the uninitialised input despite beta=0 and
-  // intermittently yields NaN. bmm then an in-place scale rounds the same way.
-  auto scores = torch::bmm(q3, k3.transpose(1, 2)).mul_(scale);
-  if (causal) {
-    auto mask = torch::ones({Nq, Nk}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
-    scores = scores.masked_fill(mask.to(scores.device()), -std::numeric_limits<float>::infinity());
-  }
-  auto probs = scores.softmax(-1).to(v3.scalar_type());
-  auto out = torch::bmm(probs, v3);
-  return out.reshape({B, H, Nq, v.size(3)}).to(dtype);
+Slot& slot(AttentionBackend b) { return table()[static_cast<size_t>(b)]; }
+
+std::atomic<AttentionBackend> g_default{AttentionBackend::kAuto};
+
+std::string unsupported_reason(AttentionBackend b, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const AttentionCall& call) {
+  std::string why = attention_backend_unavailable(b, q.device());
+  if (!why.empty()) return why;
+  AttentionCheckFn check = slot(b).unsupported.load();
+  return check ? check(q, k, v, call) : "";
+}
+
+bool can_run(AttentionBackend b, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+             const AttentionCall& call) {
+  return unsupported_reason(b, q, k, v, call).empty();
+}
+
+// The auto policy. Accelerators: their fused kernel when there is one. CPU: flash for every
+// input it takes: `diffuse bench attention` measured it faster than math on every shape, from
+// 77-token causal text attention and 77-key cross-attention to 9216-token self-attention, in
+// float32 and bf16 (1.4-3x), with O(N) instead of O(N^2) memory.
+AttentionBackend choose_auto(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const AttentionCall& call) {
+  const auto& dev = q.device();
+  if (dev.type() == c10::DeviceType::PrivateUse1 && can_run(AttentionBackend::kNpu, q, k, v, call))
+    return AttentionBackend::kNpu;
+  if (!dev.is_cpu()) return can_run(AttentionBackend::kSdpa, q, k, v, call) ? AttentionBackend::kSdpa
+                                                                          : AttentionBackend::kMath;
+  if (can_run(AttentionBackend::kFlash, q, k, v, call)) return AttentionBackend::kFlash;
+  return AttentionBackend::kMath;
+}
+
+AttentionCall make_call(const torch::Tensor& q, const AttentionOptions& options) {
+  AttentionCall call;
+  call.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  call.causal = options.causal;
+  call.upcast = options.upcast;
+  return call;
+}
+
+AttentionBackend select(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionOptions& options, const AttentionCall& call) {
+  AttentionBackend b = options.backend == AttentionBackend::kAuto ? g_default.load() : options.backend;
+  return b == AttentionBackend::kAuto ? choose_auto(q, k, v, call) : b;
 }
 
 }  // namespace
 
+void check_attention_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  if (!q.defined() || !k.defined() || !v.defined())
+    throw InvalidArgument("attention: q, k and v must all be defined");
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
+    throw InvalidArgument("attention: q, k, v must be 4-D [batch, heads, tokens, head_dim], got " +
+                          c10::str(q.sizes()) + ", " + c10::str(k.sizes()) + ", " + c10::str(v.sizes()));
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || k.size(1) != q.size(1) || v.size(1) != q.size(1))
+    throw InvalidArgument("attention: batch and heads of q " + c10::str(q.sizes()) + ", k " +
+                          c10::str(k.sizes()) + " and v " + c10::str(v.sizes()) + " differ");
+  if (k.size(3) != q.size(3))
+    throw InvalidArgument("attention: q and k head dims differ (" + std::to_string(q.size(3)) + " vs " +
+                          std::to_string(k.size(3)) + ")");
+  if (v.size(2) != k.size(2))
+    throw InvalidArgument("attention: k has " + std::to_string(k.size(2)) + " tokens but v has " +
+                          std::to_string(v.size(2)));
+  if (k.device() != q.device() || v.device() != q.device())
+    throw InvalidArgument("attention: q, k and v are on different devices");
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type())
+    throw InvalidArgument("attention: q, k and v have different dtypes");
+}
+
+void register_attention_backend(AttentionBackend backend, const AttentionBackendHooks& hooks) {
+  if (backend == AttentionBackend::kAuto) throw InvalidArgument("cannot register a kernel for 'auto'");
+  if (!hooks.run) throw InvalidArgument("register_attention_backend: run is null");
+  Slot& s = slot(backend);
+  s.unsupported = hooks.unsupported;
+  s.unavailable = hooks.unavailable;
+  s.run = hooks.run;
+}
+
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionOptions& options) {
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    throw InvalidArgument("attention: q, k, v must be 4-D [batch, heads, tokens, head_dim]");
-  double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
-  AttentionBackend backend = options.backend == AttentionBackend::kAuto ? g_default.load() : options.backend;
-  // On the npu device, auto means the fused kernel where it takes these inputs.
-  if (backend == AttentionBackend::kAuto && q.device().type() == c10::DeviceType::PrivateUse1)
-    backend = AttentionBackend::kNpu;
-  if (backend == AttentionBackend::kNpu) {
-    Registered r = find_registered(backend);
-    AttentionOptions resolved = options;
-    resolved.scale = scale;
-    if (r.kernel && (!r.supports || r.supports(q, resolved))) return r.kernel(q, k, v, resolved);
-    backend = AttentionBackend::kMath;
-  }
-  switch (backend) {
-    case AttentionBackend::kAuto:
-    case AttentionBackend::kMath:
-    default:
-      return math_attention(q, k, v, scale, options.causal, options.upcast);
-  }
+  check_attention_inputs(q, k, v);
+  // Visible to profilers and to bench::FlopCounter, whatever kernel runs below.
+  RECORD_FUNCTION("diffuse::attention", std::vector<c10::IValue>({q, k, v}));
+  const AttentionCall call = make_call(q, options);
+  const AttentionBackend b = select(q, k, v, options, call);
+  std::string why = unsupported_reason(b, q, k, v, call);
+  if (!why.empty())
+    throw InvalidArgument(std::string("attention backend '") + attention_backend_name(b) +
+                          "' cannot run this call: " + why);
+  return slot(b).run.load()(q, k, v, call);
+}
+
+AttentionBackend select_attention_backend(const torch::Tensor& q, const torch::Tensor& k,
+                                          const torch::Tensor& v, const AttentionOptions& options) {
+  check_attention_inputs(q, k, v);
+  return select(q, k, v, options, make_call(q, options));
 }
 
 AttentionBackend parse_attention_backend(const std::string& name) {
@@ -103,13 +160,36 @@ const char* attention_backend_name(AttentionBackend backend) {
   return "?";
 }
 
-void set_default_attention_backend(AttentionBackend backend) { g_default = backend; }
-
-void register_attention_backend(AttentionBackend backend, AttentionKernel kernel, AttentionSupports supports) {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  registry()[backend] = Registered{kernel, supports};
+std::string attention_backend_unavailable(AttentionBackend backend, const torch::Device& device) {
+  if (backend == AttentionBackend::kAuto) return "";
+  Slot& s = slot(backend);
+  AttentionDeviceFn check = s.unavailable.load();
+  std::string why = check ? check(device) : "";
+  if (why.empty() && !s.run.load()) why = "no kernel is registered";
+  return why;
 }
 
+std::vector<AttentionBackend> available_attention_backends(const torch::Device& device) {
+  std::vector<AttentionBackend> out;
+  for (auto b : {AttentionBackend::kMath, AttentionBackend::kSdpa, AttentionBackend::kFlash, AttentionBackend::kNpu})
+    if (attention_backend_unavailable(b, device).empty()) out.push_back(b);
+  return out;
+}
+
+void set_default_attention_backend(AttentionBackend backend) { g_default = backend; }
 AttentionBackend default_attention_backend() { return g_default.load(); }
+
+AttentionBackend attention_backend_from_flag_or_env(const std::string& flag, const torch::Device& device) {
+  std::string name = flag;
+  if (name.empty() || name == "auto") {
+    const char* env = std::getenv("DIFFUSE_ATTENTION");
+    name = env && *env ? env : "auto";
+  }
+  AttentionBackend b = parse_attention_backend(name);
+  std::string why = attention_backend_unavailable(b, device);
+  if (!why.empty())
+    throw InvalidArgument("attention backend '" + name + "' is not available on " + device.str() + ": " + why);
+  return b;
+}
 
 }  // namespace diffuse::nn

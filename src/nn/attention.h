@@ -1,10 +1,16 @@
 // The single attention entry point of the engine. Models call nn::attention() and never a
-// kernel directly, so backends (math, sdpa, flash, npu) can be swapped by policy.
+// kernel directly, so backends are swapped by policy:
+//   math   softmax(q k^T) v with the scores materialised (the reference)
+//   sdpa   LibTorch's fused scaled_dot_product_attention (libtorch >= 2.0 only)
+//   flash  our tiled online-softmax CPU kernel: O(N) memory, AVX-512/AVX2 with run-time dispatch
+//   npu    Ascend's fused kernel, registered by the Ascend device code (attention/backends.h)
+// `auto` picks per device and shape (see select_attention_backend).
 #pragma once
 #include <torch/types.h>
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace diffuse::nn {
 
@@ -16,27 +22,36 @@ struct AttentionOptions {
   bool causal = false;
   // Compute q·k and softmax in float32 even for bf16/fp16 inputs (diffusers' upcast_attention).
   bool upcast = false;
+  // kAuto: the process-wide default (set_default_attention_backend), itself auto by default.
   AttentionBackend backend = AttentionBackend::kAuto;
 };
 
-// q: [B, H, Nq, D], k and v: [B, H, Nk, D]  ->  [B, H, Nq, D], same dtype as q.
+// q: [B, H, Nq, D], k and v: [B, H, Nk, D]  ->  [B, H, Nq, D], same dtype as q (possibly a
+// non-contiguous view). InvalidArgument on malformed inputs, or when an explicitly chosen
+// backend cannot run them (the message says why).
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionOptions& options = {});
+
+// The backend attention() would run for these inputs (never kAuto).
+AttentionBackend select_attention_backend(const torch::Tensor& q, const torch::Tensor& k,
+                                          const torch::Tensor& v, const AttentionOptions& options = {});
 
 // "auto", "math", ... ; InvalidArgument naming the accepted values otherwise.
 AttentionBackend parse_attention_backend(const std::string& name);
 const char* attention_backend_name(AttentionBackend backend);
+
+// "" when `backend` can run on `device` in this build (kAuto always can), else why not.
+std::string attention_backend_unavailable(AttentionBackend backend, const torch::Device& device);
+// Backends usable on `device` (kAuto excluded).
+std::vector<AttentionBackend> available_attention_backends(const torch::Device& device);
 
 // Process-wide default used when options.backend is kAuto (set from --attention /
 // DIFFUSE_ATTENTION by the front ends).
 void set_default_attention_backend(AttentionBackend backend);
 AttentionBackend default_attention_backend();
 
-// Backends registered at run time (the npu fused kernels, see attention_npu.h). `supports`
-// says whether the kernel takes these inputs; when it does not, attention() uses math.
-using AttentionKernel = torch::Tensor (*)(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                          const AttentionOptions& options);
-using AttentionSupports = bool (*)(const torch::Tensor& q, const AttentionOptions& options);
-void register_attention_backend(AttentionBackend backend, AttentionKernel kernel, AttentionSupports supports);
+// `flag` if given and not "auto", else $DIFFUSE_ATTENTION, else "auto"; parsed, and checked
+// against `device` (InvalidArgument naming the backend and the reason if unavailable).
+AttentionBackend attention_backend_from_flag_or_env(const std::string& flag, const torch::Device& device);
 
 }  // namespace diffuse::nn

@@ -12,12 +12,7 @@
 
 #include "device/npu_backend.h"
 
-// The attention backend table: nn/attention/backends.h where the attention module has one
-// (AttentionBackendHooks), else the minimal register_attention_backend() of nn/attention.h.
-#if __has_include("nn/attention/backends.h")
 #include "nn/attention/backends.h"
-#define DIFFUSE_NPU_ATTENTION_HOOKS 1
-#endif
 
 namespace diffuse::nn {
 namespace {
@@ -192,7 +187,6 @@ void reset_npu_attention_failures() {
   g_pfa_failed = false;
 }
 
-#ifdef DIFFUSE_NPU_ATTENTION_HOOKS
 
 void register_npu_attention_backend() {
   static std::once_flag once;
@@ -209,24 +203,5 @@ void register_npu_attention_backend() {
   });
 }
 
-#else
-
-void register_npu_attention_backend() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    register_attention_backend(
-        AttentionBackend::kNpu,
-        [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-           const AttentionOptions& o) {
-          return npu_fused_attention(
-              q, k, v, o.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3)))), o.causal);
-        },
-        [](const torch::Tensor& q, const AttentionOptions&) {
-          return npu_attention_unsupported(q).empty();
-        });
-  });
-}
-
-#endif
 
 }  // namespace diffuse::nn

@@ -5,8 +5,14 @@
 namespace diffuse::nn {
 namespace {
 
-torch::nn::GroupNorm group_norm(int64_t groups, int64_t channels, double eps) {
-  return torch::nn::GroupNorm(torch::nn::GroupNormOptions(groups, channels).eps(eps).affine(true));
+GroupNorm group_norm(int64_t groups, int64_t channels, double eps) {
+  return GroupNorm(torch::nn::GroupNormOptions(groups, channels).eps(eps).affine(true));
+}
+
+// act(norm(x)), in one pass for SiLU.
+torch::Tensor norm_act(GroupNorm& norm, const torch::Tensor& x, Activation act) {
+  if (act == Activation::kSilu) return norm->forward_silu(x);
+  return apply_activation(norm(x), act);
 }
 
 torch::nn::Conv2d conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding) {
@@ -33,19 +39,19 @@ ResnetBlock2DImpl::ResnetBlock2DImpl(const ResnetBlock2DOptions& o) : options(o)
 }
 
 torch::Tensor ResnetBlock2DImpl::forward(const torch::Tensor& input, const torch::Tensor& temb) {
-  auto h = conv1(apply_activation(norm1(input), options.act));
+  auto h = conv1(norm_act(norm1, input, options.act));
   if (time_emb_proj && temb.defined()) {
     auto t = time_emb_proj(apply_activation(temb, options.act)).unsqueeze(-1).unsqueeze(-1);
     if (options.time_embedding_norm == TimeEmbeddingNorm::kScaleShift) {
       auto parts = t.chunk(2, 1);
-      h = norm2(h) * (1 + parts[0]) + parts[1];
+      h = apply_activation(norm2(h) * (1 + parts[0]) + parts[1], options.act);
     } else {
-      h = norm2(h + t);
+      h = norm_act(norm2, h + t, options.act);
     }
   } else {
-    h = norm2(h);
+    h = norm_act(norm2, h, options.act);
   }
-  h = conv2(apply_activation(h, options.act));
+  h = conv2(h);
   auto shortcut = conv_shortcut ? conv_shortcut(input) : input;
   auto out = shortcut + h;
   // diffusers always divides; dividing by exactly 1 changes nothing, so skip the pass.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nn/activations.h"
+#include "nn/fused_ops.h"
 
 namespace diffuse::nn {
 
@@ -37,7 +38,7 @@ struct ResnetBlock2DImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& input, const torch::Tensor& temb = {});
 
   ResnetBlock2DOptions options;
-  torch::nn::GroupNorm norm1{nullptr}, norm2{nullptr};
+  GroupNorm norm1{nullptr}, norm2{nullptr};
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv_shortcut{nullptr};
   torch::nn::Linear time_emb_proj{nullptr};
 };

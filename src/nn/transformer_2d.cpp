@@ -44,8 +44,7 @@ GEGLUImpl::GEGLUImpl(int64_t dim_in, int64_t dim_out) {
 }
 
 torch::Tensor GEGLUImpl::forward(const torch::Tensor& x) {
-  auto parts = proj(x).chunk(2, -1);
-  return parts[0] * torch::gelu(parts[1]);
+  return geglu(proj(x));
 }
 
 FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t mult) {
@@ -61,8 +60,7 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
 BasicTransformerBlockImpl::BasicTransformerBlockImpl(const BasicTransformerBlockOptions& o)
     : options(o) {
   auto ln = [&](int64_t d) {
-    return torch::nn::LayerNorm(
-        torch::nn::LayerNormOptions({d}).eps(o.norm_eps).elementwise_affine(true));
+    return LayerNorm(torch::nn::LayerNormOptions({d}).eps(o.norm_eps).elementwise_affine(true));
   };
   norm1 = register_module("norm1", ln(o.dim));
   attn1 =
@@ -85,8 +83,7 @@ torch::Tensor BasicTransformerBlockImpl::forward(const torch::Tensor& x,
 Transformer2DModelImpl::Transformer2DModelImpl(const Transformer2DOptions& o)
     : options(o), inner_dim(o.heads * o.head_dim) {
   norm = register_module(
-      "norm", torch::nn::GroupNorm(
-                  torch::nn::GroupNormOptions(o.norm_num_groups, o.in_channels).eps(1e-6)));
+      "norm", GroupNorm(torch::nn::GroupNormOptions(o.norm_num_groups, o.in_channels).eps(1e-6)));
   if (o.use_linear_projection) {
     proj_in_linear = register_module("proj_in", torch::nn::Linear(o.in_channels, inner_dim));
   } else {

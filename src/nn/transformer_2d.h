@@ -12,6 +12,8 @@
 
 #include <vector>
 
+#include "nn/fused_ops.h"
+
 namespace diffuse::nn {
 
 // Multi-head attention with to_q/to_k/to_v (no bias by default) and to_out.0 (with bias).
@@ -64,7 +66,7 @@ struct BasicTransformerBlockImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context);
 
   BasicTransformerBlockOptions options;
-  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
+  LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
   Attention attn1{nullptr}, attn2{nullptr};
   FeedForward ff{nullptr};
 };
@@ -89,7 +91,7 @@ struct Transformer2DModelImpl : torch::nn::Module {
 
   Transformer2DOptions options;
   int64_t inner_dim;
-  torch::nn::GroupNorm norm{nullptr};
+  GroupNorm norm{nullptr};
   // Exactly one of each pair is set, registered as "proj_in" / "proj_out".
   torch::nn::Linear proj_in_linear{nullptr}, proj_out_linear{nullptr};
   torch::nn::Conv2d proj_in_conv{nullptr}, proj_out_conv{nullptr};

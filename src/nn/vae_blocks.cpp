@@ -27,8 +27,7 @@ SpatialSelfAttentionImpl::SpatialSelfAttentionImpl(int64_t channels, int64_t hea
                                                    double rescale_output_factor)
     : channels(channels), heads(heads), rescale_output_factor(rescale_output_factor) {
   group_norm = register_module(
-      "group_norm", torch::nn::GroupNorm(
-                        torch::nn::GroupNormOptions(norm_groups, channels).eps(eps).affine(true)));
+      "group_norm", GroupNorm(torch::nn::GroupNormOptions(norm_groups, channels).eps(eps).affine(true)));
   to_q = register_module("to_q", torch::nn::Linear(channels, channels));
   to_k = register_module("to_k", torch::nn::Linear(channels, channels));
   to_v = register_module("to_v", torch::nn::Linear(channels, channels));

@@ -23,7 +23,7 @@ struct SpatialSelfAttentionImpl : torch::nn::Module {
 
   int64_t channels, heads;
   double rescale_output_factor;
-  torch::nn::GroupNorm group_norm{nullptr};
+  GroupNorm group_norm{nullptr};
   torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, out_proj{nullptr};
   torch::nn::ModuleList to_out{nullptr};
 };

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <random>
 
+#include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
 #include "models/autoencoder_kl.h"
@@ -87,6 +88,7 @@ void validate_generation_config(const GenerationConfig& c, bool image2image) {
 StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& options)
     : c_(std::make_unique<Components>()) {
   double t0 = now_s();
+  device::configure_cpu_threads();
   c_->device = device::resolve_device(options.device);
   // Per-component placement: empty = the UNet's device (not "auto" again, which could differ
   // from an explicit --device).
@@ -98,12 +100,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   c_->text_dtype = device::resolve_dtype(options.dtype, c_->text_device, "text_encoder");
   c_->vae_dtype = device::resolve_dtype(options.vae_dtype, c_->vae_device, "vae");
   nn::register_npu_attention_backend();
-  std::string attention = options.attention;
-  if (attention.empty() || attention == "auto") {
-    const char* env = std::getenv("DIFFUSE_ATTENTION");
-    if (env && *env) attention = env;
-  }
-  if (!attention.empty()) nn::set_default_attention_backend(nn::parse_attention_backend(attention));
+  nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(options.attention, c_->device));
 
   ModelSourceOptions so;
   so.config_dir = options.config_dir;

@@ -1,0 +1,235 @@
+// `diffuse bench` (pipeline stages at real model sizes), `diffuse bench attention` (attention
+// backends) and `diffuse bench roofline` (this machine's matmul/conv throughput).
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "bench/arch_configs.h"
+#include "bench/attention_bench.h"
+#include "bench/pipeline_bench.h"
+#include "bench/roofline.h"
+#include "commands.h"
+#include "device/device.h"
+#include "nn/attention.h"
+
+namespace diffuse::app {
+namespace {
+
+using nlohmann::json;
+
+std::string f(const char* format, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, x);
+  return buf;
+}
+
+json roofline_json(const bench::Roofline& r) {
+  json entries = json::array();
+  for (const auto& e : r.entries)
+    entries.push_back({{"kind", e.kind}, {"shape", e.shape}, {"gflop", e.gflop}, {"seconds", e.seconds},
+                       {"gflops", e.gflops()}});
+  return {{"device", r.device}, {"dtype", r.dtype}, {"channels_last", r.channels_last},
+          {"matmul_gflops", r.matmul_gflops}, {"conv_gflops", r.conv_gflops}, {"entries", entries}};
+}
+
+void print_roofline(const bench::Roofline& r) {
+  std::cout << "roofline " << r.device << " " << r.dtype << (r.channels_last ? " (channels-last conv)" : "") << "\n";
+  for (const auto& e : r.entries)
+    std::printf("  %-6s %-36s %8.2f GFLOP  %8.4f s  %8.1f GFLOP/s\n", e.kind.c_str(), e.shape.c_str(), e.gflop,
+                e.seconds, e.gflops());
+  std::printf("  best: matmul %.1f GFLOP/s, conv %.1f GFLOP/s\n", r.matmul_gflops, r.conv_gflops);
+}
+
+json unet_run_json(const bench::UNetRun& u) {
+  return {{"dtype", u.dtype}, {"attention", u.attention}, {"step_s", u.step_s}, {"step_mean_s", u.step_mean_s},
+          {"step_min_s", u.step_min_s}};
+}
+
+int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
+  auto o = opts_in;
+  if (!as_json) o.log = [](const std::string& line) { std::cerr << line << "\n"; };
+  auto r = bench::run_pipeline_bench(o);
+  const double step = r.unet.step_mean_s;
+  if (as_json) {
+    json j = {{"arch", r.arch},
+              {"model", r.model},
+              {"device", r.device},
+              {"dtype", r.dtype},
+              {"text_encoder_dtype", r.text_encoder_dtype},
+              {"vae_dtype", r.vae_dtype},
+              {"attention", r.attention},
+              {"attention_self", r.attention_self},
+              {"attention_cross", r.attention_cross},
+              {"width", r.width},
+              {"height", r.height},
+              {"batch", r.batch},
+              {"threads", r.threads},
+              {"build_s", r.build_s},
+              {"text_encoder_s", r.text_encoder_s},
+              {"unet_step_s", step},
+              {"unet_steps_s", r.unet.step_s},
+              {"steps_per_s", step > 0 ? 1.0 / step : 0.0},
+              {"vae_decode_s", r.vae_decode_s},
+              {"peak_rss_mb", r.peak_rss_mb},
+              {"params_m", {{"unet", r.unet_params_m}, {"text_encoder", r.text_encoder_params_m}, {"vae", r.vae_params_m}}},
+              {"unet_gflop", r.unet_flops.total() / 1e9},
+              {"unet_gflop_by_kind",
+               {{"conv", r.unet_flops.conv / 1e9}, {"matmul", r.unet_flops.matmul / 1e9},
+                {"attention", r.unet_flops.attention / 1e9}}},
+              {"unet_gflops", step > 0 ? r.unet_flops.total() / 1e9 / step : 0.0}};
+    if (r.roofline) {
+      j["roofline"] = roofline_json(*r.roofline);
+      j["roofline_limit_s"] = r.roofline_limit_s;
+      j["roofline_fraction"] = r.roofline_fraction;
+    }
+    if (r.baseline) {
+      j["baseline"] = unet_run_json(*r.baseline);
+      j["speedup_vs_baseline"] = step > 0 ? r.baseline->step_mean_s / step : 0.0;
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << (r.arch.empty() ? r.model : r.arch) << " at " << r.width << "x" << r.height << " on " << r.device
+            << " (" << r.threads << " threads): unet " << r.dtype << ", text encoder " << r.text_encoder_dtype
+            << ", vae " << r.vae_dtype << ", attention " << r.attention << " (self: " << r.attention_self
+            << ", cross: " << r.attention_cross << ")\n";
+  if (o.text_encoder) std::cout << "  text encoder (batch " << r.batch << ")   " << f("%8.3f s", r.text_encoder_s) << "\n";
+  std::cout << "  unet step (batch " << r.batch << ")      " << f("%8.3f s", step) << "  ("
+            << f("%.3f steps/s", step > 0 ? 1 / step : 0) << ", " << f("%.1f GFLOP", r.unet_flops.total() / 1e9)
+            << " = conv " << f("%.1f", r.unet_flops.conv / 1e9) << " + matmul " << f("%.1f", r.unet_flops.matmul / 1e9)
+            << " + attention " << f("%.1f", r.unet_flops.attention / 1e9) << ", "
+            << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0) << ")\n";
+  if (o.vae) std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "\n";
+  std::cout << "  peak RSS                " << f("%8.0f MB", r.peak_rss_mb) << "\n";
+  if (r.roofline) {
+    std::cout << "  roofline: matmul " << f("%.1f", r.roofline->matmul_gflops) << " GFLOP/s, conv "
+              << f("%.1f", r.roofline->conv_gflops) << " GFLOP/s -> step limit " << f("%.3f s", r.roofline_limit_s)
+              << "; the step runs at " << f("%.0f%%", 100 * r.roofline_fraction) << " of it ("
+              << f("%.2fx", r.roofline_fraction > 0 ? 1 / r.roofline_fraction : 0) << " the limit)\n";
+  }
+  if (r.baseline)
+    std::cout << "  baseline unet step (fp32, math attention) " << f("%.3f s", r.baseline->step_mean_s) << " -> "
+              << f("%.2fx", step > 0 ? r.baseline->step_mean_s / step : 0) << " faster\n";
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<bench::PipelineBenchOptions>();
+  auto as_json = std::make_shared<bool>(false);
+  std::string archs;
+  for (const auto& n : bench::builtin_arch_names()) archs += (archs.empty() ? "" : "|") + n;
+  app.add_option("--arch", o->arch, "Built-in architecture with random weights: " + archs)->capture_default_str();
+  app.add_option("-m,--model", o->model, "Benchmark a real model (diffusers folder or single file) instead");
+  app.add_option("--device", o->device, "auto|cpu|cuda[:N]|npu[:N]")->capture_default_str();
+  app.add_option("--dtype", o->dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")->capture_default_str();
+  app.add_option("--vae-dtype", o->vae_dtype, "auto|fp32|bf16|fp16 for the VAE")->capture_default_str();
+  app.add_option("--attention", o->attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")->capture_default_str();
+  app.add_option("-W,--width", o->width, "Width in pixels (default: the model's)");
+  app.add_option("-H,--height", o->height, "Height in pixels (default: the model's)");
+  app.add_option("--steps", o->steps, "Timed UNet steps after one warm-up step")->capture_default_str();
+  app.add_option("--batch", o->batch, "UNet batch (2 = one image with guidance)")->capture_default_str();
+  app.add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
+  app.add_flag("--baseline", o->baseline, "Also time a float32 UNet step with math attention and report the speed-up");
+  app.add_flag("--no-text-encoder", [o](int64_t) { o->text_encoder = false; }, "Skip the text encoder");
+  app.add_flag("--no-vae", [o](int64_t) { o->vae = false; }, "Skip the VAE decode");
+  app.add_flag("--no-roofline", [o](int64_t) { o->roofline = false; }, "Skip the roofline measurement");
+  app.add_flag("--json", *as_json, "Print one JSON object on stdout");
+
+  struct AttentionFlags {
+    std::string set = "all", device = "cpu", dtype = "all";
+    std::vector<std::string> backends;
+    int repeat = 3;
+    double max_memory_gb = 8;
+    bool json = false;
+  };
+  auto af = std::make_shared<AttentionFlags>();
+  CLI::App* att = app.add_subcommand("attention", "Time and peak memory of each attention backend");
+  att->add_option("--cases", af->set, "table|sd|all")->capture_default_str();
+  att->add_option("--device", af->device, "Device")->capture_default_str();
+  att->add_option("--dtype", af->dtype, "fp32|bf16|all")->capture_default_str();
+  att->add_option("--backend", af->backends, "Only this backend (repeatable; default: all available)");
+  att->add_option("--repeat", af->repeat, "Timed calls per case after a warm-up (best is reported)")
+      ->capture_default_str();
+  att->add_option("--max-memory-gb", af->max_memory_gb, "Skip math cases whose score matrices exceed this")
+      ->capture_default_str();
+  att->add_flag("--json", af->json, "Print one JSON object on stdout");
+
+  struct RooflineFlags {
+    std::string device = "auto", dtype = "all";
+    bool json = false;
+  };
+  auto rf = std::make_shared<RooflineFlags>();
+  CLI::App* roof = app.add_subcommand("roofline", "Matmul and convolution throughput of this machine per dtype");
+  roof->add_option("--device", rf->device, "Device")->capture_default_str();
+  roof->add_option("--dtype", rf->dtype, "fp32|bf16|all")->capture_default_str();
+  roof->add_flag("--json", rf->json, "Print one JSON object on stdout");
+  app.require_subcommand(0, 1);
+
+  auto dtypes_for = [](const std::string& spec, const torch::Device& device) {
+    std::vector<torch::Dtype> out;
+    if (spec == "all") {
+      out.push_back(torch::kFloat32);
+      if (device::probe_dtype(device, torch::kBFloat16)) out.push_back(torch::kBFloat16);
+    } else {
+      out.push_back(device::resolve_dtype(spec, device, "unet"));
+    }
+    return out;
+  };
+
+  return [o, as_json, att, af, roof, rf, dtypes_for]() {
+    if (att->parsed()) {
+      bench::AttentionBenchOptions ao;
+      ao.device = af->device;
+      const auto device = device::resolve_device(af->device);
+      ao.dtypes = dtypes_for(af->dtype, device);
+      for (const auto& b : af->backends) ao.backends.push_back(nn::parse_attention_backend(b));
+      ao.repeat = af->repeat;
+      ao.max_memory_gb = af->max_memory_gb;
+      if (!af->json) ao.log = [](const std::string& line) { std::cerr << line << "\n"; };
+      auto rows = bench::run_attention_bench(bench::attention_cases(af->set), ao);
+      if (af->json) {
+        json out = json::array();
+        for (const auto& r : rows)
+          out.push_back({{"case", r.c.name}, {"batch", r.c.batch}, {"heads", r.c.heads}, {"nq", r.c.nq},
+                         {"nk", r.c.nk}, {"head_dim", r.c.head_dim}, {"causal", r.c.causal}, {"dtype", r.dtype},
+                         {"backend", r.backend}, {"kernel", r.kernel}, {"skipped", r.skipped}, {"note", r.note},
+                         {"seconds", r.seconds}, {"gflops", r.gflops}, {"peak_extra_mb", r.peak_extra_mb}});
+        std::cout << json{{"device", device::device_name(device)}, {"threads", at::get_num_threads()}, {"rows", out}}
+                         .dump(2)
+                  << "\n";
+        return 0;
+      }
+      std::printf("%-34s %-5s %-6s %-12s %10s %10s %12s\n", "case", "dtype", "backend", "kernel", "time [ms]",
+                  "GFLOP/s", "peak +MB");
+      for (const auto& r : rows) {
+        if (r.skipped)
+          std::printf("%-34s %-5s %-6s %-12s %10s   (%s)\n", r.c.name.c_str(), r.dtype.c_str(), r.backend.c_str(),
+                      r.kernel.c_str(), "skipped", r.note.c_str());
+        else
+          std::printf("%-34s %-5s %-6s %-12s %10.2f %10.1f %12.1f\n", r.c.name.c_str(), r.dtype.c_str(),
+                      r.backend.c_str(), r.kernel.c_str(), r.seconds * 1e3, r.gflops, r.peak_extra_mb);
+      }
+      return 0;
+    }
+    if (roof->parsed()) {
+      const auto device = device::resolve_device(rf->device);
+      json all = json::array();
+      for (auto dt : dtypes_for(rf->dtype, device)) {
+        for (bool cl : {false, true}) {
+          auto r = bench::measure_roofline(device, dt, cl);
+          if (rf->json) all.push_back(roofline_json(r));
+          else print_roofline(r);
+        }
+      }
+      if (rf->json) std::cout << json{{"threads", at::get_num_threads()}, {"rooflines", all}}.dump(2) << "\n";
+      return 0;
+    }
+    return run_pipeline(*o, *as_json);
+  };
+}
+
+}  // namespace diffuse::app

@@ -1,0 +1,207 @@
+#include "bench/arch_configs.h"
+
+#include <map>
+
+#include "diffuse/errors.h"
+
+namespace diffuse::bench {
+namespace {
+
+using nlohmann::json;
+
+// unet/config.json of stabilityai/stable-diffusion-2-1-base. (diffusers' historical naming:
+// attention_head_dim holds the number of heads, 5/10/20/20 heads of dim 64.)
+json sd21_base_unet() {
+  return json::parse(R"({
+    "_class_name": "UNet2DConditionModel",
+    "act_fn": "silu",
+    "attention_head_dim": [5, 10, 20, 20],
+    "block_out_channels": [320, 640, 1280, 1280],
+    "center_input_sample": false,
+    "cross_attention_dim": 1024,
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D",
+                         "DownBlock2D"],
+    "downsample_padding": 1,
+    "dual_cross_attention": false,
+    "flip_sin_to_cos": true,
+    "freq_shift": 0,
+    "in_channels": 4,
+    "layers_per_block": 2,
+    "mid_block_scale_factor": 1,
+    "norm_eps": 1e-05,
+    "norm_num_groups": 32,
+    "num_class_embeds": null,
+    "only_cross_attention": false,
+    "out_channels": 4,
+    "sample_size": 64,
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D",
+                       "CrossAttnUpBlock2D"],
+    "upcast_attention": false,
+    "use_linear_projection": true
+  })");
+}
+
+// vae/config.json shared by SD 1.x and 2.x (sample_size differs per model).
+json sd_vae(int sample_size) {
+  json j = json::parse(R"({
+    "_class_name": "AutoencoderKL",
+    "act_fn": "silu",
+    "block_out_channels": [128, 256, 512, 512],
+    "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D",
+                         "DownEncoderBlock2D"],
+    "in_channels": 3,
+    "latent_channels": 4,
+    "layers_per_block": 2,
+    "norm_num_groups": 32,
+    "out_channels": 3,
+    "scaling_factor": 0.18215,
+    "up_block_types": ["UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D",
+                       "UpDecoderBlock2D"]
+  })");
+  j["sample_size"] = sample_size;
+  return j;
+}
+
+// text_encoder/config.json of SD 2.x: OpenCLIP ViT-H/14's text tower without its last layer.
+json sd2_text_encoder() {
+  return json::parse(R"({
+    "architectures": ["CLIPTextModel"],
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "hidden_act": "gelu",
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 77,
+    "model_type": "clip_text_model",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 23,
+    "pad_token_id": 1,
+    "projection_dim": 512,
+    "vocab_size": 49408
+  })");
+}
+
+// text_encoder/config.json of SD 1.x: OpenAI CLIP ViT-L/14's text tower.
+json sd1_text_encoder() {
+  return json::parse(R"({
+    "architectures": ["CLIPTextModel"],
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "hidden_act": "quick_gelu",
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 77,
+    "model_type": "clip_text_model",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "pad_token_id": 1,
+    "projection_dim": 768,
+    "vocab_size": 49408
+  })");
+}
+
+json scheduler(const char* cls, const char* prediction_type) {
+  json j = json::parse(R"({
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "clip_sample": false,
+    "num_train_timesteps": 1000,
+    "set_alpha_to_one": false,
+    "skip_prk_steps": true,
+    "steps_offset": 1,
+    "trained_betas": null
+  })");
+  j["_class_name"] = cls;
+  j["prediction_type"] = prediction_type;
+  return j;
+}
+
+std::map<std::string, ArchConfigs> make_archs() {
+  std::map<std::string, ArchConfigs> m;
+  {
+    ArchConfigs a;
+    a.name = "sd2.1-base";
+    a.description = "Stable Diffusion 2.1-base (512x512, epsilon)";
+    a.unet = sd21_base_unet();
+    a.vae = sd_vae(512);
+    a.text_encoder = sd2_text_encoder();
+    a.scheduler = scheduler("PNDMScheduler", "epsilon");
+    m[a.name] = a;
+  }
+  {
+    ArchConfigs a;
+    a.name = "sd2.1";
+    a.description = "Stable Diffusion 2.1 (768x768, v-prediction)";
+    a.unet = sd21_base_unet();
+    a.unet["sample_size"] = 96;
+    a.unet["upcast_attention"] = true;
+    a.vae = sd_vae(768);
+    a.text_encoder = sd2_text_encoder();
+    a.scheduler = scheduler("DDIMScheduler", "v_prediction");
+    m[a.name] = a;
+  }
+  {
+    ArchConfigs a;
+    a.name = "sd1.5";
+    a.description = "Stable Diffusion 1.5 (512x512, epsilon)";
+    a.unet = sd21_base_unet();
+    a.unet["attention_head_dim"] = 8;
+    a.unet["cross_attention_dim"] = 768;
+    a.unet.erase("use_linear_projection");
+    a.unet.erase("upcast_attention");
+    a.vae = sd_vae(512);
+    a.text_encoder = sd1_text_encoder();
+    a.scheduler = scheduler("PNDMScheduler", "epsilon");
+    m[a.name] = a;
+  }
+  {
+    // SD2's structure at toy width: for smoke tests of the bench itself.
+    ArchConfigs a;
+    a.name = "tiny";
+    a.description = "SD2-structured toy model (tests)";
+    a.unet = sd21_base_unet();
+    a.unet["block_out_channels"] = {32, 64, 64, 64};
+    a.unet["attention_head_dim"] = {1, 2, 2, 2};
+    a.unet["cross_attention_dim"] = 32;
+    a.unet["layers_per_block"] = 1;
+    a.unet["norm_num_groups"] = 8;
+    a.unet["sample_size"] = 8;
+    a.vae = sd_vae(64);
+    a.vae["block_out_channels"] = {16, 32};
+    a.vae["down_block_types"] = {"DownEncoderBlock2D", "DownEncoderBlock2D"};
+    a.vae["up_block_types"] = {"UpDecoderBlock2D", "UpDecoderBlock2D"};
+    a.vae["layers_per_block"] = 1;
+    a.vae["norm_num_groups"] = 8;
+    a.text_encoder = sd2_text_encoder();
+    a.text_encoder["hidden_size"] = 32;
+    a.text_encoder["intermediate_size"] = 64;
+    a.text_encoder["num_attention_heads"] = 2;
+    a.text_encoder["num_hidden_layers"] = 2;
+    a.text_encoder["vocab_size"] = 1000;
+    a.scheduler = scheduler("PNDMScheduler", "epsilon");
+    m[a.name] = a;
+  }
+  return m;
+}
+
+const std::map<std::string, ArchConfigs>& archs() {
+  static const std::map<std::string, ArchConfigs> m = make_archs();
+  return m;
+}
+
+}  // namespace
+
+const ArchConfigs& builtin_arch(const std::string& name) {
+  auto it = archs().find(name);
+  if (it != archs().end()) return it->second;
+  std::string list;
+  for (const auto& n : builtin_arch_names()) list += (list.empty() ? "" : ", ") + n;
+  throw InvalidArgument("unknown architecture '" + name + "' (expected one of: " + list + ")");
+}
+
+std::vector<std::string> builtin_arch_names() { return {"sd2.1-base", "sd2.1", "sd1.5", "tiny"}; }
+
+}  // namespace diffuse::bench

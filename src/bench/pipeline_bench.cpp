@@ -1,0 +1,249 @@
+#include "bench/pipeline_bench.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <sstream>
+
+#include "bench/arch_configs.h"
+#include "bench/memory_probe.h"
+#include "device/cpu_threads.h"
+#include "device/device.h"
+#include "diffuse/errors.h"
+#include "models/autoencoder_kl.h"
+#include "models/clip_text_model.h"
+#include "models/unet2d_condition.h"
+#include "nn/attention.h"
+#include "nn/default_dtype.h"
+#include "nn/load_weights.h"
+#include "nn/random_init.h"
+#include "pipeline/model_source.h"
+
+namespace diffuse::bench {
+namespace {
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+void sync(const torch::Device& d) {
+  if (d.is_cuda()) torch::cuda::synchronize();
+}
+
+double params_m(torch::nn::Module& m) {
+  double n = 0;
+  for (const auto& p : m.parameters()) n += static_cast<double>(p.numel());
+  return n / 1e6;
+}
+
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+// Configs and (for a real model) weights of the three networks.
+struct Source {
+  io::JsonConfig unet, vae, text_encoder;
+  std::optional<pipeline::ModelSource> model;
+};
+
+Source open_source(const PipelineBenchOptions& o) {
+  Source s;
+  if (!o.model.empty()) {
+    s.model = pipeline::open_model_source(o.model, {});
+    s.unet = s.model->unet_config;
+    s.vae = s.model->vae_config;
+    s.text_encoder = s.model->text_encoder_config;
+    return s;
+  }
+  const ArchConfigs& a = builtin_arch(o.arch);
+  s.unet = io::JsonConfig(a.unet, "built-in " + a.name + " unet config");
+  s.vae = io::JsonConfig(a.vae, "built-in " + a.name + " vae config");
+  s.text_encoder = io::JsonConfig(a.text_encoder, "built-in " + a.name + " text_encoder config");
+  return s;
+}
+
+// Builds the module directly in `dtype` (no float32 copy), then fills it with the model's
+// weights or seeded random ones, and moves it to the device.
+template <typename Module, typename Make>
+Module build(Make make, torch::Dtype dtype, const torch::Device& device,
+             const std::map<std::string, torch::Tensor>* weights, const std::string& source, uint64_t seed,
+             const std::set<std::string>& ignored = {}) {
+  Module m{nullptr};
+  {
+    nn::DefaultDtypeGuard guard(dtype);
+    m = make();
+  }
+  if (weights) nn::load_state_dict(*m, *weights, source, ignored);
+  else nn::init_random_weights(*m, seed);
+  m->to(device);
+  m->eval();
+  return m;
+}
+
+UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& device, torch::Dtype dtype,
+                  const PipelineBenchOptions& o, int64_t lh, int64_t lw, int64_t ctx_dim, FlopCounts* flops) {
+  auto gen = at::detail::createCPUGenerator(o.seed + 7);
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32);
+  auto sample = torch::randn({o.batch, unet->config().in_channels, lh, lw}, gen, opts).to(device, dtype);
+  auto context = torch::randn({o.batch, 77, ctx_dim}, gen, opts).to(device, dtype);
+  auto t = torch::tensor(981.0).to(device);
+  UNetRun run;
+  run.dtype = device::dtype_name(dtype);
+  run.attention = nn::attention_backend_name(nn::default_attention_backend());
+  {
+    // The warm-up step also counts the step's FLOPs (the observer costs little).
+    std::optional<FlopCounter> counter;
+    if (flops) counter.emplace();
+    double t0 = now_s();
+    unet->forward(sample, t, context);
+    sync(device);
+    if (o.log) o.log("unet warm-up step: " + fmt("%.3f s", now_s() - t0));
+    if (flops) *flops = counter->counts();
+  }
+  for (int i = 0; i < o.steps; ++i) {
+    double t0 = now_s();
+    unet->forward(sample, t, context);
+    sync(device);
+    run.step_s.push_back(now_s() - t0);
+    if (o.log) o.log("unet step " + std::to_string(i + 1) + "/" + std::to_string(o.steps) + ": " +
+                     fmt("%.3f s", run.step_s.back()));
+  }
+  double sum = 0;
+  run.step_min_s = 1e30;
+  for (double s : run.step_s) {
+    sum += s;
+    run.step_min_s = std::min(run.step_min_s, s);
+  }
+  run.step_mean_s = run.step_s.empty() ? 0 : sum / static_cast<double>(run.step_s.size());
+  return run;
+}
+
+}  // namespace
+
+PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
+  if (o.steps < 1) throw InvalidArgument("--steps must be >= 1, got " + std::to_string(o.steps));
+  if (o.batch < 1) throw InvalidArgument("--batch must be >= 1, got " + std::to_string(o.batch));
+  if (o.width < 0 || o.height < 0 || o.width % 8 != 0 || o.height % 8 != 0)
+    throw InvalidArgument("--width/--height must be multiples of 8, got " + std::to_string(o.width) + "x" +
+                          std::to_string(o.height));
+  torch::InferenceMode inference;
+  device::configure_cpu_threads();
+  PipelineBenchResult r;
+  r.arch = o.model.empty() ? o.arch : "";
+  r.model = o.model;
+  const torch::Device device = device::resolve_device(o.device);
+  const torch::Dtype dtype = device::resolve_dtype(o.dtype, device, "unet");
+  const torch::Dtype text_dtype = device::resolve_dtype(o.dtype, device, "text_encoder");
+  const torch::Dtype vae_dtype = device::resolve_dtype(o.vae_dtype, device, "vae");
+  const auto backend = nn::attention_backend_from_flag_or_env(o.attention, device);
+  nn::set_default_attention_backend(backend);
+  r.device = device::device_name(device);
+  r.dtype = device::dtype_name(dtype);
+  r.text_encoder_dtype = device::dtype_name(text_dtype);
+  r.vae_dtype = device::dtype_name(vae_dtype);
+  r.attention = nn::attention_backend_name(backend);
+  r.batch = o.batch;
+  r.threads = at::get_num_threads();
+
+  Source src = open_source(o);
+  const auto unet_cfg = models::UNet2DConditionConfig::from_json(src.unet);
+  const auto vae_cfg = models::AutoencoderKLConfig::from_json(src.vae);
+  const auto text_cfg = models::ClipTextConfig::from_json(src.text_encoder);
+  const int64_t f = vae_cfg.spatial_factor();
+  const auto& ss = unet_cfg.sample_size;
+  r.height = o.height ? o.height : static_cast<int>((ss.empty() ? 64 : ss[0]) * f);
+  r.width = o.width ? o.width : static_cast<int>((ss.empty() ? 64 : ss.back()) * f);
+  const int64_t lh = r.height / f, lw = r.width / f;
+  if (lh % unet_cfg.spatial_factor() != 0 || lw % unet_cfg.spatial_factor() != 0)
+    throw InvalidArgument("width and height must be multiples of " + std::to_string(f * unet_cfg.spatial_factor()) +
+                          " for this model, got " + std::to_string(r.width) + "x" + std::to_string(r.height));
+
+  // Build everything first, as the pipeline holds all three networks.
+  double t0 = now_s();
+  const auto* m = src.model ? &*src.model : nullptr;
+  auto text = build<models::ClipTextModel>([&] { return models::ClipTextModel(text_cfg); }, text_dtype, device,
+                                           m ? &m->text_encoder_weights : nullptr, o.model + " (text_encoder)",
+                                           o.seed + 1, {"text_model.embeddings.position_ids"});
+  auto unet = build<models::UNet2DConditionModel>([&] { return models::UNet2DConditionModel(unet_cfg); }, dtype,
+                                                  device, m ? &m->unet_weights : nullptr, o.model + " (unet)",
+                                                  o.seed + 2);
+  auto vae = build<models::AutoencoderKL>([&] { return models::AutoencoderKL(vae_cfg); }, vae_dtype, device,
+                                          m ? &m->vae_weights : nullptr, o.model + " (vae)", o.seed + 3);
+  src.model.reset();  // drop the weight file mappings, as the pipeline does
+  r.build_s = now_s() - t0;
+  r.unet_params_m = params_m(*unet);
+  r.text_encoder_params_m = params_m(*text);
+  r.vae_params_m = params_m(*vae);
+  if (o.log) o.log("built text encoder (" + fmt("%.0fM", r.text_encoder_params_m) + " params), unet (" +
+                   fmt("%.0fM", r.unet_params_m) + "), vae (" + fmt("%.0fM", r.vae_params_m) + ") in " +
+                   fmt("%.1f s", r.build_s));
+
+  // What the attention policy runs for the UNet's biggest self- and cross-attention.
+  {
+    const int64_t heads = unet_cfg.num_attention_heads[0], dim = unet_cfg.block_out_channels[0] / heads;
+    auto q = torch::empty({o.batch, heads, lh * lw, dim}, torch::TensorOptions().device(device).dtype(dtype));
+    auto kc = torch::empty({o.batch, heads, 77, dim}, q.options());
+    r.attention_self = nn::attention_backend_name(nn::select_attention_backend(q, q, q));
+    r.attention_cross = nn::attention_backend_name(nn::select_attention_backend(q, kc, kc));
+  }
+
+  if (o.text_encoder) {
+    auto gen = at::detail::createCPUGenerator(o.seed + 5);
+    auto ids = torch::randint(0, text_cfg.vocab_size, {o.batch, text_cfg.max_position_embeddings}, gen,
+                              torch::TensorOptions().dtype(torch::kInt64))
+                   .to(device);
+    text->forward(ids);  // warm-up
+    sync(device);
+    double s0 = now_s();
+    text->forward(ids);
+    sync(device);
+    r.text_encoder_s = now_s() - s0;
+    if (o.log) o.log("text encoder (batch " + std::to_string(o.batch) + "): " + fmt("%.3f s", r.text_encoder_s));
+  }
+
+  r.unet = time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0], &r.unet_flops);
+
+  if (o.vae) {
+    auto gen = at::detail::createCPUGenerator(o.seed + 6);
+    auto z = torch::randn({1, vae_cfg.latent_channels, lh, lw}, gen, torch::TensorOptions().dtype(torch::kFloat32))
+                 .to(device, vae_dtype);
+    double s0 = now_s();
+    vae->decode(z);
+    sync(device);
+    r.vae_decode_s = now_s() - s0;
+    if (o.log) o.log("vae decode (1 image): " + fmt("%.3f s", r.vae_decode_s));
+  }
+  r.peak_rss_mb = static_cast<double>(peak_rss_bytes()) / (1 << 20);
+
+  if (o.roofline) {
+    r.roofline = measure_roofline(device, dtype, /*channels_last=*/false);
+    const auto& rl = *r.roofline;
+    if (rl.conv_gflops > 0 && rl.matmul_gflops > 0) {
+      r.roofline_limit_s = r.unet_flops.conv / 1e9 / rl.conv_gflops +
+                           (r.unet_flops.matmul + r.unet_flops.attention) / 1e9 / rl.matmul_gflops;
+      r.roofline_fraction = r.roofline_limit_s / r.unet.step_mean_s;
+    }
+    if (o.log) o.log("roofline " + rl.dtype + ": matmul " + fmt("%.1f", rl.matmul_gflops) + " GFLOP/s, conv " +
+                     fmt("%.1f", rl.conv_gflops) + " GFLOP/s");
+  }
+
+  if (o.baseline) {
+    // Free the measured networks first: the float32 UNet needs the room.
+    text = nullptr;
+    vae = nullptr;
+    unet = nullptr;
+    release_free_memory();
+    nn::set_default_attention_backend(nn::AttentionBackend::kMath);
+    auto base = build<models::UNet2DConditionModel>([&] { return models::UNet2DConditionModel(unet_cfg); },
+                                                    torch::kFloat32, device, nullptr, "", o.seed + 2);
+    if (o.log) o.log("baseline: float32 unet with math attention");
+    r.baseline = time_unet(base, device, torch::kFloat32, o, lh, lw, unet_cfg.cross_attention_dim[0], nullptr);
+    nn::set_default_attention_backend(backend);
+  }
+  return r;
+}
+
+}  // namespace diffuse::bench

@@ -1,0 +1,60 @@
+// `diffuse bench`: runs the stages of a Stable Diffusion pipeline at real model sizes — text
+// encoder, UNet steps, VAE decode — with random weights from a built-in architecture (or the
+// weights of a real model), and reports per-stage time, peak memory, the UNet step's FLOPs and
+// how close the step comes to this machine's matmul/conv roofline.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/flop_counter.h"
+#include "bench/roofline.h"
+
+namespace diffuse::bench {
+
+struct PipelineBenchOptions {
+  std::string arch = "sd2.1-base";  // built-in architecture (bench/arch_configs.h)
+  std::string model;                // a diffusers folder or single file instead of `arch`
+  std::string device = "auto", dtype = "auto", vae_dtype = "auto", attention = "auto";
+  int width = 0, height = 0;  // 0 = the model's default size
+  int steps = 1;              // timed UNet steps, after one warm-up step
+  int batch = 2;              // UNet batch: 2 = one image with classifier-free guidance
+  bool text_encoder = true;
+  bool vae = true;
+  bool roofline = true;       // measure the roofline in the same run
+  // Also time the UNet step in float32 with math attention (the engine's plain baseline) after
+  // the main measurement, and report the speed-up.
+  bool baseline = false;
+  uint64_t seed = 0;
+  std::function<void(const std::string&)> log;  // progress lines (null = quiet)
+};
+
+struct UNetRun {
+  std::string dtype, attention;
+  std::vector<double> step_s;  // timed steps
+  double step_mean_s = 0;
+  double step_min_s = 0;
+};
+
+struct PipelineBenchResult {
+  std::string arch, model, device, dtype, vae_dtype, text_encoder_dtype, attention;
+  std::string attention_self, attention_cross;  // what `attention` runs for the UNet's
+                                                // largest self- and cross-attention
+  int width = 0, height = 0, batch = 0, threads = 0;
+  double build_s = 0;
+  double text_encoder_s = 0;  // one forward of `batch` prompts (77 tokens)
+  UNetRun unet;
+  double vae_decode_s = 0;    // one image
+  double peak_rss_mb = 0;     // process peak while models were built and run (before baseline)
+  double unet_params_m = 0, text_encoder_params_m = 0, vae_params_m = 0;
+  FlopCounts unet_flops;      // one step at `batch`
+  std::optional<Roofline> roofline;
+  double roofline_limit_s = 0;   // conv / conv rate + (matmul + attention) / matmul rate
+  double roofline_fraction = 0;  // roofline_limit_s / unet step mean
+  std::optional<UNetRun> baseline;
+};
+
+PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& options);
+
+}  // namespace diffuse::bench

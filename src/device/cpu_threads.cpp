@@ -1,0 +1,51 @@
+#include "device/cpu_threads.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+#include "diffuse/errors.h"
+
+namespace diffuse::device {
+
+int available_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+#endif
+  unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+int configure_cpu_threads() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* mine = std::getenv("DIFFUSE_THREADS");
+    if (mine && *mine) {
+      char* end = nullptr;
+      long n = std::strtol(mine, &end, 10);
+      if (*end != '\0' || n < 1 || n > 4096)
+        throw InvalidArgument(std::string("DIFFUSE_THREADS must be a positive integer, got '") + mine + "'");
+      at::set_num_threads(static_cast<int>(n));
+      return;
+    }
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    const char* mkl = std::getenv("MKL_NUM_THREADS");
+    if ((omp && *omp) || (mkl && *mkl)) return;  // the user's setting, applied by LibTorch
+    at::set_num_threads(available_cpus());
+  });
+  return at::get_num_threads();
+}
+
+}  // namespace diffuse::device

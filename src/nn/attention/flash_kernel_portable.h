@@ -1,0 +1,226 @@
+// The portable flash kernel: float32 math on 16-float GCC vector types, which the compiler
+// maps onto the target's registers. Included by
+// flash_kernel_portable.cpp (baseline ISA) and flash_kernel_avx2.cpp (-mavx2 -mfma), each
+// of which defines FLASH_KERNEL_NAME and FLASH_KERNEL_GETTER first.
+//
+// Per (batch, head), K is packed transposed as float [D][Nk rounded up to 16] and V as float
+// [Nk][D rounded up to 16] (zero padding), so both inner products run over contiguous memory.
+#include "nn/attention/flash_common.h"
+
+namespace diffuse::nn::flash {
+namespace {
+
+constexpr int64_t kRows = 4;        // query rows per micro-tile
+constexpr int64_t kBlockRows = 48;  // query rows per task (a multiple of kRows)
+constexpr int64_t kBlockKeys = 256; // keys per block of the online softmax
+constexpr int64_t kLanes = 16;
+
+// The target's native float vector as a GCC/Clang vector type (wider types would be lowered
+// through memory). Tiles are kLanes = 16 floats wide, i.e. kVecs vectors.
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;
+#endif
+typedef float VecF __attribute__((vector_size(kVecBytes)));
+typedef int32_t VecI __attribute__((vector_size(kVecBytes)));
+constexpr int64_t kWidth = kVecBytes / 4;
+constexpr int64_t kVecs = kLanes / kWidth;
+
+inline VecF loadv(const float* p) {
+  VecF v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void storev(float* p, VecF v) { std::memcpy(p, &v, sizeof v); }
+inline VecF splat(float x) { return VecF{} + x; }
+
+// exp(x) for x <= ~0 to ~2 ulp: Cephes' polynomial on [-ln2/2, ln2/2], 2^n built in the
+// exponent bits. x below -87 flushes to ~1e-38.
+inline VecF expv(VecF x) {
+  x = x < -87.0f ? splat(-87.0f) : x;
+  const VecF y = x * 1.44269504088896341f + 0.5f;
+  VecF n = __builtin_convertvector(__builtin_convertvector(y, VecI), VecF);
+  n = n > y ? n - 1.0f : n;  // truncation -> floor
+  VecF r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  VecF p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const VecI bits = (__builtin_convertvector(n, VecI) + 127) << 23;
+  VecF scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+inline float exp1(float x) { return expv(splat(x))[0]; }
+
+struct Layout {
+  int64_t nkp, dp;
+  explicit Layout(const Problem& p) : nkp(round_up(p.nk, kLanes)), dp(round_up(p.head_dim, kLanes)) {}
+};
+
+inline float load_elem(const Problem& p, const void* base, int64_t index) {
+  return p.bf16 ? bf16_to_float(static_cast<const uint16_t*>(base)[index])
+                : static_cast<const float*>(base)[index];
+}
+
+int64_t packed_bytes(const Problem& p) {
+  Layout l(p);
+  return aligned_bytes<float>(p.head_dim * l.nkp) + aligned_bytes<float>(p.nk * l.dp);
+}
+
+void pack(const Problem& p, int64_t b, int64_t h, void* packed) {
+  Layout l(p);
+  Arena arena{static_cast<uint8_t*>(packed)};
+  float* kp = arena.take<float>(p.head_dim * l.nkp);
+  float* vp = arena.take<float>(p.nk * l.dp);
+  const int64_t D = p.head_dim;
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t j = p.nk; j < l.nkp; ++j) kp[d * l.nkp + j] = 0.0f;
+  for (int64_t j = 0; j < p.nk; ++j) {
+    const int64_t ko = offset(p.k_stride, b, h, j), vo = offset(p.v_stride, b, h, j);
+    for (int64_t d = 0; d < D; ++d) kp[d * l.nkp + j] = load_elem(p, p.k, ko + d);
+    for (int64_t d = 0; d < D; ++d) vp[j * l.dp + d] = load_elem(p, p.v, vo + d);
+    for (int64_t d = D; d < l.dp; ++d) vp[j * l.dp + d] = 0.0f;
+  }
+}
+
+int64_t scratch_bytes(const Problem& p) {
+  Layout l(p);
+  return aligned_bytes<float>(kBlockRows * p.head_dim) + aligned_bytes<float>(kBlockRows * l.dp) +
+         aligned_bytes<float>(kRows * kBlockKeys) + 2 * aligned_bytes<float>(kBlockRows) +
+         aligned_bytes<float>(kRows);
+}
+
+// s[r][j] = q[r] . k[kb + j] for j < cols (a multiple of 16).
+void qk_tile(const float* q, int64_t D, const float* kp, int64_t nkp, int64_t kb, int64_t cols,
+             float* s) {
+  for (int64_t j0 = 0; j0 < cols; j0 += kLanes) {
+    VecF acc[kRows][kVecs] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      VecF k[kVecs];
+      for (int64_t c = 0; c < kVecs; ++c) k[c] = loadv(kp + d * nkp + kb + j0 + c * kWidth);
+      for (int64_t r = 0; r < kRows; ++r)
+        for (int64_t c = 0; c < kVecs; ++c) acc[r][c] += q[r * D + d] * k[c];
+    }
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t c = 0; c < kVecs; ++c) storev(s + r * kBlockKeys + j0 + c * kWidth, acc[r][c]);
+  }
+}
+
+// o[r] = o[r] * alpha[r] + sum_j p[r][j] v[kb + j].
+void pv_tile(const float* prob, const float* vp, int64_t dp, int64_t kb, int64_t keys,
+             const float* alpha, float* o) {
+  for (int64_t d0 = 0; d0 < dp; d0 += kLanes) {
+    VecF acc[kRows][kVecs];
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t c = 0; c < kVecs; ++c) acc[r][c] = loadv(o + r * dp + d0 + c * kWidth) * alpha[r];
+    for (int64_t j = 0; j < keys; ++j) {
+      VecF v[kVecs];
+      for (int64_t c = 0; c < kVecs; ++c) v[c] = loadv(vp + (kb + j) * dp + d0 + c * kWidth);
+      for (int64_t r = 0; r < kRows; ++r)
+        for (int64_t c = 0; c < kVecs; ++c) acc[r][c] += prob[r * kBlockKeys + j] * v[c];
+    }
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t c = 0; c < kVecs; ++c) storev(o + r * dp + d0 + c * kWidth, acc[r][c]);
+  }
+}
+
+// Online-softmax update of one row: turns scores s[0, len) into probabilities in place
+// (exp(scale * s - m_new), zero past `visible` up to len rounded to 16) and returns the
+// factor for the old sums. Rows are kBlockKeys (a multiple of 16) long.
+float softmax_row(float* s, int64_t len, int64_t visible, float scale, float& m, float& l) {
+  const int64_t end = round_up(len, kLanes);
+  if (visible == 0) {
+    for (int64_t j = 0; j < end; ++j) s[j] = 0.0f;
+    return 1.0f;
+  }
+  for (int64_t j = visible; j < end; ++j) s[j] = kNegInf;
+  VecF vmax = splat(kNegInf);
+  for (int64_t j = 0; j < end; j += kWidth) {
+    const VecF x = loadv(s + j);
+    vmax = x > vmax ? x : vmax;
+  }
+  float mx = kNegInf;
+  for (int64_t c = 0; c < kWidth; ++c) mx = max_f(mx, vmax[c]);
+  const float m_new = max_f(m, mx * scale);
+  const float alpha = m == kNegInf ? 0.0f : exp1(m - m_new);
+  VecF vsum = {};
+  for (int64_t j = 0; j < end; j += kWidth) {
+    const VecF x = loadv(s + j);
+    VecF e = expv(x * scale - m_new);
+    e = x == kNegInf ? VecF{} : e;
+    vsum += e;
+    storev(s + j, e);
+  }
+  float sum = 0.0f;
+  for (int64_t c = 0; c < kWidth; ++c) sum += vsum[c];
+  m = m_new;
+  l = l * alpha + sum;
+  return alpha;
+}
+
+void attend(const Problem& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
+            const void* packed, void* scratch) {
+  Layout lay(p);
+  const int64_t D = p.head_dim, rows = row_end - row_begin;
+  Arena in{static_cast<uint8_t*>(const_cast<void*>(packed))};
+  const float* kp = in.take<float>(D * lay.nkp);
+  const float* vp = in.take<float>(p.nk * lay.dp);
+  Arena arena{static_cast<uint8_t*>(scratch)};
+  float* q = arena.take<float>(kBlockRows * D);
+  float* o = arena.take<float>(kBlockRows * lay.dp);
+  float* s = arena.take<float>(kRows * kBlockKeys);
+  float* m = arena.take<float>(kBlockRows);
+  float* l = arena.take<float>(kBlockRows);
+  float* alpha = arena.take<float>(kRows);
+
+  const int64_t padded_rows = round_up(rows, kRows);
+  for (int64_t r = 0; r < padded_rows; ++r) {
+    const int64_t qo = offset(p.q_stride, b, h, row_begin + r);
+    for (int64_t d = 0; d < D; ++d) q[r * D + d] = r < rows ? load_elem(p, p.q, qo + d) : 0.0f;
+    for (int64_t d = 0; d < lay.dp; ++d) o[r * lay.dp + d] = 0.0f;
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+  }
+  // Causal: no key past the block's last row is visible to any of its rows.
+  const int64_t key_end = p.causal ? min_i64(p.nk, row_end) : p.nk;
+  for (int64_t kb = 0; kb < key_end; kb += kBlockKeys) {
+    const int64_t len = min_i64(kBlockKeys, p.nk - kb);
+    for (int64_t r0 = 0; r0 < padded_rows; r0 += kRows) {
+      qk_tile(q + r0 * D, D, kp, lay.nkp, kb, round_up(len, kLanes), s);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const int64_t row = row_begin + r0 + r;
+        const int64_t visible = r0 + r < rows ? visible_keys(p, row, kb, len) : 0;
+        alpha[r] = softmax_row(s + r * kBlockKeys, len, visible, p.scale, m[r0 + r], l[r0 + r]);
+      }
+      pv_tile(s, vp, lay.dp, kb, len, alpha, o + r0 * lay.dp);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / l[r];
+    const int64_t oo = offset(p.out_stride, b, h, row_begin + r);
+    if (p.bf16) {
+      uint16_t* out = static_cast<uint16_t*>(p.out) + oo;
+      for (int64_t d = 0; d < D; ++d) out[d] = float_to_bf16(o[r * lay.dp + d] * inv);
+    } else {
+      float* out = static_cast<float*>(p.out) + oo;
+      for (int64_t d = 0; d < D; ++d) out[d] = o[r * lay.dp + d] * inv;
+    }
+  }
+}
+
+const Kernel kKernel = {FLASH_KERNEL_NAME, kBlockRows, packed_bytes, pack, scratch_bytes, attend};
+
+}  // namespace
+
+const Kernel* FLASH_KERNEL_GETTER() { return &kKernel; }
+
+}  // namespace diffuse::nn::flash

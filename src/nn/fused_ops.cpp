@@ -1,0 +1,120 @@
+#include "nn/fused_ops.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include "diffuse/errors.h"
+#include "nn/kernels/cpu_features.h"
+
+namespace diffuse::nn {
+namespace {
+
+bool fused_cpu_bf16(const torch::Tensor& x) {
+  return x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous();
+}
+
+const uint16_t* bf16_data(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
+uint16_t* bf16_data_mut(torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+
+// float32 copy of an optional per-channel parameter (undefined stays undefined).
+torch::Tensor as_float(const torch::Tensor& t) {
+  return t.defined() ? t.to(torch::kCPU, torch::kFloat32).contiguous() : t;
+}
+
+}  // namespace
+
+torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight,
+                         const torch::Tensor& bias, double eps, bool silu) {
+  if (x.dim() < 2 || groups <= 0 || x.size(1) % groups != 0)
+    throw InvalidArgument("group_norm: input " + c10::str(x.sizes()) + " cannot be split into " +
+                          std::to_string(groups) + " groups");
+  if (!fused_cpu_bf16(x)) {
+    const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
+    auto xf = upcast ? x.to(torch::kFloat32) : x;
+    auto y = torch::group_norm(xf, groups, upcast ? as_float(weight) : weight, upcast ? as_float(bias) : bias, eps);
+    if (silu) y = torch::silu(y);
+    return upcast ? y.to(x.scalar_type()) : y;
+  }
+  const int64_t B = x.size(0), C = x.size(1), per_channel = x.numel() / std::max<int64_t>(B * C, 1);
+  const int64_t cpg = C / groups;
+  auto w = as_float(weight), b = as_float(bias);
+  const float* wp = w.defined() ? w.data_ptr<float>() : nullptr;
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  auto y = torch::empty_like(x);
+  const uint16_t* xp = bf16_data(x);
+  uint16_t* yp = bf16_data_mut(y);
+  const auto& k = kernels::cpu_kernels();
+  at::parallel_for(0, B * groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t n = task / groups, g = task % groups;
+      const int64_t offset = (n * C + g * cpg) * per_channel;
+      double mean, var;
+      k.bf16_moments(xp + offset, cpg * per_channel, &mean, &var);
+      const double rstd = 1.0 / std::sqrt(var + eps);
+      for (int64_t c = 0; c < cpg; ++c) {
+        const int64_t ch = g * cpg + c;
+        const double scale = rstd * (wp ? wp[ch] : 1.0f);
+        const double shift = (bp ? bp[ch] : 0.0f) - mean * scale;
+        k.bf16_scale_shift(xp + offset + c * per_channel, per_channel, static_cast<float>(scale),
+                           static_cast<float>(shift), silu, yp + offset + c * per_channel);
+      }
+    }
+  });
+  return y;
+}
+
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                         double eps) {
+  const int64_t D = x.size(-1);
+  if (!fused_cpu_bf16(x)) {
+    const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
+    auto xf = upcast ? x.to(torch::kFloat32) : x;
+    auto y = torch::layer_norm(xf, {D}, upcast ? as_float(weight) : weight, upcast ? as_float(bias) : bias, eps);
+    return upcast ? y.to(x.scalar_type()) : y;
+  }
+  auto w = as_float(weight), b = as_float(bias);
+  const float* wp = w.defined() ? w.data_ptr<float>() : nullptr;
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  auto y = torch::empty_like(x);
+  const uint16_t* xp = bf16_data(x);
+  uint16_t* yp = bf16_data_mut(y);
+  const auto& k = kernels::cpu_kernels();
+  const int64_t rows = D > 0 ? x.numel() / D : 0;
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      k.bf16_layer_norm_row(xp + r * D, D, wp, bp, static_cast<float>(eps), yp + r * D);
+  });
+  return y;
+}
+
+torch::Tensor geglu(const torch::Tensor& h) {
+  const int64_t F = h.size(-1) / 2;
+  if (h.size(-1) % 2 != 0) throw InvalidArgument("geglu: last dimension " + std::to_string(h.size(-1)) + " is odd");
+  if (!fused_cpu_bf16(h)) {
+    auto parts = h.chunk(2, -1);
+    return parts[0] * torch::gelu(parts[1]);
+  }
+  auto sizes = h.sizes().vec();
+  sizes.back() = F;
+  auto y = torch::empty(sizes, h.options());
+  const uint16_t* hp = bf16_data(h);
+  uint16_t* yp = bf16_data_mut(y);
+  const auto& k = kernels::cpu_kernels();
+  const int64_t rows = F > 0 ? y.numel() / F : 0;
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(F, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) k.bf16_geglu(hp + r * 2 * F, hp + r * 2 * F + F, F, yp + r * F);
+  });
+  return y;
+}
+
+torch::Tensor GroupNormImpl::group_norm(const torch::Tensor& x, bool silu) {
+  return nn::group_norm(x, options.num_groups(), weight, bias, options.eps(), silu);
+}
+
+torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
+  if (options.normalized_shape().size() != 1)
+    return torch::nn::LayerNormImpl::forward(x);  // not used by the models; LibTorch's path
+  return nn::layer_norm(x, weight, bias, options.eps());
+}
+
+}  // namespace diffuse::nn

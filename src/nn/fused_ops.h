@@ -1,0 +1,43 @@
+// Normalisations and GEGLU with float32 statistics in every dtype, and the norm modules the
+// models use. On the CPU, bf16 inputs go through fused kernels (nn/kernels/cpu_kernels.h):
+// LibTorch 1.13's bf16 CPU group_norm / layer_norm lose precision (and its channels-last bf16
+// group_norm is wrong outright). float32 goes to LibTorch; other devices' native kernels
+// already accumulate in float32.
+#pragma once
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+namespace diffuse::nn {
+
+// GroupNorm over x [B, C, ...] (weight, bias [C] or undefined), then SiLU if `silu`.
+torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight,
+                         const torch::Tensor& bias, double eps, bool silu = false);
+
+// LayerNorm over the last dimension (weight, bias [D] or undefined).
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                         double eps);
+
+// h [..., 2F] -> h[..., :F] * gelu(h[..., F:]) with the exact (erf) GELU (diffusers' GEGLU).
+torch::Tensor geglu(const torch::Tensor& h);
+
+// torch::nn::GroupNorm / LayerNorm with the same parameters and names, computing through the
+// functions above.
+struct GroupNormImpl : torch::nn::GroupNormImpl {
+  using torch::nn::GroupNormImpl::GroupNormImpl;
+  torch::Tensor forward(const torch::Tensor& x) { return group_norm(x, false); }
+  // Normalise, then SiLU, in one pass where the fused kernel applies.
+  torch::Tensor forward_silu(const torch::Tensor& x) { return group_norm(x, true); }
+
+ private:
+  torch::Tensor group_norm(const torch::Tensor& x, bool silu);
+};
+TORCH_MODULE(GroupNorm);
+
+struct LayerNormImpl : torch::nn::LayerNormImpl {
+  using torch::nn::LayerNormImpl::LayerNormImpl;
+  torch::Tensor forward(const torch::Tensor& x);
+};
+TORCH_MODULE(LayerNorm);
+
+}  // namespace diffuse::nn

@@ -1,0 +1,53 @@
+#include "nn/kernels/cpu_features.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "diffuse/errors.h"
+
+namespace diffuse::nn::kernels {
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = [] {
+    CpuFeatures out;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    out.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    out.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
+    out.avx512_bf16 = out.avx512 && __builtin_cpu_supports("avx512bf16");
+#endif
+#endif
+    return out;
+  }();
+  return f;
+}
+
+const std::vector<const CpuKernels*>& runnable_cpu_kernels() {
+  static const std::vector<const CpuKernels*> list = [] {
+    std::vector<const CpuKernels*> out;
+    if (cpu_features().avx512 && avx512_cpu_kernels()) out.push_back(avx512_cpu_kernels());
+    if (cpu_features().avx2_fma && avx2_cpu_kernels()) out.push_back(avx2_cpu_kernels());
+    out.push_back(portable_cpu_kernels());
+    return out;
+  }();
+  return list;
+}
+
+const CpuKernels& cpu_kernels() {
+  static const CpuKernels* chosen = [] {
+    const char* env = std::getenv("DIFFUSE_CPU_KERNELS");
+    if (!env || !*env) return runnable_cpu_kernels().front();
+    std::string list;
+    for (const auto* k : runnable_cpu_kernels()) {
+      if (std::string(env) == k->name) return k;
+      list += (list.empty() ? "" : ", ") + std::string(k->name);
+    }
+    throw InvalidArgument(std::string("DIFFUSE_CPU_KERNELS='") + env + "' is not runnable here (available: " + list +
+                          ")");
+  }();
+  return *chosen;
+}
+
+}  // namespace diffuse::nn::kernels

@@ -1,0 +1,31 @@
+// Fused bf16 elementwise kernels for the CPU: normalisations with float32 statistics, SiLU
+// and GEGLU, reading and writing bf16 once. LibTorch 1.13's own bf16 group_norm/layer_norm
+// on the CPU keep intermediate values in bf16 (errors of several bf16 ulps, up to 0.4 for
+// LayerNorm rows with a mean of 10); these keep every statistic and intermediate in float32
+// and round once on output.
+//
+// Plain C++ interface, one implementation per instruction set (cpu_kernels_impl.h), chosen
+// at run time by nn/fused_ops.cpp; see flash_kernel.h for why these units stay torch-free.
+#pragma once
+#include <cstdint>
+
+namespace diffuse::nn::kernels {
+
+struct CpuKernels {
+  const char* name;
+  // Mean and (biased) variance of n bf16 values, accumulated in float32 blocks and double.
+  void (*bf16_moments)(const uint16_t* x, int64_t n, double* mean, double* var);
+  // y = x * scale + shift, then SiLU if `silu`; n values, bf16 in and out.
+  void (*bf16_scale_shift)(const uint16_t* x, int64_t n, float scale, float shift, bool silu, uint16_t* y);
+  // One LayerNorm row of d values: (x - mean) / sqrt(var + eps) * w + b (w, b may be null).
+  void (*bf16_layer_norm_row)(const uint16_t* x, int64_t d, const float* w, const float* b, float eps,
+                              uint16_t* y);
+  // y = a * gelu(g) with the exact (erf) GELU; n values.
+  void (*bf16_geglu)(const uint16_t* a, const uint16_t* g, int64_t n, uint16_t* y);
+};
+
+const CpuKernels* portable_cpu_kernels();
+const CpuKernels* avx2_cpu_kernels();    // nullptr unless compiled with AVX2
+const CpuKernels* avx512_cpu_kernels();  // nullptr unless compiled with AVX-512
+
+}  // namespace diffuse::nn::kernels

@@ -1,0 +1,207 @@
+// Implementation of CpuKernels on GCC/Clang vector types of the target's native width;
+// included by cpu_kernels_{portable,avx2,avx512}.cpp, each defining CPU_KERNELS_NAME and
+// CPU_KERNELS_GETTER. Everything here has internal linkage.
+#include <cmath>
+#include <cstring>
+
+#include "nn/kernels/cpu_kernels.h"
+
+namespace diffuse::nn::kernels {
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kBytes = 64;
+#elif defined(__AVX__)
+constexpr int kBytes = 32;
+#else
+constexpr int kBytes = 16;
+#endif
+constexpr int64_t W = kBytes / 4;  // floats per vector
+typedef float VecF __attribute__((vector_size(kBytes)));
+typedef int32_t VecI __attribute__((vector_size(kBytes)));
+typedef uint32_t VecU __attribute__((vector_size(kBytes)));
+typedef uint16_t VecH __attribute__((vector_size(kBytes / 2)));
+
+inline VecF splat(float x) { return VecF{} + x; }
+
+inline VecF load_bf16(const uint16_t* p) {
+  VecH h;
+  std::memcpy(&h, p, sizeof h);
+  VecU u = __builtin_convertvector(h, VecU) << 16;
+  VecF f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Round to nearest even; NaN stays NaN.
+inline void store_bf16(uint16_t* p, VecF f) {
+  VecU u;
+  std::memcpy(&u, &f, sizeof u);
+  VecU r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  r = f != f ? VecU{} + 0x7fc0u : r;
+  VecH h = __builtin_convertvector(r, VecH);
+  std::memcpy(p, &h, sizeof h);
+}
+
+inline float bf16_scalar(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline uint16_t to_bf16_scalar(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// exp(x) to ~2 ulp for x in [-87, 88] (clamped outside).
+inline VecF expv(VecF x) {
+  x = x < -87.0f ? splat(-87.0f) : x;
+  x = x > 88.0f ? splat(88.0f) : x;
+  const VecF y = x * 1.44269504088896341f + 0.5f;
+  VecF n = __builtin_convertvector(__builtin_convertvector(y, VecI), VecF);
+  n = n > y ? n - 1.0f : n;
+  VecF r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  VecF p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const VecI bits = (__builtin_convertvector(n, VecI) + 127) << 23;
+  VecF scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+inline VecF silu(VecF y) { return y / (1.0f + expv(-y)); }
+
+// erf(x) to 1.5e-7 (Abramowitz & Stegun 7.1.26).
+inline VecF erfv(VecF x) {
+  const VecF ax = x < 0.0f ? -x : x;
+  const VecF t = 1.0f / (1.0f + 0.3275911f * ax);
+  VecF p = splat(1.061405429f);
+  p = p * t - 1.453152027f;
+  p = p * t + 1.421413741f;
+  p = p * t - 0.284496736f;
+  p = p * t + 0.254829592f;
+  const VecF y = 1.0f - p * t * expv(-ax * ax);
+  return x < 0.0f ? -y : y;
+}
+
+inline VecF gelu(VecF x) { return 0.5f * x * (1.0f + erfv(x * 0.70710678118654752f)); }
+
+// Applies f to n bf16 values of x (and y2 when binary), writing bf16; the tail goes through a
+// zero-padded vector.
+template <typename F>
+inline void map_bf16(const uint16_t* x, int64_t n, uint16_t* y, F f) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store_bf16(y + i, f(load_bf16(x + i)));
+  if (i < n) {
+    uint16_t in[W] = {}, out[W];
+    std::memcpy(in, x + i, sizeof(uint16_t) * (n - i));
+    store_bf16(out, f(load_bf16(in)));
+    std::memcpy(y + i, out, sizeof(uint16_t) * (n - i));
+  }
+}
+
+float hsum(VecF v) {
+  float s = 0;
+  for (int64_t c = 0; c < W; ++c) s += v[c];
+  return s;
+}
+
+void moments(const uint16_t* x, int64_t n, double* mean_out, double* var_out) {
+  if (n <= 0) {
+    *mean_out = 0;
+    *var_out = 0;
+    return;
+  }
+  // Shifted sums (by the first value) in float32 lanes over blocks of 4096, totals in double:
+  // no cancellation when the mean is large, little rounding for long groups.
+  const float shift = bf16_scalar(x[0]);
+  double s1 = 0, s2 = 0;
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t end = b0 + kBlock < n ? b0 + kBlock : n;
+    VecF a1 = {}, a2 = {};
+    int64_t i = b0;
+    for (; i + W <= end; i += W) {
+      const VecF d = load_bf16(x + i) - shift;
+      a1 += d;
+      a2 += d * d;
+    }
+    float t1 = hsum(a1), t2 = hsum(a2);
+    for (; i < end; ++i) {
+      const float d = bf16_scalar(x[i]) - shift;
+      t1 += d;
+      t2 += d * d;
+    }
+    s1 += t1;
+    s2 += t2;
+  }
+  const double m = s1 / static_cast<double>(n);
+  *mean_out = shift + m;
+  const double v = s2 / static_cast<double>(n) - m * m;
+  *var_out = v > 0 ? v : 0;
+}
+
+void scale_shift(const uint16_t* x, int64_t n, float scale, float shift, bool act, uint16_t* y) {
+  if (act)
+    map_bf16(x, n, y, [&](VecF v) { return silu(v * scale + shift); });
+  else
+    map_bf16(x, n, y, [&](VecF v) { return v * scale + shift; });
+}
+
+void layer_norm_row(const uint16_t* x, int64_t d, const float* w, const float* b, float eps, uint16_t* y) {
+  double mean, var;
+  moments(x, d, &mean, &var);
+  const float rstd = static_cast<float>(1.0 / __builtin_sqrt(var + eps));
+  const float m = static_cast<float>(mean);
+  int64_t i = 0;
+  for (; i + W <= d; i += W) {
+    VecF v = (load_bf16(x + i) - m) * rstd;
+    if (w) {
+      VecF wv;
+      std::memcpy(&wv, w + i, sizeof wv);
+      v *= wv;
+    }
+    if (b) {
+      VecF bv;
+      std::memcpy(&bv, b + i, sizeof bv);
+      v += bv;
+    }
+    store_bf16(y + i, v);
+  }
+  for (; i < d; ++i) {
+    float v = (bf16_scalar(x[i]) - m) * rstd;
+    if (w) v *= w[i];
+    if (b) v += b[i];
+    y[i] = to_bf16_scalar(v);
+  }
+}
+
+void geglu(const uint16_t* a, const uint16_t* g, int64_t n, uint16_t* y) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store_bf16(y + i, load_bf16(a + i) * gelu(load_bf16(g + i)));
+  if (i < n) {
+    uint16_t ia[W] = {}, ig[W] = {}, out[W];
+    std::memcpy(ia, a + i, sizeof(uint16_t) * (n - i));
+    std::memcpy(ig, g + i, sizeof(uint16_t) * (n - i));
+    store_bf16(out, load_bf16(ia) * gelu(load_bf16(ig)));
+    std::memcpy(y + i, out, sizeof(uint16_t) * (n - i));
+  }
+}
+
+const CpuKernels kKernels = {CPU_KERNELS_NAME, moments, scale_shift, layer_norm_row, geglu};
+
+}  // namespace
+
+const CpuKernels* CPU_KERNELS_GETTER() { return &kKernels; }
+
+}  // namespace diffuse::nn::kernels

@@ -1,0 +1,234 @@
+// The benchmark's measuring instruments: the FLOP counter (against hand counts and an
+// independent count from the UNet config), the built-in architectures, and `diffuse bench
+// --json` on the tiny architecture.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "bench/arch_configs.h"
+#include "bench/flop_counter.h"
+#include "diffuse/errors.h"
+#include "io/json_config.h"
+#include "models/unet2d_condition.h"
+#include "nn/attention.h"
+#include "nn/random_init.h"
+#include "test_util.h"
+
+using namespace diffuse;
+
+namespace {
+
+// FLOPs of one UNet2DConditionModel forward written out from diffusers' structure (2 per
+// multiply-add; convolutions, linear layers and attention products only), independently of
+// the engine's module code.
+struct HandCount {
+  double conv = 0, matmul = 0, attention = 0;
+  double total() const { return conv + matmul + attention; }
+};
+
+HandCount unet_flops_by_hand(const models::UNet2DConditionConfig& c, double B, double h, double w, double T) {
+  HandCount f;
+  auto conv = [&](double ci, double co, double k, double hw) { f.conv += 2 * B * hw * co * ci * k * k; };
+  auto lin = [&](double in, double out, double rows) { f.matmul += 2 * rows * in * out; };
+  const double temb = static_cast<double>(c.time_embedding_dim);
+  const bool scale_shift = c.resnet_time_scale_shift == "scale_shift";
+  auto resnet = [&](double ci, double co, double hw) {
+    conv(ci, co, 3, hw);
+    lin(temb, scale_shift ? 2 * co : co, B);
+    conv(co, co, 3, hw);
+    if (ci != co) conv(ci, co, 1, hw);
+  };
+  auto transformer = [&](double ch, double hw, int64_t layers, double cross, bool only_cross) {
+    const double BN = B * hw;
+    lin(ch, ch, BN);  // proj_in (a 1x1 conv has the same count; SD2 uses linear)
+    for (int64_t l = 0; l < layers; ++l) {
+      // attn1: self-attention (or over the text when only_cross_attention)
+      const double kv_tokens = only_cross ? T : hw, kv_dim = only_cross ? cross : ch;
+      lin(ch, ch, BN);
+      lin(kv_dim, ch, B * kv_tokens);
+      lin(kv_dim, ch, B * kv_tokens);
+      f.attention += 4 * B * hw * kv_tokens * ch;
+      lin(ch, ch, BN);
+      // attn2: cross-attention to the text tokens
+      lin(ch, ch, BN);
+      lin(cross, ch, B * T);
+      lin(cross, ch, B * T);
+      f.attention += 4 * B * hw * T * ch;
+      lin(ch, ch, BN);
+      // GEGLU feed-forward
+      lin(ch, 8 * ch, BN);
+      lin(4 * ch, ch, BN);
+    }
+    lin(ch, ch, BN);  // proj_out
+  };
+  const auto& boc = c.block_out_channels;
+  const size_t n = boc.size();
+  double hw = h * w;
+  conv(static_cast<double>(c.in_channels), static_cast<double>(boc[0]), static_cast<double>(c.conv_in_kernel), hw);
+  lin(static_cast<double>(boc[0]), temb, B);
+  lin(temb, temb, B);
+  double ch = static_cast<double>(boc[0]);
+  std::vector<double> skips{ch};
+  for (size_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < c.layers_per_block[i]; ++j) {
+      resnet(ch, static_cast<double>(boc[i]), hw);
+      ch = static_cast<double>(boc[i]);
+      if (c.down_block_types[i] == "CrossAttnDownBlock2D")
+        transformer(ch, hw, c.transformer_layers_per_block[i], static_cast<double>(c.cross_attention_dim[i]),
+                    c.only_cross_attention[i]);
+      skips.push_back(ch);
+    }
+    if (i + 1 < n) {
+      hw /= 4;
+      conv(ch, ch, 3, hw);
+      skips.push_back(ch);
+    }
+  }
+  resnet(ch, ch, hw);
+  transformer(ch, hw, c.transformer_layers_per_block[n - 1], static_cast<double>(c.cross_attention_dim[n - 1]),
+              false);
+  resnet(ch, ch, hw);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t d = n - 1 - i;  // the down block this up block mirrors
+    for (int64_t j = 0; j < c.layers_per_block[d] + 1; ++j) {
+      const double skip = skips.back();
+      skips.pop_back();
+      resnet(ch + skip, static_cast<double>(boc[d]), hw);
+      ch = static_cast<double>(boc[d]);
+      if (c.up_block_types[i] == "CrossAttnUpBlock2D")
+        transformer(ch, hw, c.transformer_layers_per_block[d], static_cast<double>(c.cross_attention_dim[d]),
+                    c.only_cross_attention[d]);
+    }
+    if (i + 1 < n) {
+      hw *= 4;
+      conv(ch, ch, 3, hw);
+    }
+  }
+  conv(static_cast<double>(boc[0]), static_cast<double>(c.out_channels), static_cast<double>(c.conv_out_kernel),
+       h * w);
+  return f;
+}
+
+models::UNet2DConditionConfig arch_unet(const std::string& arch) {
+  return models::UNet2DConditionConfig::from_json(io::JsonConfig(bench::builtin_arch(arch).unet, arch));
+}
+
+// Runs the UNet at its sample size under a FlopCounter and compares with the hand count.
+void expect_trace_equals_hand_count(const models::UNet2DConditionConfig& cfg, const std::string& what) {
+  torch::InferenceMode guard;
+  models::UNet2DConditionModel unet(cfg);
+  nn::init_random_weights(*unet, 3);
+  const int64_t s = cfg.sample_size.empty() ? 8 : cfg.sample_size[0], B = 2, T = 77;
+  auto sample = torch::randn({B, cfg.in_channels, s, s});
+  auto ctx = torch::randn({B, T, cfg.cross_attention_dim[0]});
+  bench::FlopCounts counts;
+  {
+    bench::FlopCounter counter;
+    unet->forward(sample, torch::tensor(500), ctx);
+    counts = counter.counts();
+  }
+  const auto hand = unet_flops_by_hand(cfg, B, s, s, T);
+  EXPECT_GT(hand.total(), 0) << what;
+  EXPECT_NEAR(counts.conv, hand.conv, 1e-9 * hand.conv) << what;
+  EXPECT_NEAR(counts.matmul, hand.matmul, 1e-9 * hand.matmul) << what;
+  EXPECT_NEAR(counts.attention, hand.attention, 1e-9 * hand.attention) << what;
+}
+
+std::string run_command(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  *status = pclose(p);
+  return out;
+}
+
+}  // namespace
+
+TEST(FlopCounter, CountsConvLinearAndAttentionOnce) {
+  torch::InferenceMode guard;
+  bench::FlopCounts c;
+  {
+    bench::FlopCounter counter;
+    torch::conv2d(torch::randn({2, 3, 8, 8}), torch::randn({4, 3, 3, 3}), torch::Tensor(), 1, 1);
+    torch::conv2d(torch::randn({1, 4, 9, 9}), torch::randn({2, 4, 3, 3}), torch::Tensor(), /*stride=*/2, /*padding=*/std::vector<int64_t>{0, 0});  // 4x4 out
+    torch::linear(torch::randn({2, 5, 7}), torch::randn({3, 7}), torch::randn({3}));  // linear -> matmul inside
+    torch::bmm(torch::randn({3, 4, 5}), torch::randn({3, 5, 6}));
+    auto q = torch::randn({1, 2, 3, 4}), k = torch::randn({1, 2, 5, 4});
+    nn::AttentionOptions o;
+    o.backend = nn::AttentionBackend::kMath;  // its bmm calls must not count twice
+    nn::attention(q, k, k, o);
+    torch::relu(torch::randn({10}));  // not counted
+    c = counter.counts();
+  }
+  EXPECT_DOUBLE_EQ(c.conv, 2.0 * 2 * 4 * 64 * 27 + 2.0 * 1 * 2 * 16 * 36);
+  EXPECT_DOUBLE_EQ(c.matmul, 2.0 * 10 * 7 * 3 + 2.0 * 3 * 4 * 5 * 6);
+  EXPECT_DOUBLE_EQ(c.attention, 2.0 * 2 * 3 * 5 * (4 + 4));
+  EXPECT_DOUBLE_EQ(c.total(), c.conv + c.matmul + c.attention);
+}
+
+TEST(FlopCounter, OnlyOnePerThread) {
+  bench::FlopCounter counter;
+  EXPECT_THROW(bench::FlopCounter(), InvalidArgument);
+}
+
+TEST(FlopCounter, UNetTraceMatchesHandCountOnGoldenConfig) {
+  auto cfg = models::UNet2DConditionConfig::from_json(
+      io::JsonConfig::load(test::golden_dir() + "/model/unet/config.json"));
+  expect_trace_equals_hand_count(cfg, "golden unet");
+}
+
+TEST(FlopCounter, UNetTraceMatchesHandCountOnTinyArch) {
+  expect_trace_equals_hand_count(arch_unet("tiny"), "tiny arch");
+}
+
+TEST(FlopCounter, StableDiffusion21BaseStepIs1608GFlop) {
+  // The published figure for SD2.1-base at 512x512 with classifier-free guidance (batch 2).
+  const auto hand = unet_flops_by_hand(arch_unet("sd2.1-base"), 2, 64, 64, 77);
+  EXPECT_NEAR(hand.total() / 1e9, 1608.5, 0.05);
+}
+
+TEST(BenchArch, BuiltInConfigsParse) {
+  for (const auto& name : bench::builtin_arch_names()) {
+    const auto& a = bench::builtin_arch(name);
+    auto unet = models::UNet2DConditionConfig::from_json(io::JsonConfig(a.unet, name));
+    EXPECT_EQ(unet.block_out_channels.size(), 4u) << name;
+    EXPECT_EQ(unet.cross_attention_dim[0], a.text_encoder.at("hidden_size").get<int64_t>()) << name;
+  }
+  auto sd21 = arch_unet("sd2.1");
+  EXPECT_TRUE(sd21.upcast_attention);
+  EXPECT_EQ(sd21.sample_size[0], 96);
+  EXPECT_EQ(bench::builtin_arch("sd2.1").scheduler.at("prediction_type"), "v_prediction");
+  auto sd15 = arch_unet("sd1.5");
+  EXPECT_EQ(sd15.num_attention_heads[0], 8);
+  EXPECT_FALSE(sd15.use_linear_projection);
+  EXPECT_THROW(bench::builtin_arch("sdxl"), InvalidArgument);
+}
+
+TEST(BenchCli, JsonHasTheStageKeys) {
+  int status = -1;
+  std::string out = run_command(std::string(DIFFUSE_CLI_PATH) +
+                                    " bench --arch tiny --steps 1 --no-roofline --json 2>/dev/null",
+                                &status);
+  ASSERT_EQ(status, 0) << out;
+  auto j = nlohmann::json::parse(out);
+  for (const char* key : {"device", "dtype", "attention", "width", "height", "text_encoder_s", "unet_step_s",
+                          "vae_decode_s", "peak_rss_mb", "unet_gflop"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["width"], 16);
+  EXPECT_GT(j["unet_step_s"].get<double>(), 0);
+  EXPECT_GT(j["unet_gflop"].get<double>(), 0);
+  EXPECT_GT(j["peak_rss_mb"].get<double>(), 0);
+}
+
+TEST(BenchCli, RejectsUnknownArch) {
+  int status = -1;
+  std::string out =
+      run_command(std::string(DIFFUSE_CLI_PATH) + " bench --arch nope --no-roofline 2>&1", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("unknown architecture 'nope'"), std::string::npos) << out;
+}

@@ -1,0 +1,123 @@
+// Norms and GEGLU with float32 statistics: every CPU kernel this machine runs against float64
+// references of the same bf16 inputs, and the module wrappers against LibTorch in float32.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "nn/fused_ops.h"
+#include "nn/kernels/cpu_features.h"
+
+using namespace diffuse;
+
+namespace {
+
+torch::Tensor bf16_randn(c10::IntArrayRef shape, double mean, double std, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  return (torch::randn(shape, gen, torch::kFloat32) * std + mean).to(torch::kBFloat16);
+}
+
+const uint16_t* u16(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
+uint16_t* u16_mut(torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+
+// |out - ref| within one bf16 rounding of the reference (plus a tiny absolute slack).
+void expect_bf16_rounding(const torch::Tensor& out, const torch::Tensor& ref, const std::string& what) {
+  auto o = out.to(torch::kFloat64), r = ref.to(torch::kFloat64);
+  auto bound = r.abs() * (1.0 / 256) + 1e-5;
+  auto excess = ((o - r).abs() - bound).max().item<double>();
+  EXPECT_LE(excess, 0.0) << what << ": max error " << (o - r).abs().max().item<double>();
+}
+
+}  // namespace
+
+TEST(CpuKernels, EveryKernelMatchesFloat64) {
+  ASSERT_FALSE(nn::kernels::runnable_cpu_kernels().empty());
+  EXPECT_STREQ(nn::kernels::runnable_cpu_kernels().back()->name, "portable");
+  for (const auto* k : nn::kernels::runnable_cpu_kernels()) {
+    const std::string name = k->name;
+    for (int64_t n : {1, 7, 16, 100, 5003, 70000}) {
+      auto x = bf16_randn({n}, 10.0, 0.5, 11 + n);
+      double mean = 0, var = 0;
+      k->bf16_moments(u16(x), n, &mean, &var);
+      auto xd = x.to(torch::kFloat64);
+      EXPECT_NEAR(mean, xd.mean().item<double>(), 1e-6) << name << " n=" << n;
+      EXPECT_NEAR(var, xd.var(/*unbiased=*/false).item<double>(), 1e-6) << name << " n=" << n;
+
+      for (bool silu : {false, true}) {
+        auto y = torch::empty_like(x);
+        k->bf16_scale_shift(u16(x), n, 0.75f, -7.0f, silu, u16_mut(y));
+        auto ref = xd * 0.75 - 7.0;
+        if (silu) ref = ref * torch::sigmoid(ref);
+        expect_bf16_rounding(y, ref, name + (silu ? " scale_shift+silu" : " scale_shift"));
+      }
+
+      auto a = bf16_randn({n}, 0.0, 1.0, 3 + n), g = bf16_randn({n}, 0.0, 2.0, 5 + n);
+      auto y = torch::empty_like(a);
+      k->bf16_geglu(u16(a), u16(g), n, u16_mut(y));
+      auto gd = g.to(torch::kFloat64);
+      auto ref = a.to(torch::kFloat64) * 0.5 * gd * (1 + torch::erf(gd / std::sqrt(2.0)));
+      expect_bf16_rounding(y, ref, name + " geglu n=" + std::to_string(n));
+    }
+    for (int64_t d : {5, 320, 1024, 1283}) {
+      auto x = bf16_randn({d}, 10.0, 0.5, 17 + d);
+      auto w = torch::randn({d}), b = torch::randn({d});
+      auto y = torch::empty_like(x);
+      k->bf16_layer_norm_row(u16(x), d, w.data_ptr<float>(), b.data_ptr<float>(), 1e-5f, u16_mut(y));
+      auto ref = torch::layer_norm(x.to(torch::kFloat64), {d}, w.to(torch::kFloat64), b.to(torch::kFloat64), 1e-5);
+      expect_bf16_rounding(y, ref, name + " layer_norm d=" + std::to_string(d));
+    }
+  }
+}
+
+TEST(FusedOps, Bf16GroupNormKeepsFloat32Statistics) {
+  torch::NoGradGuard no_grad;
+  auto x = bf16_randn({2, 64, 9, 11}, 3.0, 0.5, 1);
+  auto w = (torch::randn({64}) * 0.2 + 1).to(torch::kBFloat16), b = (torch::randn({64}) * 0.1).to(torch::kBFloat16);
+  for (bool silu : {false, true}) {
+    auto ref = torch::group_norm(x.to(torch::kFloat64), 8, w.to(torch::kFloat64), b.to(torch::kFloat64), 1e-6);
+    if (silu) ref = torch::silu(ref);
+    auto y = nn::group_norm(x, 8, w, b, 1e-6, silu);
+    EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+    expect_bf16_rounding(y, ref, silu ? "group_norm+silu" : "group_norm");
+    // Channels-last input takes the float32 fallback (LibTorch 1.13's bf16 path is wrong there).
+    auto cl = nn::group_norm(x.contiguous(torch::MemoryFormat::ChannelsLast), 8, w, b, 1e-6, silu);
+    expect_bf16_rounding(cl, ref, "channels-last group_norm");
+  }
+}
+
+TEST(FusedOps, Bf16LayerNormAndModules) {
+  torch::NoGradGuard no_grad;
+  auto x = bf16_randn({3, 5, 320}, 10.0, 0.5, 2);
+  nn::LayerNorm ln(torch::nn::LayerNormOptions({320}).eps(1e-5));
+  ln->weight.normal_(1.0, 0.2);
+  ln->bias.normal_(0.0, 0.1);
+  auto ref = torch::layer_norm(x.to(torch::kFloat64), {320}, ln->weight.to(torch::kFloat64),
+                               ln->bias.to(torch::kFloat64), 1e-5);
+  ln->to(torch::kBFloat16);
+  // The reference used the float32 parameters; compare with bf16-rounded ones instead.
+  ref = torch::layer_norm(x.to(torch::kFloat64), {320}, ln->weight.to(torch::kFloat64), ln->bias.to(torch::kFloat64),
+                          1e-5);
+  expect_bf16_rounding(ln(x), ref, "LayerNorm module");
+  // Non-contiguous input goes through the float32 fallback.
+  auto xt = bf16_randn({320, 6}, 1.0, 1.0, 3).t();
+  auto ref_t = torch::layer_norm(xt.to(torch::kFloat64), {320}, ln->weight.to(torch::kFloat64),
+                                 ln->bias.to(torch::kFloat64), 1e-5);
+  expect_bf16_rounding(ln(xt), ref_t, "LayerNorm module, transposed input");
+
+  nn::GroupNorm gn(torch::nn::GroupNormOptions(4, 16).eps(1e-6));
+  auto xf = torch::randn({2, 16, 5, 5});
+  EXPECT_TRUE(gn(xf).equal(torch::group_norm(xf, 4, gn->weight, gn->bias, 1e-6)));  // float32: LibTorch's
+  EXPECT_TRUE(gn->forward_silu(xf).allclose(torch::silu(torch::group_norm(xf, 4, gn->weight, gn->bias, 1e-6))));
+  EXPECT_EQ(gn->named_parameters().size(), 2u);
+}
+
+TEST(FusedOps, GegluMatchesChunkGelu) {
+  torch::NoGradGuard no_grad;
+  auto h = torch::randn({2, 7, 2 * 40});
+  auto parts = h.chunk(2, -1);
+  auto ref32 = parts[0] * torch::gelu(parts[1]);
+  EXPECT_TRUE(nn::geglu(h).equal(ref32));  // float32: the same ops
+  auto hb = h.to(torch::kBFloat16);
+  auto pb = hb.to(torch::kFloat64).chunk(2, -1);
+  auto ref = pb[0] * 0.5 * pb[1] * (1 + torch::erf(pb[1] / std::sqrt(2.0)));
+  expect_bf16_rounding(nn::geglu(hb), ref, "bf16 geglu");
+  EXPECT_THROW(nn::geglu(torch::randn({2, 3})), std::exception);
+}
