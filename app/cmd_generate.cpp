@@ -11,6 +11,7 @@
 #include "device/device.h"
 #include "io/safetensors.h"
 #include "nn/attention.h"
+#include "pipeline/stable_diffusion.h"
 #include "progress.h"
 
 namespace fs = std::filesystem;
@@ -158,12 +159,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     }
   }
   // Check everything that does not need the model before the (slow) load.
-  if (g.width % 8 != 0 || g.height % 8 != 0 || g.width < 0 || g.height < 0)
-    throw InvalidArgument("--width/--height must be multiples of 8, got " + std::to_string(g.width) + "x" +
-                          std::to_string(g.height));
-  if (g.steps < 1) throw InvalidArgument("--steps must be >= 1, got " + std::to_string(g.steps));
-  if (img2img && !(g.strength > 0 && g.strength <= 1))
-    throw InvalidArgument("--strength must be in (0, 1], got " + std::to_string(g.strength));
+  pipeline::validate_generation_config(g, img2img);
   if (!fs::exists(f.model)) throw IoError("model '" + f.model + "' does not exist");
   {
     auto dev = device::resolve_device(f.device);

@@ -51,14 +51,6 @@ RunResult run_cli(const std::vector<std::string>& args, const test::TempDir& dir
   return r;
 }
 
-std::vector<std::string> strings(const nlohmann::json& j) {
-  std::vector<std::string> v;
-  if (j.is_string()) v.push_back(j.get<std::string>());
-  if (j.is_array())
-    for (const auto& s : j) v.push_back(s.get<std::string>());
-  return v;
-}
-
 // The CLI scheduler name whose class is `class_name` when built from `base`.
 std::string scheduler_flag_for(const std::string& class_name, const io::JsonConfig& base) {
   for (const auto& name : schedulers::scheduler_names())
@@ -80,8 +72,8 @@ TEST(Cli, GoldenTxt2ImgCasesThroughTheCli) {
     test::TempDir dir;
     std::vector<std::string> args = {"txt2img", "--device", "cpu", "--dtype", "fp32", "--vae-dtype", "fp32",
                                      "--latents", c.file, "--quiet"};
-    for (const auto& s : strings(p.value("prompt", nlohmann::json()))) args.insert(args.end(), {"--prompt", s});
-    for (const auto& s : strings(p.value("negative_prompt", nlohmann::json())))
+    for (const auto& s : verify::string_list(p.value("prompt", nlohmann::json()))) args.insert(args.end(), {"--prompt", s});
+    for (const auto& s : verify::string_list(p.value("negative_prompt", nlohmann::json())))
       args.insert(args.end(), {"--negative-prompt", s});
     args.insert(args.end(), {"--steps", std::to_string(p.value("num_inference_steps", 50)), "--cfg-scale",
                              std::to_string(p.value("guidance_scale", 7.5)), "--width",
@@ -111,7 +103,7 @@ TEST(Cli, GoldenTxt2ImgCasesThroughTheCli) {
         double err = (got - expected[i].to(torch::kFloat64)).abs().max().item<double>();
         EXPECT_LE(err, 0.5 / 255.0 + c.tol("atol", 1e-4) + 1e-9) << c.name << " " << label << " image " << i;
         auto text = read_png_text(path);
-        EXPECT_NE(text.at("parameters").find(strings(p["prompt"])[static_cast<size_t>(i)]), std::string::npos);
+        EXPECT_NE(text.at("parameters").find(verify::string_list(p["prompt"])[static_cast<size_t>(i)]), std::string::npos);
         auto meta = nlohmann::json::parse(text.at("diffuse"));
         EXPECT_EQ(meta["steps"], p.value("num_inference_steps", 50));
       }

@@ -10,8 +10,6 @@
 namespace diffuse {
 namespace {
 
-std::string model_dir() { return verify::GoldenSet::load(test::golden_dir()).model_dir(); }
-
 LoadOptions fp32_cpu() {
   LoadOptions o;
   o.device = "cpu";
@@ -32,7 +30,7 @@ GenerationConfig small_config(int steps = 2) {
 // Values of torch.randn(shape, generator=torch.Generator("cpu").manual_seed(1234)) computed
 // with PyTorch 1.13 (diffusers draws the initial latents exactly so).
 TEST(Pipeline, SeedGivesTheReferenceInitialLatents) {
-  pipeline::StableDiffusion sd(model_dir(), fp32_cpu());
+  pipeline::StableDiffusion sd(test::golden_model_dir(), fp32_cpu());
   torch::Tensor initial;
   sd.set_trace([&](const std::string& name, const torch::Tensor& t) {
     if (name == "initial_latents") initial = t.clone();
@@ -52,7 +50,7 @@ TEST(Pipeline, SeedGivesTheReferenceInitialLatents) {
 }
 
 TEST(Pipeline, SameSeedSameImageDifferentSeedDifferentImage) {
-  auto pipe = Text2Image::load(model_dir(), fp32_cpu());
+  auto pipe = Text2Image::load(test::golden_model_dir(), fp32_cpu());
   auto a = pipe.generate(small_config());
   auto b = pipe.generate(small_config());
   auto g = small_config();
@@ -68,7 +66,7 @@ TEST(Pipeline, SameSeedSameImageDifferentSeedDifferentImage) {
 }
 
 TEST(Pipeline, ImagesPerPromptAndSchedulersProduceTheRightBatch) {
-  auto pipe = Text2Image::load(model_dir(), fp32_cpu());
+  auto pipe = Text2Image::load(test::golden_model_dir(), fp32_cpu());
   for (const auto& name : scheduler_names()) {
     auto g = small_config(3);
     g.prompts = {"one", "two"};
@@ -83,7 +81,7 @@ TEST(Pipeline, ImagesPerPromptAndSchedulersProduceTheRightBatch) {
 }
 
 TEST(Pipeline, CallbackSeesEveryStepAndCanCancel) {
-  auto pipe = Text2Image::load(model_dir(), fp32_cpu());
+  auto pipe = Text2Image::load(test::golden_model_dir(), fp32_cpu());
   std::vector<int> steps;
   auto r = pipe.generate(small_config(3), [&](const StepEvent& e) {
     steps.push_back(e.step);
@@ -98,7 +96,7 @@ TEST(Pipeline, CallbackSeesEveryStepAndCanCancel) {
 }
 
 TEST(Pipeline, Image2ImageKeepsSizeAndUsesStrength) {
-  auto pipe = Image2Image::load(model_dir(), fp32_cpu());
+  auto pipe = Image2Image::load(test::golden_model_dir(), fp32_cpu());
   Image init;
   init.width = 77;  // not a multiple of 8: rounded down to 72 (latent 9 wide: odd for the UNet)
   init.height = 64;
@@ -120,7 +118,7 @@ TEST(Pipeline, Image2ImageKeepsSizeAndUsesStrength) {
 }
 
 TEST(Pipeline, BadParametersAreRejectedBeforeAnyWork) {
-  auto pipe = Text2Image::load(model_dir(), fp32_cpu());
+  auto pipe = Text2Image::load(test::golden_model_dir(), fp32_cpu());
   auto expect_invalid = [&](GenerationConfig g, const std::string& needle) {
     try {
       pipe.generate(g);
@@ -147,7 +145,7 @@ TEST(Pipeline, BadParametersAreRejectedBeforeAnyWork) {
   g = small_config();
   g.scheduler = "warp-drive";
   EXPECT_THROW(pipe.generate(g), Error);
-  auto i2i = Image2Image::load(model_dir(), fp32_cpu());
+  auto i2i = Image2Image::load(test::golden_model_dir(), fp32_cpu());
   Image init;
   init.width = init.height = 64;
   init.rgb.assign(64 * 64 * 3, 0);
@@ -159,7 +157,7 @@ TEST(Pipeline, BadParametersAreRejectedBeforeAnyWork) {
 }
 
 TEST(Pipeline, WarnsWhenAPromptIsTruncated) {
-  auto pipe = Text2Image::load(model_dir(), fp32_cpu());
+  auto pipe = Text2Image::load(test::golden_model_dir(), fp32_cpu());
   auto g = small_config(1);
   auto r = pipe.generate(g);
   EXPECT_TRUE(r.warnings.empty());
@@ -176,7 +174,7 @@ TEST(Pipeline, MissingModelIsAnIoError) {
   EXPECT_THROW(Text2Image::load("/nonexistent/model", fp32_cpu()), IoError);
   LoadOptions o = fp32_cpu();
   o.device = "tpu";
-  EXPECT_THROW(Text2Image::load(model_dir(), o), DeviceError);
+  EXPECT_THROW(Text2Image::load(test::golden_model_dir(), o), DeviceError);
 }
 
 }  // namespace

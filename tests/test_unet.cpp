@@ -38,39 +38,24 @@ UNet2DConditionConfig parse(const nlohmann::json& j) {
   return UNet2DConditionConfig::from_json(io::JsonConfig(j, "test/unet/config.json"));
 }
 
-template <typename E, typename F>
-std::string expect_throw(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected exception not thrown";
-  return "";
-}
-
-std::string golden_model_dir() {
-  return verify::GoldenSet::load(test::golden_dir()).model_dir();
-}
-
 TEST(UNetConfig, UnknownBlockTypeNamesFileKeyAndValue) {
   auto j = tiny_config();
   j["down_block_types"] = {"CrossAttnDownBlock2D", "SkipDownBlock2D"};
-  auto msg = expect_throw<ConfigError>([&] { parse(j); });
+  auto msg = test::expect_throw<ConfigError>([&] { parse(j); });
   EXPECT_NE(msg.find("test/unet/config.json"), std::string::npos) << msg;
   EXPECT_NE(msg.find("down_block_types"), std::string::npos) << msg;
   EXPECT_NE(msg.find("SkipDownBlock2D"), std::string::npos) << msg;
 
   j = tiny_config();
   j["up_block_types"] = {"UpBlock2D", "AttnUpBlock2D"};
-  msg = expect_throw<ConfigError>([&] { parse(j); });
+  msg = test::expect_throw<ConfigError>([&] { parse(j); });
   EXPECT_NE(msg.find("AttnUpBlock2D"), std::string::npos) << msg;
 }
 
 TEST(UNetConfig, MissingBlockOutChannels) {
   auto j = tiny_config();
   j.erase("block_out_channels");
-  auto msg = expect_throw<ConfigError>([&] { parse(j); });
+  auto msg = test::expect_throw<ConfigError>([&] { parse(j); });
   EXPECT_NE(msg.find("block_out_channels"), std::string::npos) << msg;
   EXPECT_NE(msg.find("test/unet/config.json"), std::string::npos) << msg;
 }
@@ -78,30 +63,30 @@ TEST(UNetConfig, MissingBlockOutChannels) {
 TEST(UNetConfig, RejectsUnsupportedAndInconsistentSettings) {
   auto j = tiny_config();
   j["num_class_embeds"] = 10;
-  EXPECT_NE(expect_throw<ConfigError>([&] { parse(j); }).find("num_class_embeds"),
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("num_class_embeds"),
             std::string::npos);
   j = tiny_config();
   j["addition_embed_type"] = "text_time";
-  EXPECT_NE(expect_throw<ConfigError>([&] { parse(j); }).find("addition_embed_type"),
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("addition_embed_type"),
             std::string::npos);
   j = tiny_config();
   j["layers_per_block"] = {1, 2, 3};  // 3 values for 2 blocks
-  EXPECT_NE(expect_throw<ConfigError>([&] { parse(j); }).find("layers_per_block"),
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("layers_per_block"),
             std::string::npos);
   j = tiny_config();
   j["attention_head_dim"] = 3;  // 3 heads cannot split 8 channels
-  EXPECT_NE(expect_throw<ConfigError>([&] { parse(j); }).find("attention_head_dim"),
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("attention_head_dim"),
             std::string::npos);
   j = tiny_config();
   j["norm_num_groups"] = 3;
-  EXPECT_NE(expect_throw<ConfigError>([&] { parse(j); }).find("norm_num_groups"),
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("norm_num_groups"),
             std::string::npos);
   j = tiny_config();
   j["act_fn"] = "tanh";
-  EXPECT_NE(expect_throw<ConfigError>([&] { parse(j); }).find("tanh"), std::string::npos);
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("tanh"), std::string::npos);
   j = tiny_config();
   j["down_block_types"] = {"DownBlock2D"};
-  EXPECT_NE(expect_throw<ConfigError>([&] { parse(j); }).find("down_block_types"),
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("down_block_types"),
             std::string::npos);
 }
 
@@ -167,7 +152,7 @@ TEST(UNetConfig, AcceptsAHubStyleConfigWithNullKeys) {
 }
 
 TEST(UNetModel, ParameterNamesEqualTheDiffusersFile) {
-  auto folder = io::ModelFolder::open(golden_model_dir());
+  auto folder = io::ModelFolder::open(test::golden_model_dir());
   UNet2DConditionModel unet(UNet2DConditionConfig::from_json(folder.component_config("unet")));
   std::set<std::string> ours, theirs;
   for (const auto& p : unet->named_parameters()) ours.insert(p.key());
@@ -177,14 +162,14 @@ TEST(UNetModel, ParameterNamesEqualTheDiffusersFile) {
 
 TEST(UNetModel, RejectsMalformedInputs) {
   auto unet =
-      models::load_unet(io::ModelFolder::open(golden_model_dir()), torch::kCPU, torch::kFloat32);
+      models::load_unet(io::ModelFolder::open(test::golden_model_dir()), torch::kCPU, torch::kFloat32);
   const auto& c = unet->config();
   const int64_t f = c.spatial_factor(), lc = c.in_channels, cd = c.cross_attention_dim[0];
   torch::InferenceMode guard;
   auto t = torch::tensor(10);
   auto ctx = torch::randn({2, 7, cd});
 
-  auto msg = expect_throw<InvalidArgument>([&] {
+  auto msg = test::expect_throw<InvalidArgument>([&] {
     unet->forward(torch::randn({2, lc + 1, f, f}), t, ctx);
   });
   EXPECT_NE(msg.find("in_channels = " + std::to_string(lc)), std::string::npos) << msg;
@@ -194,23 +179,23 @@ TEST(UNetModel, RejectsMalformedInputs) {
   EXPECT_EQ(odd.sizes(), (std::vector<int64_t>{2, c.out_channels, f + 1, f + f / 2 + 1}));
   EXPECT_TRUE(torch::isfinite(odd).all().item<bool>());
 
-  msg = expect_throw<InvalidArgument>([&] {
+  msg = test::expect_throw<InvalidArgument>([&] {
     unet->forward(torch::randn({2, lc, f, f}), t, torch::randn({2, 7, cd + 1}));
   });
   EXPECT_NE(msg.find("cross_attention_dim = " + std::to_string(cd)), std::string::npos) << msg;
 
-  msg = expect_throw<InvalidArgument>([&] {
+  msg = test::expect_throw<InvalidArgument>([&] {
     unet->forward(torch::randn({2, lc, f, f}), torch::tensor({1, 2, 3}), ctx);
   });
   EXPECT_NE(msg.find("timestep"), std::string::npos) << msg;
 
-  msg = expect_throw<InvalidArgument>([&] { unet->forward(torch::randn({3, lc, f, f}), t, ctx); });
+  msg = test::expect_throw<InvalidArgument>([&] { unet->forward(torch::randn({3, lc, f, f}), t, ctx); });
   EXPECT_NE(msg.find("batch"), std::string::npos) << msg;
 }
 
 TEST(UNetModel, ScalarIntAndFloatTimestepsAgree) {
   auto unet =
-      models::load_unet(io::ModelFolder::open(golden_model_dir()), torch::kCPU, torch::kFloat32);
+      models::load_unet(io::ModelFolder::open(test::golden_model_dir()), torch::kCPU, torch::kFloat32);
   const auto& c = unet->config();
   torch::InferenceMode guard;
   torch::manual_seed(0);
@@ -275,7 +260,7 @@ TEST(UNetModel, UpcastAttentionInBFloat16StaysCloseToFloat32) {
 
 TEST(UNetLoad, ConfigThatDoesNotMatchTheWeightsIsAFormatError) {
   test::TempDir dir;
-  fs::path src = golden_model_dir();
+  fs::path src = test::golden_model_dir();
   fs::copy_file(src / "model_index.json", dir.path() / "model_index.json");
   fs::create_directories(dir.path() / "unet");
   fs::create_symlink(src / "unet" / "diffusion_pytorch_model.safetensors",
@@ -283,7 +268,7 @@ TEST(UNetLoad, ConfigThatDoesNotMatchTheWeightsIsAFormatError) {
   auto cfg = io::JsonConfig::load((src / "unet" / "config.json").string()).json();
   cfg["cross_attention_dim"] = cfg["cross_attention_dim"].get<int64_t>() * 2;
   std::ofstream(dir.file("unet/config.json")) << cfg.dump();
-  auto msg = expect_throw<FormatError>([&] {
+  auto msg = test::expect_throw<FormatError>([&] {
     models::load_unet(io::ModelFolder::open(dir.path().string()), torch::kCPU, torch::kFloat32);
   });
   EXPECT_NE(msg.find("attn2.to_k.weight"), std::string::npos) << msg;

@@ -1,5 +1,7 @@
 // Helpers shared by the tests.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <string>
 
@@ -9,6 +11,22 @@ namespace diffuse::test {
 
 // The golden set under test: $DIFFUSE_GOLDEN_DIR or the shared sd21-tiny set.
 inline std::string golden_dir() { return verify::golden_dir_from_env(DIFFUSE_DEFAULT_GOLDEN_DIR); }
+
+// The golden set's diffusers model folder.
+inline std::string golden_model_dir() { return verify::GoldenSet::load(golden_dir()).model_dir(); }
+
+// Runs `f`, which must throw E; returns the message (and records a failure if nothing or
+// something else was thrown).
+template <typename E, typename F>
+std::string expect_throw(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected exception not thrown";
+  return "";
+}
 
 // A fresh empty folder under the system temp dir, removed by the destructor.
 class TempDir {

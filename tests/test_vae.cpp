@@ -29,26 +29,15 @@ AutoencoderKLConfig parse(const nlohmann::json& j) {
   return AutoencoderKLConfig::from_json(io::JsonConfig(j, "test/vae/config.json"));
 }
 
-template <typename E, typename F>
-std::string expect_throw(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected exception not thrown";
-  return "";
-}
-
 AutoencoderKL golden_vae() {
-  auto dir = verify::GoldenSet::load(test::golden_dir()).model_dir();
+  auto dir = test::golden_model_dir();
   return models::load_vae(io::ModelFolder::open(dir), torch::kCPU, torch::kFloat32);
 }
 
 TEST(VaeConfig, UnknownBlockTypeNamesFileKeyAndValue) {
   auto j = tiny_config();
   j["up_block_types"] = {"UpDecoderBlock2D", "AttnUpDecoderBlock2D"};
-  auto msg = expect_throw<ConfigError>([&] { parse(j); });
+  auto msg = test::expect_throw<ConfigError>([&] { parse(j); });
   EXPECT_NE(msg.find("test/vae/config.json"), std::string::npos) << msg;
   EXPECT_NE(msg.find("up_block_types"), std::string::npos) << msg;
   EXPECT_NE(msg.find("AttnUpDecoderBlock2D"), std::string::npos) << msg;
@@ -57,15 +46,15 @@ TEST(VaeConfig, UnknownBlockTypeNamesFileKeyAndValue) {
 TEST(VaeConfig, MissingBlockOutChannelsAndBadGroups) {
   auto j = tiny_config();
   j.erase("block_out_channels");
-  EXPECT_NE(expect_throw<ConfigError>([&] { parse(j); }).find("block_out_channels"),
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("block_out_channels"),
             std::string::npos);
   j = tiny_config();
   j["norm_num_groups"] = 5;
-  EXPECT_NE(expect_throw<ConfigError>([&] { parse(j); }).find("norm_num_groups"),
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("norm_num_groups"),
             std::string::npos);
   j = tiny_config();
   j["down_block_types"] = {"DownEncoderBlock2D"};
-  EXPECT_NE(expect_throw<ConfigError>([&] { parse(j); }).find("down_block_types"),
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("down_block_types"),
             std::string::npos);
 }
 
@@ -100,16 +89,16 @@ TEST(VaeModel, RejectsMalformedInputs) {
   const auto& c = vae->config();
   const int64_t f = c.spatial_factor();
   torch::InferenceMode guard;
-  auto msg = expect_throw<InvalidArgument>([&] {
+  auto msg = test::expect_throw<InvalidArgument>([&] {
     vae->decode(torch::randn({1, c.latent_channels + 1, 3, 4}));
   });
   EXPECT_NE(msg.find("latent_channels = " + std::to_string(c.latent_channels)), std::string::npos)
       << msg;
-  msg = expect_throw<InvalidArgument>([&] {
+  msg = test::expect_throw<InvalidArgument>([&] {
     vae->encode(torch::randn({1, c.in_channels, 2 * f, 2 * f + 4}));
   });
   EXPECT_NE(msg.find("multiples of " + std::to_string(f)), std::string::npos) << msg;
-  msg = expect_throw<InvalidArgument>([&] { vae->encode(torch::randn({1, 1, f, f})); });
+  msg = test::expect_throw<InvalidArgument>([&] { vae->encode(torch::randn({1, 1, f, f})); });
   EXPECT_NE(msg.find("in_channels = " + std::to_string(c.in_channels)), std::string::npos) << msg;
   EXPECT_THROW(vae->decode(torch::randn({c.latent_channels, 3, 4})), InvalidArgument);
 }

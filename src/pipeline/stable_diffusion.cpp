@@ -158,6 +158,17 @@ std::unique_ptr<schedulers::Scheduler> StableDiffusion::make_scheduler(const Gen
   return scheduler;
 }
 
+PromptEmbeddings StableDiffusion::encode_for_run(const GenerationConfig& config, uint64_t seed, double t0,
+                                                StageTimings* timings) {
+  seed_devices(seed);
+  device::reset_peak_memory(c_->text_device);
+  auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt,
+                              /*guidance=*/config.guidance_scale > 1.0);
+  timings->text_encode_s = now_s() - t0;
+  record_memory(timings, "text_encode", c_->text_device);
+  return embeds;
+}
+
 void StableDiffusion::seed_devices(uint64_t seed) const {
   // The pipeline's own noise comes from the CPU generator; device generators are seeded so
   // that operators sampling on the device are reproducible as well.
@@ -314,13 +325,8 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config, con
   torch::InferenceMode guard;
   double t0 = now_s();
   StageTimings timings;
-  bool guidance = config.guidance_scale > 1.0;
   uint64_t seed = config.seed.value_or(random_seed());
-  seed_devices(seed);
-  device::reset_peak_memory(c_->text_device);
-  auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt, guidance);
-  timings.text_encode_s = now_s() - t0;
-  record_memory(&timings, "text_encode", c_->text_device);
+  auto embeds = encode_for_run(config, seed, t0, &timings);
 
   auto scheduler = make_scheduler(config);
   int width = config.width ? config.width : info_.default_width;
@@ -362,13 +368,8 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config, co
   if (init.size(2) % sf != 0 || init.size(3) % sf != 0)
     throw InvalidArgument("init image size " + std::to_string(init.size(3)) + "x" + std::to_string(init.size(2)) +
                           " is not a multiple of " + std::to_string(sf));
-  bool guidance = config.guidance_scale > 1.0;
   uint64_t seed = config.seed.value_or(random_seed());
-  seed_devices(seed);
-  device::reset_peak_memory(c_->text_device);
-  auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt, guidance);
-  timings.text_encode_s = now_s() - t0;
-  record_memory(&timings, "text_encode", c_->text_device);
+  auto embeds = encode_for_run(config, seed, t0, &timings);
 
   auto scheduler = make_scheduler(config);
   // diffusers' get_timesteps: run only the last `strength` part of the schedule.

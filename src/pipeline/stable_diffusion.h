@@ -66,6 +66,9 @@ class StableDiffusion {
   // The run's scheduler (the model's, or the one named in the config) with its timesteps set.
   std::unique_ptr<schedulers::Scheduler> make_scheduler(const GenerationConfig& config) const;
   void seed_devices(uint64_t seed) const;
+  // The start every run shares: seed the devices, encode the prompts (negative ones too when
+  // guidance is on), time it and record the text encoder's memory.
+  PromptEmbeddings encode_for_run(const GenerationConfig& config, uint64_t seed, double t0, StageTimings* timings);
   static void record_memory(StageTimings* timings, const char* stage, const torch::Device& where);
 
   void trace(const std::string& name, const torch::Tensor& t) const {

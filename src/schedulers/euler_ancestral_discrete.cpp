@@ -31,14 +31,7 @@ StepOutput EulerAncestralDiscreteScheduler::step(const torch::Tensor& model_outp
   const float sigma = sigma_at(i);
   const float sigma_to = sigma_at(i + 1);
   auto sample = sample_in.to(torch::kFloat32);
-  torch::Tensor pred_original;
-  if (prediction_type_ == PredictionType::kEpsilon) {
-    pred_original = sample - model_output * static_cast<double>(sigma);
-  } else {
-    const float c_out = -sigma / std::sqrt(sigma * sigma + 1.0f);
-    pred_original = model_output * static_cast<double>(c_out) +
-                    sample / static_cast<double>(sigma * sigma + 1.0f);
-  }
+  auto pred_original = predict_original_sample(prediction_type_, sample, model_output, sigma);
   // Split the step to sigma_to into a deterministic part down to sigma_down and fresh noise
   // of size sigma_up, with sigma_down^2 + sigma_up^2 = sigma_to^2.
   const float sigma_up =

@@ -56,21 +56,7 @@ StepOutput EulerDiscreteScheduler::step(const torch::Tensor& model_output,
   // No churn (s_churn = 0, as the pipelines call it): sigma_hat = sigma.
   const float sigma_hat = sigma;
   auto sample = sample_in.to(torch::kFloat32);
-  torch::Tensor pred_original;
-  switch (prediction_type_) {
-    case PredictionType::kEpsilon:
-      pred_original = sample - model_output * static_cast<double>(sigma_hat);
-      break;
-    case PredictionType::kVPrediction: {
-      const float c_out = -sigma / std::sqrt(sigma * sigma + 1.0f);
-      pred_original = model_output * static_cast<double>(c_out) +
-                      sample / static_cast<double>(sigma * sigma + 1.0f);
-      break;
-    }
-    case PredictionType::kSample:
-      pred_original = model_output;
-      break;
-  }
+  auto pred_original = predict_original_sample(prediction_type_, sample, model_output, sigma_hat);
   auto derivative = (sample - pred_original) / static_cast<double>(sigma_hat);
   const float dt = sigma_next - sigma_hat;
   auto prev = (sample + derivative * static_cast<double>(dt)).to(model_output.scalar_type());

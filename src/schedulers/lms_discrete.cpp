@@ -45,21 +45,7 @@ StepOutput LMSDiscreteScheduler::step(const torch::Tensor& model_output,
   init_step_index(timestep);
   const int64_t i = *step_index_;
   const float sigma = sigma_at(i);
-  torch::Tensor pred_original;
-  switch (prediction_type_) {
-    case PredictionType::kEpsilon:
-      pred_original = sample - model_output * static_cast<double>(sigma);
-      break;
-    case PredictionType::kVPrediction: {
-      const float c_out = -sigma / std::sqrt(sigma * sigma + 1.0f);
-      pred_original = model_output * static_cast<double>(c_out) +
-                      sample / static_cast<double>(sigma * sigma + 1.0f);
-      break;
-    }
-    case PredictionType::kSample:
-      pred_original = model_output;
-      break;
-  }
+  auto pred_original = predict_original_sample(prediction_type_, sample, model_output, sigma);
   derivatives_.push_back((sample - pred_original) / static_cast<double>(sigma));
   if (derivatives_.size() > kOrder) derivatives_.pop_front();
 

@@ -108,4 +108,19 @@ torch::Tensor SigmaScheduler::add_noise(const torch::Tensor& original, const tor
   return original + noise.to(original.device()) * per_sample(sigma, original, class_name());
 }
 
+torch::Tensor predict_original_sample(PredictionType type, const torch::Tensor& sample,
+                                      const torch::Tensor& model_output, float sigma) {
+  switch (type) {
+    case PredictionType::kEpsilon:
+      return sample - model_output * static_cast<double>(sigma);
+    case PredictionType::kVPrediction: {
+      const float c_out = -sigma / std::sqrt(sigma * sigma + 1.0f);
+      return model_output * static_cast<double>(c_out) + sample / static_cast<double>(sigma * sigma + 1.0f);
+    }
+    case PredictionType::kSample:
+      break;
+  }
+  return model_output;
+}
+
 }  // namespace diffuse::schedulers

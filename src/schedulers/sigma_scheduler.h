@@ -36,6 +36,11 @@ struct SigmaSchedule {
 SigmaSchedule make_sigma_schedule(const torch::Tensor& alphas_cumprod, int n,
                                   const SigmaScheduleOptions& options);
 
+// The denoised sample x0 predicted at noise level `sigma` (k-diffusion parameterisation, as
+// the Euler-family schedulers of diffusers compute it in float32).
+torch::Tensor predict_original_sample(PredictionType type, const torch::Tensor& sample,
+                                      const torch::Tensor& model_output, float sigma);
+
 class SigmaScheduler : public Scheduler {
  public:
   double init_noise_sigma() const override;

@@ -144,6 +144,14 @@ void CaseResult::add(const std::string& what, const Comparison& c) {
   }
 }
 
+std::vector<std::string> string_list(const nlohmann::json& j) {
+  std::vector<std::string> out;
+  if (j.is_string()) out.push_back(j.get<std::string>());
+  if (j.is_array())
+    for (const auto& s : j) out.push_back(s.get<std::string>());
+  return out;
+}
+
 std::string golden_dir_from_env(const std::string& fallback) {
   const char* env = std::getenv("DIFFUSE_GOLDEN_DIR");
   return env && *env ? std::string(env) : fallback;

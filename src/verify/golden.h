@@ -79,6 +79,9 @@ struct CaseResult {
   void add(const std::string& what, const Comparison& c);
 };
 
+// A params entry that may be one string or a list of strings ("prompt"), as a list.
+std::vector<std::string> string_list(const nlohmann::json& j);
+
 // Where the golden data lives: $DIFFUSE_GOLDEN_DIR if set, else `fallback`.
 std::string golden_dir_from_env(const std::string& fallback);
 

@@ -14,14 +14,6 @@
 namespace diffuse::verify {
 namespace {
 
-std::vector<std::string> string_list(const nlohmann::json& j) {
-  std::vector<std::string> out;
-  if (j.is_string()) out.push_back(j.get<std::string>());
-  if (j.is_array())
-    for (const auto& s : j) out.push_back(s.get<std::string>());
-  return out;
-}
-
 bool is_integer(const torch::Tensor& t) { return !t.is_floating_point(); }
 
 // Tensors whose scale is O(1) are compared with the plain atol; latent-like tensors grow
@@ -47,11 +39,9 @@ torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOpt
   if (!replay.all_noise_used) r->add(label + "noise consumed", Comparison{false, 0, "not all supplied noise was used"});
   double atol = c.tol("atol", 1e-4);
   double latents_rtol = c.tol("latents_rtol", c.tol("rtol", 1e-5));
-  int compared = 0;
   for (const auto& [name, got] : traced) {
     if (!t.has(name)) continue;
     auto expected = t.get(name);
-    ++compared;
     if (is_integer(expected)) {
       r->add(label + name, compare_exact(label + name, got, expected));
     } else if (name.find(".t") == name.size() - 2 || name.find("unet_timestep") != std::string::npos) {
@@ -67,7 +57,6 @@ torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOpt
     r->add(label + "image", Comparison{false, 0, "no final image to compare"});
     return torch::Tensor();
   }
-  (void)compared;
   return traced.at("image");
 }
 
