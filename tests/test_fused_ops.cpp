@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "nn/fused_ops.h"
+#include "nn/layers.h"
 #include "nn/kernels/cpu_features.h"
 
 using namespace diffuse;
@@ -120,4 +121,38 @@ TEST(FusedOps, GegluMatchesChunkGelu) {
   auto ref = pb[0] * 0.5 * pb[1] * (1 + torch::erf(pb[1] / std::sqrt(2.0)));
   expect_bf16_rounding(nn::geglu(hb), ref, "bf16 geglu");
   EXPECT_THROW(nn::geglu(torch::randn({2, 3})), std::exception);
+}
+
+TEST(Layers, SkipInitGuardBuildsTheSameParametersUninitialised) {
+  auto build = [] {
+    return std::vector<torch::nn::AnyModule>{
+        torch::nn::AnyModule(nn::make_linear(torch::nn::LinearOptions(6, 5).bias(false))),
+        torch::nn::AnyModule(nn::make_conv2d(torch::nn::Conv2dOptions(4, 6, 3).stride(2).padding(1))),
+        torch::nn::AnyModule(nn::make_embedding(11, 3))};
+  };
+  auto plain = build();
+  std::vector<torch::nn::AnyModule> skipped;
+  {
+    nn::SkipInitGuard guard(torch::kBFloat16);
+    skipped = build();
+  }
+  for (size_t i = 0; i < plain.size(); ++i) {
+    auto a = plain[i].ptr()->named_parameters(), b = skipped[i].ptr()->named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) {
+      EXPECT_EQ(a[j].key(), b[j].key());
+      EXPECT_EQ(a[j].value().sizes(), b[j].value().sizes()) << a[j].key();
+      EXPECT_EQ(a[j].value().scalar_type(), torch::kFloat32);
+      EXPECT_EQ(b[j].value().scalar_type(), torch::kBFloat16);
+    }
+  }
+  // Without the guard: LibTorch's initialisation (kaiming-uniform bound 1/sqrt(fan_in)).
+  auto lin = nn::make_linear(6, 5);
+  EXPECT_LE(lin->weight.abs().max().item<double>(), 1.0 / std::sqrt(6.0) + 1e-6);
+  EXPECT_GT(lin->weight.abs().max().item<double>(), 0);
+  // The conv keeps its stride and padding: 4x9x9 -> 6x5x5.
+  torch::NoGradGuard no_grad;
+  skipped[1].ptr()->parameters()[0].normal_();
+  auto y = skipped[1].forward(torch::randn({1, 4, 9, 9}).to(torch::kBFloat16));
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{1, 6, 5, 5}));
 }

@@ -14,7 +14,7 @@
 #include "models/clip_text_model.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
-#include "nn/default_dtype.h"
+#include "nn/layers.h"
 #include "nn/load_weights.h"
 #include "nn/random_init.h"
 #include "pipeline/model_source.h"
@@ -65,20 +65,20 @@ Source open_source(const PipelineBenchOptions& o) {
   return s;
 }
 
-// Builds the module directly in `dtype` (no float32 copy), then fills it with the model's
-// weights or seeded random ones, and moves it to the device.
+// Builds the module without LibTorch's initialisation, directly in `dtype` (no float32 copy),
+// then fills it with the model's weights or seeded random ones, and moves it to the device.
 template <typename Module, typename Make>
 Module build(Make make, torch::Dtype dtype, const torch::Device& device,
              const std::map<std::string, torch::Tensor>* weights, const std::string& source, uint64_t seed,
              const std::set<std::string>& ignored = {}) {
   Module m{nullptr};
   {
-    nn::DefaultDtypeGuard guard(dtype);
+    nn::SkipInitGuard guard(dtype);
     m = make();
   }
   if (weights) nn::load_state_dict(*m, *weights, source, ignored);
-  else nn::init_random_weights(*m, seed);
-  m->to(device);
+  else nn::init_pooled_random_weights(*m, seed);
+  m->to(device, dtype);
   m->eval();
   return m;
 }

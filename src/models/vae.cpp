@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "nn/layers.h"
+
 namespace diffuse::models {
 namespace {
 
@@ -9,7 +11,7 @@ namespace {
 constexpr double kVaeEps = 1e-6;
 
 torch::nn::Conv2d conv3x3(int64_t in, int64_t out) {
-  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
+  return nn::make_conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
 }
 
 nn::GroupNorm group_norm(int64_t groups, int64_t channels) {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "nn/attention.h"
+#include "nn/layers.h"
 
 namespace diffuse::nn {
 namespace {
@@ -28,10 +29,10 @@ SpatialSelfAttentionImpl::SpatialSelfAttentionImpl(int64_t channels, int64_t hea
     : channels(channels), heads(heads), rescale_output_factor(rescale_output_factor) {
   group_norm = register_module(
       "group_norm", GroupNorm(torch::nn::GroupNormOptions(norm_groups, channels).eps(eps).affine(true)));
-  to_q = register_module("to_q", torch::nn::Linear(channels, channels));
-  to_k = register_module("to_k", torch::nn::Linear(channels, channels));
-  to_v = register_module("to_v", torch::nn::Linear(channels, channels));
-  out_proj = torch::nn::Linear(channels, channels);
+  to_q = register_module("to_q", nn::make_linear(channels, channels));
+  to_k = register_module("to_k", nn::make_linear(channels, channels));
+  to_v = register_module("to_v", nn::make_linear(channels, channels));
+  out_proj = nn::make_linear(channels, channels);
   to_out = register_module("to_out", torch::nn::ModuleList(out_proj, torch::nn::Dropout(0.0)));
 }
 
