@@ -2,13 +2,16 @@
 // backends) and `diffuse bench roofline` (this machine's matmul/conv throughput).
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "bench/arch_configs.h"
 #include "bench/attention_bench.h"
 #include "bench/pipeline_bench.h"
+#include "bench/precision_bench.h"
 #include "bench/roofline.h"
 #include "commands.h"
 #include "device/device.h"
@@ -73,6 +76,10 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
               {"steps_per_s", step > 0 ? 1.0 / step : 0.0},
               {"vae_decode_s", r.vae_decode_s},
               {"peak_rss_mb", r.peak_rss_mb},
+              {"peak_rss_mb_by_stage",
+               {{"build", r.build_peak_mb}, {"text_encoder", r.text_encoder_peak_mb}, {"unet", r.unet_peak_mb},
+                {"vae_decode", r.vae_peak_mb}}},
+              {"models_rss_mb", r.models_rss_mb},
               {"params_m", {{"unet", r.unet_params_m}, {"text_encoder", r.text_encoder_params_m}, {"vae", r.vae_params_m}}},
               {"unet_gflop", r.unet_flops.total() / 1e9},
               {"unet_gflop_by_kind",
@@ -102,7 +109,10 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
             << " + attention " << f("%.1f", r.unet_flops.attention / 1e9) << ", "
             << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0) << ")\n";
   if (o.vae) std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "\n";
-  std::cout << "  peak RSS                " << f("%8.0f MB", r.peak_rss_mb) << "\n";
+  std::cout << "  peak RSS                " << f("%8.0f MB", r.peak_rss_mb) << "  (models built: "
+            << f("%.0f MB", r.models_rss_mb) << "; peaks: build " << f("%.0f", r.build_peak_mb) << ", text "
+            << f("%.0f", r.text_encoder_peak_mb) << ", unet " << f("%.0f", r.unet_peak_mb) << ", vae "
+            << f("%.0f MB)", r.vae_peak_mb) << "\n";
   if (r.roofline) {
     std::cout << "  roofline: matmul " << f("%.1f", r.roofline->matmul_gflops) << " GFLOP/s, conv "
               << f("%.1f", r.roofline->conv_gflops) << " GFLOP/s -> step limit " << f("%.3f s", r.roofline_limit_s)
@@ -135,6 +145,7 @@ Command add_bench_command(CLI::App& app) {
   app.add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   app.add_flag("--baseline", o->baseline, "Also time a float32 UNet step with math attention and report the speed-up");
   app.add_flag("--no-text-encoder", [o](int64_t) { o->text_encoder = false; }, "Skip the text encoder");
+  app.add_flag("--no-unet", [o](int64_t) { o->unet = false; }, "Skip the UNet steps");
   app.add_flag("--no-vae", [o](int64_t) { o->vae = false; }, "Skip the VAE decode");
   app.add_flag("--no-roofline", [o](int64_t) { o->roofline = false; }, "Skip the roofline measurement");
   app.add_flag("--json", *as_json, "Print one JSON object on stdout");
@@ -167,6 +178,15 @@ Command add_bench_command(CLI::App& app) {
   roof->add_option("--device", rf->device, "Device")->capture_default_str();
   roof->add_option("--dtype", rf->dtype, "fp32|bf16|all")->capture_default_str();
   roof->add_flag("--json", rf->json, "Print one JSON object on stdout");
+  auto pf = std::make_shared<bench::PrecisionOptions>();
+  auto pjson = std::make_shared<bool>(false);
+  CLI::App* prec = app.add_subcommand("precision", "PSNR of a dtype/attention setting vs float32 on golden pipeline cases");
+  prec->add_option("--golden", pf->golden, "Golden set folder (with cases.json)")->required();
+  prec->add_option("--device", pf->device, "Device")->capture_default_str();
+  prec->add_option("--dtype", pf->dtype, "dtype under test for text encoder and UNet")->capture_default_str();
+  prec->add_option("--vae-dtype", pf->vae_dtype, "VAE dtype under test")->capture_default_str();
+  prec->add_option("--attention", pf->attention, "Attention backend under test")->capture_default_str();
+  prec->add_flag("--json", *pjson, "Print one JSON object on stdout");
   app.require_subcommand(0, 1);
 
   auto dtypes_for = [](const std::string& spec, const torch::Device& device) {
@@ -180,7 +200,33 @@ Command add_bench_command(CLI::App& app) {
     return out;
   };
 
-  return [o, as_json, att, af, roof, rf, dtypes_for]() {
+  return [o, as_json, att, af, roof, rf, prec, pf, pjson, dtypes_for]() {
+    if (prec->parsed()) {
+      auto po = *pf;
+      if (!*pjson) po.log = [](const std::string& line) { std::cerr << line << "\n"; };
+      auto rows = bench::run_precision_bench(po);
+      double worst = std::numeric_limits<double>::infinity();
+      json out = json::array();
+      for (const auto& r : rows) {
+        worst = std::min(worst, r.psnr_db);
+        out.push_back({{"case", r.case_name},
+                       {"psnr_db", std::isfinite(r.psnr_db) ? json(r.psnr_db) : json("inf")},
+                       {"max_abs_diff", r.max_abs_diff}, {"golden_max_abs_err", r.golden_max_abs_err}});
+      }
+      if (*pjson) {
+        std::cout << json{{"dtype", pf->dtype}, {"vae_dtype", pf->vae_dtype}, {"attention", pf->attention},
+                          {"min_psnr_db", std::isfinite(worst) ? json(worst) : json("inf")}, {"cases", out}}
+                         .dump(2)
+                  << "\n";
+      } else {
+        for (const auto& r : rows)
+          std::printf("%-28s PSNR %7.2f dB  max|diff| %.4f  vs golden %.2e\n", r.case_name.c_str(), r.psnr_db,
+                      r.max_abs_diff, r.golden_max_abs_err);
+        std::printf("min PSNR %.2f dB (%s, vae %s, attention %s vs float32 + math)\n", worst, pf->dtype.c_str(),
+                    pf->vae_dtype.c_str(), pf->attention.c_str());
+      }
+      return 0;
+    }
     if (att->parsed()) {
       bench::AttentionBenchOptions ao;
       ao.device = af->device;

@@ -9,6 +9,7 @@
 
 #include "bench/arch_configs.h"
 #include "bench/flop_counter.h"
+#include "bench/precision_bench.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/unet2d_condition.h"
@@ -232,4 +233,20 @@ TEST(BenchCli, RejectsUnknownArch) {
       run_command(std::string(DIFFUSE_CLI_PATH) + " bench --arch nope --no-roofline 2>&1", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("unknown architecture 'nope'"), std::string::npos) << out;
+}
+
+TEST(BenchPrecision, Bf16PipelineStaysAbove35DbAndFloat32AutoMatchesMath) {
+  bench::PrecisionOptions o;
+  o.golden = test::golden_dir();
+  o.dtype = "bf16";
+  o.vae_dtype = "bf16";
+  auto rows = bench::run_precision_bench(o);
+  ASSERT_FALSE(rows.empty());
+  for (const auto& r : rows) EXPECT_GE(r.psnr_db, 35.0) << r.case_name;
+  o.dtype = "fp32";
+  o.vae_dtype = "fp32";
+  for (const auto& r : bench::run_precision_bench(o)) {
+    EXPECT_GE(r.psnr_db, 90.0) << r.case_name;  // flash vs math in float32: rounding only
+    EXPECT_LT(r.max_abs_diff, 1e-4) << r.case_name;
+  }
 }

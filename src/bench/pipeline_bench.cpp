@@ -121,6 +121,24 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
   return run;
 }
 
+double mb(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// Peak RSS of one stage: resets the kernel's mark before, reads it after, and keeps the
+// process-wide maximum in `overall`.
+class StagePeak {
+ public:
+  explicit StagePeak(double* overall) : overall_(overall), reset_(reset_peak_rss()) {}
+  double finish() {
+    const double peak = mb(peak_rss_bytes());
+    *overall_ = std::max(*overall_, peak);
+    return reset_ ? peak : 0.0;
+  }
+
+ private:
+  double* overall_;
+  bool reset_;
+};
+
 }  // namespace
 
 PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
@@ -162,6 +180,8 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
                           " for this model, got " + std::to_string(r.width) + "x" + std::to_string(r.height));
 
   // Build everything first, as the pipeline holds all three networks.
+  r.peak_rss_mb = mb(peak_rss_bytes());  // what the process used before (config parsing, ...)
+  StagePeak build_peak(&r.peak_rss_mb);
   double t0 = now_s();
   const auto* m = src.model ? &*src.model : nullptr;
   auto text = build<models::ClipTextModel>([&] { return models::ClipTextModel(text_cfg); }, text_dtype, device,
@@ -174,6 +194,9 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
                                           m ? &m->vae_weights : nullptr, o.model + " (vae)", o.seed + 3);
   src.model.reset();  // drop the weight file mappings, as the pipeline does
   r.build_s = now_s() - t0;
+  r.build_peak_mb = build_peak.finish();
+  release_free_memory();
+  r.models_rss_mb = mb(current_rss_bytes());
   r.unet_params_m = params_m(*unet);
   r.text_encoder_params_m = params_m(*text);
   r.vae_params_m = params_m(*vae);
@@ -191,6 +214,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   }
 
   if (o.text_encoder) {
+    StagePeak peak(&r.peak_rss_mb);
     auto gen = at::detail::createCPUGenerator(o.seed + 5);
     auto ids = torch::randint(0, text_cfg.vocab_size, {o.batch, text_cfg.max_position_embeddings}, gen,
                               torch::TensorOptions().dtype(torch::kInt64))
@@ -201,12 +225,18 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     text->forward(ids);
     sync(device);
     r.text_encoder_s = now_s() - s0;
+    r.text_encoder_peak_mb = peak.finish();
     if (o.log) o.log("text encoder (batch " + std::to_string(o.batch) + "): " + fmt("%.3f s", r.text_encoder_s));
   }
 
-  r.unet = time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0], &r.unet_flops);
+  if (o.unet) {
+    StagePeak peak(&r.peak_rss_mb);
+    r.unet = time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0], &r.unet_flops);
+    r.unet_peak_mb = peak.finish();
+  }
 
   if (o.vae) {
+    StagePeak peak(&r.peak_rss_mb);
     auto gen = at::detail::createCPUGenerator(o.seed + 6);
     auto z = torch::randn({1, vae_cfg.latent_channels, lh, lw}, gen, torch::TensorOptions().dtype(torch::kFloat32))
                  .to(device, vae_dtype);
@@ -214,11 +244,11 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     vae->decode(z);
     sync(device);
     r.vae_decode_s = now_s() - s0;
+    r.vae_peak_mb = peak.finish();
     if (o.log) o.log("vae decode (1 image): " + fmt("%.3f s", r.vae_decode_s));
   }
-  r.peak_rss_mb = static_cast<double>(peak_rss_bytes()) / (1 << 20);
 
-  if (o.roofline) {
+  if (o.roofline && o.unet) {
     r.roofline = measure_roofline(device, dtype, /*channels_last=*/false);
     const auto& rl = *r.roofline;
     if (rl.conv_gflops > 0 && rl.matmul_gflops > 0) {

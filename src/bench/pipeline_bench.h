@@ -21,6 +21,7 @@ struct PipelineBenchOptions {
   int steps = 1;              // timed UNet steps, after one warm-up step
   int batch = 2;              // UNet batch: 2 = one image with classifier-free guidance
   bool text_encoder = true;
+  bool unet = true;
   bool vae = true;
   bool roofline = true;       // measure the roofline in the same run
   // Also time the UNet step in float32 with math attention (the engine's plain baseline) after
@@ -47,6 +48,9 @@ struct PipelineBenchResult {
   UNetRun unet;
   double vae_decode_s = 0;    // one image
   double peak_rss_mb = 0;     // process peak while models were built and run (before baseline)
+  // Peak RSS during each stage (where the system lets the peak mark be reset; else 0):
+  double build_peak_mb = 0, text_encoder_peak_mb = 0, unet_peak_mb = 0, vae_peak_mb = 0;
+  double models_rss_mb = 0;   // RSS with the three networks built, before running them
   double unet_params_m = 0, text_encoder_params_m = 0, vae_params_m = 0;
   FlopCounts unet_flops;      // one step at `batch`
   std::optional<Roofline> roofline;

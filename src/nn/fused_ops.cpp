@@ -32,7 +32,7 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
     const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
     auto xf = upcast ? x.to(torch::kFloat32) : x;
     auto y = torch::group_norm(xf, groups, upcast ? as_float(weight) : weight, upcast ? as_float(bias) : bias, eps);
-    if (silu) y = torch::silu(y);
+    if (silu) torch::silu_(y);
     return upcast ? y.to(x.scalar_type()) : y;
   }
   const int64_t B = x.size(0), C = x.size(1), per_channel = x.numel() / std::max<int64_t>(B * C, 1);

@@ -48,14 +48,14 @@ torch::Tensor ResnetBlock2DImpl::forward(const torch::Tensor& input, const torch
       auto parts = t.chunk(2, 1);
       h = apply_activation(norm2(h) * (1 + parts[0]) + parts[1], options.act);
     } else {
-      h = norm_act(norm2, h + t, options.act);
+      h = norm_act(norm2, h.add_(t), options.act);  // in place: h is this block's own tensor
     }
   } else {
     h = norm_act(norm2, h, options.act);
   }
   h = conv2(h);
-  auto shortcut = conv_shortcut ? conv_shortcut(input) : input;
-  auto out = shortcut + h;
+  // In place (the same sum as shortcut + h): one activation-sized buffer less at the peak.
+  auto out = h.add_(conv_shortcut ? conv_shortcut(input) : input);
   // diffusers always divides; dividing by exactly 1 changes nothing, so skip the pass.
   if (options.output_scale_factor != 1.0) out = out / options.output_scale_factor;
   return out;

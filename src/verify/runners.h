@@ -1,6 +1,10 @@
 // One runner per component; each lives in verify_<component>.cpp and reads everything it
 // needs (inputs, params, tolerances, model folder) from the case and the set.
 #pragma once
+#include <string>
+
+#include "diffuse/pipeline.h"
+#include "pipeline/stable_diffusion.h"
 #include "verify/verify.h"
 
 namespace diffuse::verify {
@@ -16,5 +20,11 @@ CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c, const Ver
 
 // Stable Diffusion txt2img / img2img replay (diffusers folder and single-file checkpoint).
 CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
+
+// Runs a pipeline case's inputs (prompts, scheduler, initial latents or recorded noise)
+// through the engine loaded from `model_path` with `load` options, tracing into `trace`.
+// Used by verify_pipeline (float32) and by the precision benchmark (other dtypes).
+GenerationResult replay_pipeline_case(const GoldenSet& set, const GoldenCase& c, const std::string& model_path,
+                                      const LoadOptions& load, const pipeline::TraceFn& trace = {});
 
 }  // namespace diffuse::verify
