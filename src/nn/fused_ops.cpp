@@ -1,6 +1,7 @@
 #include "nn/fused_ops.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "diffuse/errors.h"
@@ -25,6 +26,7 @@ torch::Tensor as_float(const torch::Tensor& t) {
 
 torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight,
                          const torch::Tensor& bias, double eps, bool silu) {
+  RECORD_FUNCTION("diffuse::group_norm", std::vector<c10::IValue>({x}));
   if (x.dim() < 2 || groups <= 0 || x.size(1) % groups != 0)
     throw InvalidArgument("group_norm: input " + c10::str(x.sizes()) + " cannot be split into " +
                           std::to_string(groups) + " groups");
@@ -65,6 +67,7 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                          double eps) {
+  RECORD_FUNCTION("diffuse::layer_norm", std::vector<c10::IValue>({x}));
   const int64_t D = x.size(-1);
   if (!fused_cpu_bf16(x)) {
     const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
@@ -88,6 +91,7 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, co
 }
 
 torch::Tensor geglu(const torch::Tensor& h) {
+  RECORD_FUNCTION("diffuse::geglu", std::vector<c10::IValue>({h}));
   const int64_t F = h.size(-1) / 2;
   if (h.size(-1) % 2 != 0) throw InvalidArgument("geglu: last dimension " + std::to_string(h.size(-1)) + " is odd");
   if (!fused_cpu_bf16(h)) {
