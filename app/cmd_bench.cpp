@@ -140,7 +140,8 @@ Command add_bench_command(CLI::App& app) {
   app.add_option("--attention", o->attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")->capture_default_str();
   app.add_option("-W,--width", o->width, "Width in pixels (default: the model's)");
   app.add_option("-H,--height", o->height, "Height in pixels (default: the model's)");
-  app.add_option("--steps", o->steps, "Timed UNet steps after one warm-up step")->capture_default_str();
+  app.add_option("--steps", o->steps, "Timed UNet steps (after the warm-up steps)")->capture_default_str();
+  app.add_option("--warmup", o->warmup, "Untimed UNet steps first")->capture_default_str();
   app.add_option("--batch", o->batch, "UNet batch (2 = one image with guidance)")->capture_default_str();
   app.add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   app.add_flag("--baseline", o->baseline, "Also time a float32 UNet step with math attention and report the speed-up");

@@ -93,20 +93,20 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
   UNetRun run;
   run.dtype = device::dtype_name(dtype);
   run.attention = nn::attention_backend_name(nn::default_attention_backend());
-  {
-    // The warm-up step also counts the step's FLOPs (the observer costs little).
-    std::optional<FlopCounter> counter;
-    if (flops) counter.emplace();
+  for (int i = 0; i < o.warmup; ++i) {
     double t0 = now_s();
     unet->forward(sample, t, context);
     sync(device);
     if (o.log) o.log("unet warm-up step: " + fmt("%.3f s", now_s() - t0));
-    if (flops) *flops = counter->counts();
   }
   for (int i = 0; i < o.steps; ++i) {
+    // The first step also counts the step's FLOPs (the observer costs little).
+    std::optional<FlopCounter> counter;
+    if (flops && i == 0) counter.emplace();
     double t0 = now_s();
     unet->forward(sample, t, context);
     sync(device);
+    if (counter) *flops = counter->counts();
     run.step_s.push_back(now_s() - t0);
     if (o.log) o.log("unet step " + std::to_string(i + 1) + "/" + std::to_string(o.steps) + ": " +
                      fmt("%.3f s", run.step_s.back()));
@@ -143,6 +143,7 @@ class StagePeak {
 
 PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   if (o.steps < 1) throw InvalidArgument("--steps must be >= 1, got " + std::to_string(o.steps));
+  if (o.warmup < 0) throw InvalidArgument("--warmup must be >= 0, got " + std::to_string(o.warmup));
   if (o.batch < 1) throw InvalidArgument("--batch must be >= 1, got " + std::to_string(o.batch));
   if (o.width < 0 || o.height < 0 || o.width % 8 != 0 || o.height % 8 != 0)
     throw InvalidArgument("--width/--height must be multiples of 8, got " + std::to_string(o.width) + "x" +

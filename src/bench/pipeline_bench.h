@@ -18,7 +18,9 @@ struct PipelineBenchOptions {
   std::string model;                // a diffusers folder or single file instead of `arch`
   std::string device = "auto", dtype = "auto", vae_dtype = "auto", attention = "auto";
   int width = 0, height = 0;  // 0 = the model's default size
-  int steps = 1;              // timed UNet steps, after one warm-up step
+  int steps = 1;              // timed UNet steps, after the warm-up steps
+  int warmup = 1;             // untimed UNet steps first (one-time costs; FLOPs are counted
+                              // in the first step, timed or not)
   int batch = 2;              // UNet batch: 2 = one image with classifier-free guidance
   bool text_encoder = true;
   bool unet = true;
