@@ -4,8 +4,8 @@
 #include <torch/torch.h>
 
 #include "nn/fused_ops.h"
-#include "nn/layers.h"
 #include "nn/kernels/cpu_features.h"
+#include "nn/layers.h"
 
 using namespace diffuse;
 
@@ -16,11 +16,16 @@ torch::Tensor bf16_randn(c10::IntArrayRef shape, double mean, double std, uint64
   return (torch::randn(shape, gen, torch::kFloat32) * std + mean).to(torch::kBFloat16);
 }
 
-const uint16_t* u16(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
-uint16_t* u16_mut(torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+const uint16_t* u16(const torch::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr());
+}
+uint16_t* u16_mut(torch::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr());
+}
 
 // |out - ref| within one bf16 rounding of the reference (plus a tiny absolute slack).
-void expect_bf16_rounding(const torch::Tensor& out, const torch::Tensor& ref, const std::string& what) {
+void expect_bf16_rounding(const torch::Tensor& out, const torch::Tensor& ref,
+                          const std::string& what) {
   auto o = out.to(torch::kFloat64), r = ref.to(torch::kFloat64);
   auto bound = r.abs() * (1.0 / 256) + 1e-5;
   auto excess = ((o - r).abs() - bound).max().item<double>();
@@ -61,8 +66,10 @@ TEST(CpuKernels, EveryKernelMatchesFloat64) {
       auto x = bf16_randn({d}, 10.0, 0.5, 17 + d);
       auto w = torch::randn({d}), b = torch::randn({d});
       auto y = torch::empty_like(x);
-      k->bf16_layer_norm_row(u16(x), d, w.data_ptr<float>(), b.data_ptr<float>(), 1e-5f, u16_mut(y));
-      auto ref = torch::layer_norm(x.to(torch::kFloat64), {d}, w.to(torch::kFloat64), b.to(torch::kFloat64), 1e-5);
+      k->bf16_layer_norm_row(u16(x), d, w.data_ptr<float>(), b.data_ptr<float>(), 1e-5f,
+                             u16_mut(y));
+      auto ref = torch::layer_norm(x.to(torch::kFloat64), {d}, w.to(torch::kFloat64),
+                                   b.to(torch::kFloat64), 1e-5);
       expect_bf16_rounding(y, ref, name + " layer_norm d=" + std::to_string(d));
     }
   }
@@ -71,9 +78,11 @@ TEST(CpuKernels, EveryKernelMatchesFloat64) {
 TEST(FusedOps, Bf16GroupNormKeepsFloat32Statistics) {
   torch::NoGradGuard no_grad;
   auto x = bf16_randn({2, 64, 9, 11}, 3.0, 0.5, 1);
-  auto w = (torch::randn({64}) * 0.2 + 1).to(torch::kBFloat16), b = (torch::randn({64}) * 0.1).to(torch::kBFloat16);
+  auto w = (torch::randn({64}) * 0.2 + 1).to(torch::kBFloat16),
+       b = (torch::randn({64}) * 0.1).to(torch::kBFloat16);
   for (bool silu : {false, true}) {
-    auto ref = torch::group_norm(x.to(torch::kFloat64), 8, w.to(torch::kFloat64), b.to(torch::kFloat64), 1e-6);
+    auto ref = torch::group_norm(x.to(torch::kFloat64), 8, w.to(torch::kFloat64),
+                                 b.to(torch::kFloat64), 1e-6);
     if (silu) ref = torch::silu(ref);
     auto y = nn::group_norm(x, 8, w, b, 1e-6, silu);
     EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
@@ -94,8 +103,8 @@ TEST(FusedOps, Bf16LayerNormAndModules) {
                                ln->bias.to(torch::kFloat64), 1e-5);
   ln->to(torch::kBFloat16);
   // The reference used the float32 parameters; compare with bf16-rounded ones instead.
-  ref = torch::layer_norm(x.to(torch::kFloat64), {320}, ln->weight.to(torch::kFloat64), ln->bias.to(torch::kFloat64),
-                          1e-5);
+  ref = torch::layer_norm(x.to(torch::kFloat64), {320}, ln->weight.to(torch::kFloat64),
+                          ln->bias.to(torch::kFloat64), 1e-5);
   expect_bf16_rounding(ln(x), ref, "LayerNorm module");
   // Non-contiguous input goes through the float32 fallback.
   auto xt = bf16_randn({320, 6}, 1.0, 1.0, 3).t();
@@ -105,8 +114,10 @@ TEST(FusedOps, Bf16LayerNormAndModules) {
 
   nn::GroupNorm gn(torch::nn::GroupNormOptions(4, 16).eps(1e-6));
   auto xf = torch::randn({2, 16, 5, 5});
-  EXPECT_TRUE(gn(xf).equal(torch::group_norm(xf, 4, gn->weight, gn->bias, 1e-6)));  // float32: LibTorch's
-  EXPECT_TRUE(gn->forward_silu(xf).allclose(torch::silu(torch::group_norm(xf, 4, gn->weight, gn->bias, 1e-6))));
+  EXPECT_TRUE(
+      gn(xf).equal(torch::group_norm(xf, 4, gn->weight, gn->bias, 1e-6)));  // float32: LibTorch's
+  EXPECT_TRUE(gn->forward_silu(xf).allclose(
+      torch::silu(torch::group_norm(xf, 4, gn->weight, gn->bias, 1e-6))));
   EXPECT_EQ(gn->named_parameters().size(), 2u);
 }
 
@@ -127,7 +138,8 @@ TEST(Layers, SkipInitGuardBuildsTheSameParametersUninitialised) {
   auto build = [] {
     return std::vector<torch::nn::AnyModule>{
         torch::nn::AnyModule(nn::make_linear(torch::nn::LinearOptions(6, 5).bias(false))),
-        torch::nn::AnyModule(nn::make_conv2d(torch::nn::Conv2dOptions(4, 6, 3).stride(2).padding(1))),
+        torch::nn::AnyModule(
+            nn::make_conv2d(torch::nn::Conv2dOptions(4, 6, 3).stride(2).padding(1))),
         torch::nn::AnyModule(nn::make_embedding(11, 3))};
   };
   auto plain = build();

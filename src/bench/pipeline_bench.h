@@ -25,7 +25,7 @@ struct PipelineBenchOptions {
   bool text_encoder = true;
   bool unet = true;
   bool vae = true;
-  bool roofline = true;       // measure the roofline in the same run
+  bool roofline = true;  // measure the roofline in the same run
   // Also time the UNet step in float32 with math attention (the engine's plain baseline) after
   // the main measurement, and report the speed-up.
   bool baseline = false;
@@ -48,13 +48,13 @@ struct PipelineBenchResult {
   double build_s = 0;
   double text_encoder_s = 0;  // one forward of `batch` prompts (77 tokens)
   UNetRun unet;
-  double vae_decode_s = 0;    // one image
-  double peak_rss_mb = 0;     // process peak while models were built and run (before baseline)
+  double vae_decode_s = 0;  // one image
+  double peak_rss_mb = 0;   // process peak while models were built and run (before baseline)
   // Peak RSS during each stage (where the system lets the peak mark be reset; else 0):
   double build_peak_mb = 0, text_encoder_peak_mb = 0, unet_peak_mb = 0, vae_peak_mb = 0;
-  double models_rss_mb = 0;   // RSS with the three networks built, before running them
+  double models_rss_mb = 0;  // RSS with the three networks built, before running them
   double unet_params_m = 0, text_encoder_params_m = 0, vae_params_m = 0;
-  FlopCounts unet_flops;      // one step at `batch`
+  FlopCounts unet_flops;  // one step at `batch`
   std::optional<Roofline> roofline;
   double roofline_limit_s = 0;   // conv / conv rate + (matmul + attention) / matmul rate
   double roofline_fraction = 0;  // roofline_limit_s / unet step mean

@@ -24,8 +24,10 @@ std::vector<PrecisionRow> run_precision_bench(const PrecisionOptions& o) {
     test.dtype = o.dtype;
     test.vae_dtype = o.vae_dtype;
     test.attention = o.attention;
-    auto a = verify::replay_pipeline_case(set, c, set.model_dir(), ref).images_float.to(torch::kFloat64);
-    auto b = verify::replay_pipeline_case(set, c, set.model_dir(), test).images_float.to(torch::kFloat64);
+    auto a =
+        verify::replay_pipeline_case(set, c, set.model_dir(), ref).images_float.to(torch::kFloat64);
+    auto b = verify::replay_pipeline_case(set, c, set.model_dir(), test)
+                 .images_float.to(torch::kFloat64);
     PrecisionRow row;
     row.case_name = c.name;
     const double mse = (a - b).pow(2).mean().item<double>();
@@ -34,11 +36,13 @@ std::vector<PrecisionRow> run_precision_bench(const PrecisionOptions& o) {
     verify::CaseTensors t(c.file);
     if (t.has("image")) {
       auto golden = t.get("image").to(torch::kFloat64);
-      if (golden.sizes() == b.sizes()) row.golden_max_abs_err = (b - golden).abs().max().item<double>();
+      if (golden.sizes() == b.sizes())
+        row.golden_max_abs_err = (b - golden).abs().max().item<double>();
     }
     if (o.log) {
       char buf[256];
-      snprintf(buf, sizeof buf, "%s: PSNR %.2f dB, max |diff| %.4f", c.name.c_str(), row.psnr_db, row.max_abs_diff);
+      snprintf(buf, sizeof buf, "%s: PSNR %.2f dB, max |diff| %.4f", c.name.c_str(), row.psnr_db,
+               row.max_abs_diff);
       o.log(buf);
     }
     rows.push_back(row);

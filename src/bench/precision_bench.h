@@ -10,7 +10,7 @@
 namespace diffuse::bench {
 
 struct PrecisionOptions {
-  std::string golden;                // golden set folder (cases.json)
+  std::string golden;  // golden set folder (cases.json)
   std::string device = "cpu";
   std::string dtype = "bf16", vae_dtype = "auto", attention = "auto";
   std::function<void(const std::string&)> log;

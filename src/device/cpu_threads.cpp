@@ -49,7 +49,8 @@ int configure_cpu_threads() {
       char* end = nullptr;
       long n = std::strtol(mine, &end, 10);
       if (*end != '\0' || n < 1 || n > 4096)
-        throw InvalidArgument(std::string("DIFFUSE_THREADS must be a positive integer, got '") + mine + "'");
+        throw InvalidArgument(std::string("DIFFUSE_THREADS must be a positive integer, got '") +
+                              mine + "'");
       set_threads(static_cast<int>(n));
       return;
     }

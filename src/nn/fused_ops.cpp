@@ -14,8 +14,12 @@ bool fused_cpu_bf16(const torch::Tensor& x) {
   return x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous();
 }
 
-const uint16_t* bf16_data(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
-uint16_t* bf16_data_mut(torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+const uint16_t* bf16_data(const torch::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr());
+}
+uint16_t* bf16_data_mut(torch::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr());
+}
 
 // float32 copy of an optional per-channel parameter (undefined stays undefined).
 torch::Tensor as_float(const torch::Tensor& t) {
@@ -33,7 +37,8 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
   if (!fused_cpu_bf16(x)) {
     const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
     auto xf = upcast ? x.to(torch::kFloat32) : x;
-    auto y = torch::group_norm(xf, groups, upcast ? as_float(weight) : weight, upcast ? as_float(bias) : bias, eps);
+    auto y = torch::group_norm(xf, groups, upcast ? as_float(weight) : weight,
+                               upcast ? as_float(bias) : bias, eps);
     if (silu) torch::silu_(y);
     return upcast ? y.to(x.scalar_type()) : y;
   }
@@ -65,14 +70,15 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
   return y;
 }
 
-torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                         double eps) {
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                         const torch::Tensor& bias, double eps) {
   RECORD_FUNCTION("diffuse::layer_norm", std::vector<c10::IValue>({x}));
   const int64_t D = x.size(-1);
   if (!fused_cpu_bf16(x)) {
     const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
     auto xf = upcast ? x.to(torch::kFloat32) : x;
-    auto y = torch::layer_norm(xf, {D}, upcast ? as_float(weight) : weight, upcast ? as_float(bias) : bias, eps);
+    auto y = torch::layer_norm(xf, {D}, upcast ? as_float(weight) : weight,
+                               upcast ? as_float(bias) : bias, eps);
     return upcast ? y.to(x.scalar_type()) : y;
   }
   auto w = as_float(weight), b = as_float(bias);
@@ -83,17 +89,20 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, co
   uint16_t* yp = bf16_data_mut(y);
   const auto& k = kernels::cpu_kernels();
   const int64_t rows = D > 0 ? x.numel() / D : 0;
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      k.bf16_layer_norm_row(xp + r * D, D, wp, bp, static_cast<float>(eps), yp + r * D);
-  });
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t r = begin; r < end; ++r)
+                       k.bf16_layer_norm_row(xp + r * D, D, wp, bp, static_cast<float>(eps),
+                                             yp + r * D);
+                   });
   return y;
 }
 
 torch::Tensor geglu(const torch::Tensor& h) {
   RECORD_FUNCTION("diffuse::geglu", std::vector<c10::IValue>({h}));
   const int64_t F = h.size(-1) / 2;
-  if (h.size(-1) % 2 != 0) throw InvalidArgument("geglu: last dimension " + std::to_string(h.size(-1)) + " is odd");
+  if (h.size(-1) % 2 != 0)
+    throw InvalidArgument("geglu: last dimension " + std::to_string(h.size(-1)) + " is odd");
   if (!fused_cpu_bf16(h)) {
     auto parts = h.chunk(2, -1);
     return parts[0] * torch::gelu(parts[1]);
@@ -105,9 +114,11 @@ torch::Tensor geglu(const torch::Tensor& h) {
   uint16_t* yp = bf16_data_mut(y);
   const auto& k = kernels::cpu_kernels();
   const int64_t rows = F > 0 ? y.numel() / F : 0;
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(F, 1)), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) k.bf16_geglu(hp + r * 2 * F, hp + r * 2 * F + F, F, yp + r * F);
-  });
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(F, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t r = begin; r < end; ++r)
+                       k.bf16_geglu(hp + r * 2 * F, hp + r * 2 * F + F, F, yp + r * F);
+                   });
   return y;
 }
 

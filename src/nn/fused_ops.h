@@ -15,8 +15,8 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
                          const torch::Tensor& bias, double eps, bool silu = false);
 
 // LayerNorm over the last dimension (weight, bias [D] or undefined).
-torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                         double eps);
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                         const torch::Tensor& bias, double eps);
 
 // h [..., 2F] -> h[..., :F] * gelu(h[..., F:]) with the exact (erf) GELU (diffusers' GEGLU).
 torch::Tensor geglu(const torch::Tensor& h);

@@ -10,7 +10,9 @@ namespace {
 thread_local bool t_skip_init = false;
 thread_local c10::ScalarType t_dtype = c10::ScalarType::Float;
 
-torch::TensorOptions param_options() { return torch::TensorOptions().dtype(t_dtype); }
+torch::TensorOptions param_options() {
+  return torch::TensorOptions().dtype(t_dtype);
+}
 
 // The base classes initialise in their constructors; these build the base at a minimal size
 // (a negligible initialisation), then give it its real options and uninitialised storage of
@@ -26,9 +28,12 @@ struct UninitLinearImpl : torch::nn::LinearImpl {
 
 struct UninitConv2dImpl : torch::nn::Conv2dImpl {
   explicit UninitConv2dImpl(const torch::nn::Conv2dOptions& o) : torch::nn::Conv2dImpl(small(o)) {
-    options.in_channels(o.in_channels()).out_channels(o.out_channels()).kernel_size(o.kernel_size());
+    options.in_channels(o.in_channels())
+        .out_channels(o.out_channels())
+        .kernel_size(o.kernel_size());
     const auto& k = *o.kernel_size();
-    weight.set_data(torch::empty({o.out_channels(), o.in_channels() / o.groups(), k[0], k[1]}, param_options()));
+    weight.set_data(torch::empty({o.out_channels(), o.in_channels() / o.groups(), k[0], k[1]},
+                                 param_options()));
     if (o.bias()) bias.set_data(torch::empty({o.out_channels()}, param_options()));
   }
   // Same padding, stride, dilation, groups and padding mode (what the base's reset() derives
@@ -43,7 +48,8 @@ struct UninitConv2dImpl : torch::nn::Conv2dImpl {
 };
 
 struct UninitEmbeddingImpl : torch::nn::EmbeddingImpl {
-  UninitEmbeddingImpl(int64_t n, int64_t d) : torch::nn::EmbeddingImpl(torch::nn::EmbeddingOptions(1, 1)) {
+  UninitEmbeddingImpl(int64_t n, int64_t d)
+      : torch::nn::EmbeddingImpl(torch::nn::EmbeddingOptions(1, 1)) {
     options.num_embeddings(n).embedding_dim(d);
     weight.set_data(torch::empty({n, d}, param_options()));
   }
@@ -51,7 +57,8 @@ struct UninitEmbeddingImpl : torch::nn::EmbeddingImpl {
 
 }  // namespace
 
-SkipInitGuard::SkipInitGuard(c10::ScalarType dtype) : saved_active_(t_skip_init), saved_dtype_(t_dtype) {
+SkipInitGuard::SkipInitGuard(c10::ScalarType dtype)
+    : saved_active_(t_skip_init), saved_dtype_(t_dtype) {
   t_skip_init = true;
   t_dtype = dtype;
 }
@@ -63,18 +70,20 @@ SkipInitGuard::~SkipInitGuard() {
 
 torch::nn::Linear make_linear(const torch::nn::LinearOptions& options) {
   if (!t_skip_init) return torch::nn::Linear(options);
-  return torch::nn::Linear(std::shared_ptr<torch::nn::LinearImpl>(std::make_shared<UninitLinearImpl>(options)));
+  return torch::nn::Linear(
+      std::shared_ptr<torch::nn::LinearImpl>(std::make_shared<UninitLinearImpl>(options)));
 }
 
 torch::nn::Conv2d make_conv2d(const torch::nn::Conv2dOptions& options) {
   if (!t_skip_init) return torch::nn::Conv2d(options);
-  return torch::nn::Conv2d(std::shared_ptr<torch::nn::Conv2dImpl>(std::make_shared<UninitConv2dImpl>(options)));
+  return torch::nn::Conv2d(
+      std::shared_ptr<torch::nn::Conv2dImpl>(std::make_shared<UninitConv2dImpl>(options)));
 }
 
 torch::nn::Embedding make_embedding(int64_t num_embeddings, int64_t dim) {
   if (!t_skip_init) return torch::nn::Embedding(num_embeddings, dim);
-  return torch::nn::Embedding(
-      std::shared_ptr<torch::nn::EmbeddingImpl>(std::make_shared<UninitEmbeddingImpl>(num_embeddings, dim)));
+  return torch::nn::Embedding(std::shared_ptr<torch::nn::EmbeddingImpl>(
+      std::make_shared<UninitEmbeddingImpl>(num_embeddings, dim)));
 }
 
 }  // namespace diffuse::nn

@@ -28,7 +28,9 @@ class SkipInitGuard {
 };
 
 torch::nn::Linear make_linear(const torch::nn::LinearOptions& options);
-inline torch::nn::Linear make_linear(int64_t in, int64_t out) { return make_linear(torch::nn::LinearOptions(in, out)); }
+inline torch::nn::Linear make_linear(int64_t in, int64_t out) {
+  return make_linear(torch::nn::LinearOptions(in, out));
+}
 torch::nn::Conv2d make_conv2d(const torch::nn::Conv2dOptions& options);
 torch::nn::Embedding make_embedding(int64_t num_embeddings, int64_t dim);
 

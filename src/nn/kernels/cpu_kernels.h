@@ -16,10 +16,11 @@ struct CpuKernels {
   // Mean and (biased) variance of n bf16 values, accumulated in float32 blocks and double.
   void (*bf16_moments)(const uint16_t* x, int64_t n, double* mean, double* var);
   // y = x * scale + shift, then SiLU if `silu`; n values, bf16 in and out.
-  void (*bf16_scale_shift)(const uint16_t* x, int64_t n, float scale, float shift, bool silu, uint16_t* y);
+  void (*bf16_scale_shift)(const uint16_t* x, int64_t n, float scale, float shift, bool silu,
+                           uint16_t* y);
   // One LayerNorm row of d values: (x - mean) / sqrt(var + eps) * w + b (w, b may be null).
-  void (*bf16_layer_norm_row)(const uint16_t* x, int64_t d, const float* w, const float* b, float eps,
-                              uint16_t* y);
+  void (*bf16_layer_norm_row)(const uint16_t* x, int64_t d, const float* w, const float* b,
+                              float eps, uint16_t* y);
   // y = a * gelu(g) with the exact (erf) GELU; n values.
   void (*bf16_geglu)(const uint16_t* a, const uint16_t* g, int64_t n, uint16_t* y);
 };

@@ -22,7 +22,9 @@ typedef int32_t VecI __attribute__((vector_size(kBytes)));
 typedef uint32_t VecU __attribute__((vector_size(kBytes)));
 typedef uint16_t VecH __attribute__((vector_size(kBytes / 2)));
 
-inline VecF splat(float x) { return VecF{} + x; }
+inline VecF splat(float x) {
+  return VecF{} + x;
+}
 
 inline VecF load_bf16(const uint16_t* p) {
   VecH h;
@@ -79,7 +81,9 @@ inline VecF expv(VecF x) {
   return p * scale;
 }
 
-inline VecF silu(VecF y) { return y / (1.0f + expv(-y)); }
+inline VecF silu(VecF y) {
+  return y / (1.0f + expv(-y));
+}
 
 // erf(x) to 1.5e-7 (Abramowitz & Stegun 7.1.26).
 inline VecF erfv(VecF x) {
@@ -94,7 +98,9 @@ inline VecF erfv(VecF x) {
   return x < 0.0f ? -y : y;
 }
 
-inline VecF gelu(VecF x) { return 0.5f * x * (1.0f + erfv(x * 0.70710678118654752f)); }
+inline VecF gelu(VecF x) {
+  return 0.5f * x * (1.0f + erfv(x * 0.70710678118654752f));
+}
 
 // Applies f to n bf16 values of x (and y2 when binary), writing bf16; the tail goes through a
 // zero-padded vector.
@@ -158,7 +164,8 @@ void scale_shift(const uint16_t* x, int64_t n, float scale, float shift, bool ac
     map_bf16(x, n, y, [&](VecF v) { return v * scale + shift; });
 }
 
-void layer_norm_row(const uint16_t* x, int64_t d, const float* w, const float* b, float eps, uint16_t* y) {
+void layer_norm_row(const uint16_t* x, int64_t d, const float* w, const float* b, float eps,
+                    uint16_t* y) {
   double mean, var;
   moments(x, d, &mean, &var);
   const float rstd = static_cast<float>(1.0 / __builtin_sqrt(var + eps));
@@ -202,6 +209,8 @@ const CpuKernels kKernels = {CPU_KERNELS_NAME, moments, scale_shift, layer_norm_
 
 }  // namespace
 
-const CpuKernels* CPU_KERNELS_GETTER() { return &kKernels; }
+const CpuKernels* CPU_KERNELS_GETTER() {
+  return &kKernels;
+}
 
 }  // namespace diffuse::nn::kernels
