@@ -62,6 +62,26 @@ TEST(CpuKernels, EveryKernelMatchesFloat64) {
       auto ref = a.to(torch::kFloat64) * 0.5 * gd * (1 + torch::erf(gd / std::sqrt(2.0)));
       expect_bf16_rounding(y, ref, name + " geglu n=" + std::to_string(n));
     }
+    for (int64_t C : {3, 16, 40, 128}) {
+      const int64_t P = 37;
+      auto x = bf16_randn({P, C}, 5.0, 0.5, 23 + C);
+      std::vector<float> shift(C, 4.0f), scratch(2 * C);
+      std::vector<double> s1(C, 0.0), s2(C, 0.0);
+      k->bf16_channel_sums(u16(x), P, C, shift.data(), scratch.data(), s1.data(), s2.data());
+      auto d = x.to(torch::kFloat64) - 4.0;
+      for (int64_t c = 0; c < C; ++c) {
+        EXPECT_NEAR(s1[c], d.select(1, c).sum().item<double>(), 1e-4) << name << " C=" << C;
+        EXPECT_NEAR(s2[c], d.select(1, c).pow(2).sum().item<double>(), 1e-4) << name << " C=" << C;
+      }
+      auto scale = torch::randn({C}), sh = torch::randn({C});
+      for (bool silu : {false, true}) {
+        auto y = torch::empty_like(x);
+        k->bf16_channel_scale_shift(u16(x), P, C, scale.data_ptr<float>(), sh.data_ptr<float>(), silu, u16_mut(y));
+        auto ref = x.to(torch::kFloat64) * scale.to(torch::kFloat64) + sh.to(torch::kFloat64);
+        if (silu) ref = ref * torch::sigmoid(ref);
+        expect_bf16_rounding(y, ref, name + " channel_scale_shift C=" + std::to_string(C));
+      }
+    }
     for (int64_t d : {5, 320, 1024, 1283}) {
       auto x = bf16_randn({d}, 10.0, 0.5, 17 + d);
       auto w = torch::randn({d}), b = torch::randn({d});
@@ -87,8 +107,9 @@ TEST(FusedOps, Bf16GroupNormKeepsFloat32Statistics) {
     auto y = nn::group_norm(x, 8, w, b, 1e-6, silu);
     EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
     expect_bf16_rounding(y, ref, silu ? "group_norm+silu" : "group_norm");
-    // Channels-last input takes the float32 fallback (LibTorch 1.13's bf16 path is wrong there).
+    // Channels-last input has its own kernel (LibTorch 1.13's bf16 path is wrong there).
     auto cl = nn::group_norm(x.contiguous(torch::MemoryFormat::ChannelsLast), 8, w, b, 1e-6, silu);
+    EXPECT_TRUE(cl.is_contiguous(torch::MemoryFormat::ChannelsLast));
     expect_bf16_rounding(cl, ref, "channels-last group_norm");
   }
 }

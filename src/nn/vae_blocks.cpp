@@ -40,7 +40,8 @@ torch::Tensor SpatialSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), N = H * W;
   const int64_t D = C / heads;
   // diffusers normalises the [B, C, H*W] view; GroupNorm on [B, C, H, W] is the same math.
-  auto tokens = group_norm(x).reshape({B, C, N}).transpose(1, 2);  // [B, N, C]
+  // [B, C, H, W] -> tokens [B, N, C]: a view for channels-last activations.
+  auto tokens = group_norm(x).permute({0, 2, 3, 1}).reshape({B, N, C});
   auto q = to_q(tokens).view({B, N, heads, D}).transpose(1, 2);
   auto k = to_k(tokens).view({B, N, heads, D}).transpose(1, 2);
   auto v = to_v(tokens).view({B, N, heads, D}).transpose(1, 2);
