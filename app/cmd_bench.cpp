@@ -2,13 +2,16 @@
 // backends) and `diffuse bench roofline` (this machine's matmul/conv throughput).
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "bench/arch_configs.h"
 #include "bench/attention_bench.h"
 #include "bench/pipeline_bench.h"
+#include "bench/precision_bench.h"
 #include "bench/roofline.h"
 #include "commands.h"
 #include "device/device.h"
@@ -28,22 +31,33 @@ std::string f(const char* format, double x) {
 json roofline_json(const bench::Roofline& r) {
   json entries = json::array();
   for (const auto& e : r.entries)
-    entries.push_back({{"kind", e.kind}, {"shape", e.shape}, {"gflop", e.gflop}, {"seconds", e.seconds},
+    entries.push_back({{"kind", e.kind},
+                       {"shape", e.shape},
+                       {"gflop", e.gflop},
+                       {"seconds", e.seconds},
                        {"gflops", e.gflops()}});
-  return {{"device", r.device}, {"dtype", r.dtype}, {"channels_last", r.channels_last},
-          {"matmul_gflops", r.matmul_gflops}, {"conv_gflops", r.conv_gflops}, {"entries", entries}};
+  return {{"device", r.device},
+          {"dtype", r.dtype},
+          {"channels_last", r.channels_last},
+          {"matmul_gflops", r.matmul_gflops},
+          {"conv_gflops", r.conv_gflops},
+          {"entries", entries}};
 }
 
 void print_roofline(const bench::Roofline& r) {
-  std::cout << "roofline " << r.device << " " << r.dtype << (r.channels_last ? " (channels-last conv)" : "") << "\n";
+  std::cout << "roofline " << r.device << " " << r.dtype
+            << (r.channels_last ? " (channels-last conv)" : "") << "\n";
   for (const auto& e : r.entries)
-    std::printf("  %-6s %-36s %8.2f GFLOP  %8.4f s  %8.1f GFLOP/s\n", e.kind.c_str(), e.shape.c_str(), e.gflop,
-                e.seconds, e.gflops());
+    std::printf("  %-6s %-36s %8.2f GFLOP  %8.4f s  %8.1f GFLOP/s\n", e.kind.c_str(),
+                e.shape.c_str(), e.gflop, e.seconds, e.gflops());
   std::printf("  best: matmul %.1f GFLOP/s, conv %.1f GFLOP/s\n", r.matmul_gflops, r.conv_gflops);
 }
 
 json unet_run_json(const bench::UNetRun& u) {
-  return {{"dtype", u.dtype}, {"attention", u.attention}, {"step_s", u.step_s}, {"step_mean_s", u.step_mean_s},
+  return {{"dtype", u.dtype},
+          {"attention", u.attention},
+          {"step_s", u.step_s},
+          {"step_mean_s", u.step_mean_s},
           {"step_min_s", u.step_min_s}};
 }
 
@@ -73,10 +87,20 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
               {"steps_per_s", step > 0 ? 1.0 / step : 0.0},
               {"vae_decode_s", r.vae_decode_s},
               {"peak_rss_mb", r.peak_rss_mb},
-              {"params_m", {{"unet", r.unet_params_m}, {"text_encoder", r.text_encoder_params_m}, {"vae", r.vae_params_m}}},
+              {"peak_rss_mb_by_stage",
+               {{"build", r.build_peak_mb},
+                {"text_encoder", r.text_encoder_peak_mb},
+                {"unet", r.unet_peak_mb},
+                {"vae_decode", r.vae_peak_mb}}},
+              {"models_rss_mb", r.models_rss_mb},
+              {"params_m",
+               {{"unet", r.unet_params_m},
+                {"text_encoder", r.text_encoder_params_m},
+                {"vae", r.vae_params_m}}},
               {"unet_gflop", r.unet_flops.total() / 1e9},
               {"unet_gflop_by_kind",
-               {{"conv", r.unet_flops.conv / 1e9}, {"matmul", r.unet_flops.matmul / 1e9},
+               {{"conv", r.unet_flops.conv / 1e9},
+                {"matmul", r.unet_flops.matmul / 1e9},
                 {"attention", r.unet_flops.attention / 1e9}}},
               {"unet_gflops", step > 0 ? r.unet_flops.total() / 1e9 / step : 0.0}};
     if (r.roofline) {
@@ -91,26 +115,37 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << (r.arch.empty() ? r.model : r.arch) << " at " << r.width << "x" << r.height << " on " << r.device
-            << " (" << r.threads << " threads): unet " << r.dtype << ", text encoder " << r.text_encoder_dtype
-            << ", vae " << r.vae_dtype << ", attention " << r.attention << " (self: " << r.attention_self
-            << ", cross: " << r.attention_cross << ")\n";
-  if (o.text_encoder) std::cout << "  text encoder (batch " << r.batch << ")   " << f("%8.3f s", r.text_encoder_s) << "\n";
+  std::cout << (r.arch.empty() ? r.model : r.arch) << " at " << r.width << "x" << r.height << " on "
+            << r.device << " (" << r.threads << " threads): unet " << r.dtype << ", text encoder "
+            << r.text_encoder_dtype << ", vae " << r.vae_dtype << ", attention " << r.attention
+            << " (self: " << r.attention_self << ", cross: " << r.attention_cross << ")\n";
+  if (o.text_encoder)
+    std::cout << "  text encoder (batch " << r.batch << ")   " << f("%8.3f s", r.text_encoder_s)
+              << "\n";
   std::cout << "  unet step (batch " << r.batch << ")      " << f("%8.3f s", step) << "  ("
-            << f("%.3f steps/s", step > 0 ? 1 / step : 0) << ", " << f("%.1f GFLOP", r.unet_flops.total() / 1e9)
-            << " = conv " << f("%.1f", r.unet_flops.conv / 1e9) << " + matmul " << f("%.1f", r.unet_flops.matmul / 1e9)
-            << " + attention " << f("%.1f", r.unet_flops.attention / 1e9) << ", "
+            << f("%.3f steps/s", step > 0 ? 1 / step : 0) << ", "
+            << f("%.1f GFLOP", r.unet_flops.total() / 1e9) << " = conv "
+            << f("%.1f", r.unet_flops.conv / 1e9) << " + matmul "
+            << f("%.1f", r.unet_flops.matmul / 1e9) << " + attention "
+            << f("%.1f", r.unet_flops.attention / 1e9) << ", "
             << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0) << ")\n";
   if (o.vae) std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "\n";
-  std::cout << "  peak RSS                " << f("%8.0f MB", r.peak_rss_mb) << "\n";
+  std::cout << "  peak RSS                " << f("%8.0f MB", r.peak_rss_mb)
+            << "  (models built: " << f("%.0f MB", r.models_rss_mb) << "; peaks: build "
+            << f("%.0f", r.build_peak_mb) << ", text " << f("%.0f", r.text_encoder_peak_mb)
+            << ", unet " << f("%.0f", r.unet_peak_mb) << ", vae " << f("%.0f MB)", r.vae_peak_mb)
+            << "\n";
   if (r.roofline) {
     std::cout << "  roofline: matmul " << f("%.1f", r.roofline->matmul_gflops) << " GFLOP/s, conv "
-              << f("%.1f", r.roofline->conv_gflops) << " GFLOP/s -> step limit " << f("%.3f s", r.roofline_limit_s)
-              << "; the step runs at " << f("%.0f%%", 100 * r.roofline_fraction) << " of it ("
-              << f("%.2fx", r.roofline_fraction > 0 ? 1 / r.roofline_fraction : 0) << " the limit)\n";
+              << f("%.1f", r.roofline->conv_gflops) << " GFLOP/s -> step limit "
+              << f("%.3f s", r.roofline_limit_s) << "; the step runs at "
+              << f("%.0f%%", 100 * r.roofline_fraction) << " of it ("
+              << f("%.2fx", r.roofline_fraction > 0 ? 1 / r.roofline_fraction : 0)
+              << " the limit)\n";
   }
   if (r.baseline)
-    std::cout << "  baseline unet step (fp32, math attention) " << f("%.3f s", r.baseline->step_mean_s) << " -> "
+    std::cout << "  baseline unet step (fp32, math attention) "
+              << f("%.3f s", r.baseline->step_mean_s) << " -> "
               << f("%.2fx", step > 0 ? r.baseline->step_mean_s / step : 0) << " faster\n";
   return 0;
 }
@@ -122,21 +157,35 @@ Command add_bench_command(CLI::App& app) {
   auto as_json = std::make_shared<bool>(false);
   std::string archs;
   for (const auto& n : bench::builtin_arch_names()) archs += (archs.empty() ? "" : "|") + n;
-  app.add_option("--arch", o->arch, "Built-in architecture with random weights: " + archs)->capture_default_str();
-  app.add_option("-m,--model", o->model, "Benchmark a real model (diffusers folder or single file) instead");
+  app.add_option("--arch", o->arch, "Built-in architecture with random weights: " + archs)
+      ->capture_default_str();
+  app.add_option("-m,--model", o->model,
+                 "Benchmark a real model (diffusers folder or single file) instead");
   app.add_option("--device", o->device, "auto|cpu|cuda[:N]|npu[:N]")->capture_default_str();
-  app.add_option("--dtype", o->dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")->capture_default_str();
-  app.add_option("--vae-dtype", o->vae_dtype, "auto|fp32|bf16|fp16 for the VAE")->capture_default_str();
-  app.add_option("--attention", o->attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")->capture_default_str();
+  app.add_option("--dtype", o->dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")
+      ->capture_default_str();
+  app.add_option("--vae-dtype", o->vae_dtype, "auto|fp32|bf16|fp16 for the VAE")
+      ->capture_default_str();
+  app.add_option("--attention", o->attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")
+      ->capture_default_str();
   app.add_option("-W,--width", o->width, "Width in pixels (default: the model's)");
   app.add_option("-H,--height", o->height, "Height in pixels (default: the model's)");
-  app.add_option("--steps", o->steps, "Timed UNet steps after one warm-up step")->capture_default_str();
-  app.add_option("--batch", o->batch, "UNet batch (2 = one image with guidance)")->capture_default_str();
+  app.add_option("--steps", o->steps, "Timed UNet steps (after the warm-up steps)")
+      ->capture_default_str();
+  app.add_option("--warmup", o->warmup, "Untimed UNet steps first")->capture_default_str();
+  app.add_option("--batch", o->batch, "UNet batch (2 = one image with guidance)")
+      ->capture_default_str();
   app.add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
-  app.add_flag("--baseline", o->baseline, "Also time a float32 UNet step with math attention and report the speed-up");
-  app.add_flag("--no-text-encoder", [o](int64_t) { o->text_encoder = false; }, "Skip the text encoder");
-  app.add_flag("--no-vae", [o](int64_t) { o->vae = false; }, "Skip the VAE decode");
-  app.add_flag("--no-roofline", [o](int64_t) { o->roofline = false; }, "Skip the roofline measurement");
+  app.add_flag("--baseline", o->baseline,
+               "Also time a float32 UNet step with math attention and report the speed-up");
+  app.add_flag(
+      "--no-text-encoder", [o](int64_t) { o->text_encoder = false; }, "Skip the text encoder");
+  app.add_flag(
+      "--no-unet", [o](int64_t) { o->unet = false; }, "Skip the UNet steps");
+  app.add_flag(
+      "--no-vae", [o](int64_t) { o->vae = false; }, "Skip the VAE decode");
+  app.add_flag(
+      "--no-roofline", [o](int64_t) { o->roofline = false; }, "Skip the roofline measurement");
   app.add_flag("--json", *as_json, "Print one JSON object on stdout");
 
   struct AttentionFlags {
@@ -151,10 +200,12 @@ Command add_bench_command(CLI::App& app) {
   att->add_option("--cases", af->set, "table|sd|all")->capture_default_str();
   att->add_option("--device", af->device, "Device")->capture_default_str();
   att->add_option("--dtype", af->dtype, "fp32|bf16|all")->capture_default_str();
-  att->add_option("--backend", af->backends, "Only this backend (repeatable; default: all available)");
+  att->add_option("--backend", af->backends,
+                  "Only this backend (repeatable; default: all available)");
   att->add_option("--repeat", af->repeat, "Timed calls per case after a warm-up (best is reported)")
       ->capture_default_str();
-  att->add_option("--max-memory-gb", af->max_memory_gb, "Skip math cases whose score matrices exceed this")
+  att->add_option("--max-memory-gb", af->max_memory_gb,
+                  "Skip math cases whose score matrices exceed this")
       ->capture_default_str();
   att->add_flag("--json", af->json, "Print one JSON object on stdout");
 
@@ -163,10 +214,23 @@ Command add_bench_command(CLI::App& app) {
     bool json = false;
   };
   auto rf = std::make_shared<RooflineFlags>();
-  CLI::App* roof = app.add_subcommand("roofline", "Matmul and convolution throughput of this machine per dtype");
+  CLI::App* roof =
+      app.add_subcommand("roofline", "Matmul and convolution throughput of this machine per dtype");
   roof->add_option("--device", rf->device, "Device")->capture_default_str();
   roof->add_option("--dtype", rf->dtype, "fp32|bf16|all")->capture_default_str();
   roof->add_flag("--json", rf->json, "Print one JSON object on stdout");
+  auto pf = std::make_shared<bench::PrecisionOptions>();
+  auto pjson = std::make_shared<bool>(false);
+  CLI::App* prec = app.add_subcommand(
+      "precision", "PSNR of a dtype/attention setting vs float32 on golden pipeline cases");
+  prec->add_option("--golden", pf->golden, "Golden set folder (with cases.json)")->required();
+  prec->add_option("--device", pf->device, "Device")->capture_default_str();
+  prec->add_option("--dtype", pf->dtype, "dtype under test for text encoder and UNet")
+      ->capture_default_str();
+  prec->add_option("--vae-dtype", pf->vae_dtype, "VAE dtype under test")->capture_default_str();
+  prec->add_option("--attention", pf->attention, "Attention backend under test")
+      ->capture_default_str();
+  prec->add_flag("--json", *pjson, "Print one JSON object on stdout");
   app.require_subcommand(0, 1);
 
   auto dtypes_for = [](const std::string& spec, const torch::Device& device) {
@@ -180,7 +244,37 @@ Command add_bench_command(CLI::App& app) {
     return out;
   };
 
-  return [o, as_json, att, af, roof, rf, dtypes_for]() {
+  return [o, as_json, att, af, roof, rf, prec, pf, pjson, dtypes_for]() {
+    if (prec->parsed()) {
+      auto po = *pf;
+      if (!*pjson) po.log = [](const std::string& line) { std::cerr << line << "\n"; };
+      auto rows = bench::run_precision_bench(po);
+      double worst = std::numeric_limits<double>::infinity();
+      json out = json::array();
+      for (const auto& r : rows) {
+        worst = std::min(worst, r.psnr_db);
+        out.push_back({{"case", r.case_name},
+                       {"psnr_db", std::isfinite(r.psnr_db) ? json(r.psnr_db) : json("inf")},
+                       {"max_abs_diff", r.max_abs_diff},
+                       {"golden_max_abs_err", r.golden_max_abs_err}});
+      }
+      if (*pjson) {
+        std::cout << json{{"dtype", pf->dtype},
+                          {"vae_dtype", pf->vae_dtype},
+                          {"attention", pf->attention},
+                          {"min_psnr_db", std::isfinite(worst) ? json(worst) : json("inf")},
+                          {"cases", out}}
+                         .dump(2)
+                  << "\n";
+      } else {
+        for (const auto& r : rows)
+          std::printf("%-28s PSNR %7.2f dB  max|diff| %.4f  vs golden %.2e\n", r.case_name.c_str(),
+                      r.psnr_db, r.max_abs_diff, r.golden_max_abs_err);
+        std::printf("min PSNR %.2f dB (%s, vae %s, attention %s vs float32 + math)\n", worst,
+                    pf->dtype.c_str(), pf->vae_dtype.c_str(), pf->attention.c_str());
+      }
+      return 0;
+    }
     if (att->parsed()) {
       bench::AttentionBenchOptions ao;
       ao.device = af->device;
@@ -194,24 +288,38 @@ Command add_bench_command(CLI::App& app) {
       if (af->json) {
         json out = json::array();
         for (const auto& r : rows)
-          out.push_back({{"case", r.c.name}, {"batch", r.c.batch}, {"heads", r.c.heads}, {"nq", r.c.nq},
-                         {"nk", r.c.nk}, {"head_dim", r.c.head_dim}, {"causal", r.c.causal}, {"dtype", r.dtype},
-                         {"backend", r.backend}, {"kernel", r.kernel}, {"skipped", r.skipped}, {"note", r.note},
-                         {"seconds", r.seconds}, {"gflops", r.gflops}, {"peak_extra_mb", r.peak_extra_mb}});
-        std::cout << json{{"device", device::device_name(device)}, {"threads", at::get_num_threads()}, {"rows", out}}
+          out.push_back({{"case", r.c.name},
+                         {"batch", r.c.batch},
+                         {"heads", r.c.heads},
+                         {"nq", r.c.nq},
+                         {"nk", r.c.nk},
+                         {"head_dim", r.c.head_dim},
+                         {"causal", r.c.causal},
+                         {"dtype", r.dtype},
+                         {"backend", r.backend},
+                         {"kernel", r.kernel},
+                         {"skipped", r.skipped},
+                         {"note", r.note},
+                         {"seconds", r.seconds},
+                         {"gflops", r.gflops},
+                         {"peak_extra_mb", r.peak_extra_mb}});
+        std::cout << json{{"device", device::device_name(device)},
+                          {"threads", at::get_num_threads()},
+                          {"rows", out}}
                          .dump(2)
                   << "\n";
         return 0;
       }
-      std::printf("%-34s %-5s %-6s %-12s %10s %10s %12s\n", "case", "dtype", "backend", "kernel", "time [ms]",
-                  "GFLOP/s", "peak +MB");
+      std::printf("%-34s %-5s %-6s %-12s %10s %10s %12s\n", "case", "dtype", "backend", "kernel",
+                  "time [ms]", "GFLOP/s", "peak +MB");
       for (const auto& r : rows) {
         if (r.skipped)
-          std::printf("%-34s %-5s %-6s %-12s %10s   (%s)\n", r.c.name.c_str(), r.dtype.c_str(), r.backend.c_str(),
-                      r.kernel.c_str(), "skipped", r.note.c_str());
+          std::printf("%-34s %-5s %-6s %-12s %10s   (%s)\n", r.c.name.c_str(), r.dtype.c_str(),
+                      r.backend.c_str(), r.kernel.c_str(), "skipped", r.note.c_str());
         else
-          std::printf("%-34s %-5s %-6s %-12s %10.2f %10.1f %12.1f\n", r.c.name.c_str(), r.dtype.c_str(),
-                      r.backend.c_str(), r.kernel.c_str(), r.seconds * 1e3, r.gflops, r.peak_extra_mb);
+          std::printf("%-34s %-5s %-6s %-12s %10.2f %10.1f %12.1f\n", r.c.name.c_str(),
+                      r.dtype.c_str(), r.backend.c_str(), r.kernel.c_str(), r.seconds * 1e3,
+                      r.gflops, r.peak_extra_mb);
       }
       return 0;
     }
@@ -221,11 +329,14 @@ Command add_bench_command(CLI::App& app) {
       for (auto dt : dtypes_for(rf->dtype, device)) {
         for (bool cl : {false, true}) {
           auto r = bench::measure_roofline(device, dt, cl);
-          if (rf->json) all.push_back(roofline_json(r));
-          else print_roofline(r);
+          if (rf->json)
+            all.push_back(roofline_json(r));
+          else
+            print_roofline(r);
         }
       }
-      if (rf->json) std::cout << json{{"threads", at::get_num_threads()}, {"rooflines", all}}.dump(2) << "\n";
+      if (rf->json)
+        std::cout << json{{"threads", at::get_num_threads()}, {"rooflines", all}}.dump(2) << "\n";
       return 0;
     }
     return run_pipeline(*o, *as_json);

@@ -49,7 +49,8 @@ Inputs make_inputs(const Shape& s, torch::Dtype dtype, uint64_t seed, double sha
 torch::Tensor reference(const Inputs& in, const nn::AttentionOptions& o) {
   nn::AttentionOptions ref = o;
   ref.backend = AttentionBackend::kMath;
-  return nn::attention(in.q.to(torch::kFloat64), in.k.to(torch::kFloat64), in.v.to(torch::kFloat64), ref);
+  return nn::attention(in.q.to(torch::kFloat64), in.k.to(torch::kFloat64), in.v.to(torch::kFloat64),
+                       ref);
 }
 
 double max_err(const torch::Tensor& a, const torch::Tensor& ref) {
@@ -66,8 +67,11 @@ void expect_close(const torch::Tensor& out, const torch::Tensor& math_out, const
   if (dtype == torch::kFloat32) {
     EXPECT_LT(err, std::max(2.0 * math_err, 2e-5)) << what << " (math's error " << math_err << ")";
   } else {
-    EXPECT_LT(err, std::max(2.0 * math_err, 1.6e-2)) << what << " (math's error " << math_err << ")";
-    auto mean_err = [&](const torch::Tensor& t) { return (t.to(torch::kFloat64) - ref).abs().mean().item<double>(); };
+    EXPECT_LT(err, std::max(2.0 * math_err, 1.6e-2))
+        << what << " (math's error " << math_err << ")";
+    auto mean_err = [&](const torch::Tensor& t) {
+      return (t.to(torch::kFloat64) - ref).abs().mean().item<double>();
+    };
     EXPECT_LT(mean_err(out), std::max(2.0 * mean_err(math_out), 4e-3)) << what;
   }
 }
@@ -75,8 +79,8 @@ void expect_close(const torch::Tensor& out, const torch::Tensor& math_out, const
 // With `sample_rows` > 0 (non-causal only), the float64 reference and the math backend see
 // only that many query rows spread over the sequence (a query row's result does not depend on
 // the other rows), which keeps long sequences cheap; the backends under test run in full.
-void check_all_backends(const Shape& s, torch::Dtype dtype, bool upcast = false, double sharpness = 1.0,
-                        int64_t sample_rows = 0) {
+void check_all_backends(const Shape& s, torch::Dtype dtype, bool upcast = false,
+                        double sharpness = 1.0, int64_t sample_rows = 0) {
   torch::NoGradGuard no_grad;
   auto in = make_inputs(s, dtype, 1234 + s.Nq * 7 + s.Nk, sharpness);
   torch::Tensor rows;
@@ -85,7 +89,9 @@ void check_all_backends(const Shape& s, torch::Dtype dtype, bool upcast = false,
     rows = torch::linspace(0, static_cast<double>(s.Nq - 1), sample_rows).to(torch::kInt64);
     sub.q = in.q.index_select(2, rows);
   }
-  auto pick = [&](const torch::Tensor& out) { return rows.defined() ? out.index_select(2, rows) : out; };
+  auto pick = [&](const torch::Tensor& out) {
+    return rows.defined() ? out.index_select(2, rows) : out;
+  };
   nn::AttentionOptions o;
   o.causal = s.causal;
   o.upcast = upcast;
@@ -101,8 +107,8 @@ void check_all_backends(const Shape& s, torch::Dtype dtype, bool upcast = false,
                  what + " [" + nn::attention_backend_name(b) + "]");
   }
   for (const auto& kernel : nn::flash_kernel_names(dtype)) {
-    expect_close(pick(nn::flash_attention_with_kernel(kernel, in.q, in.k, in.v, o)), math_out, ref, dtype,
-                 what + " [flash " + kernel + "]");
+    expect_close(pick(nn::flash_attention_with_kernel(kernel, in.q, in.k, in.v, o)), math_out, ref,
+                 dtype, what + " [flash " + kernel + "]");
   }
 }
 
@@ -119,22 +125,27 @@ TEST(Attention, OddShapesAllBackends) {
 }
 
 TEST(Attention, ClipTextEncoderCausal) {
-  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) check_all_backends({2, 16, 77, 77, 64, true}, dtype);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
+    check_all_backends({2, 16, 77, 77, 64, true}, dtype);
 }
 
 TEST(Attention, StableDiffusionCrossAttention) {
-  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) check_all_backends({2, 5, 1024, 77, 64, false}, dtype);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
+    check_all_backends({2, 5, 1024, 77, 64, false}, dtype);
 }
 
 TEST(Attention, StableDiffusionSelfAttention) {
   check_all_backends({2, 20, 256, 256, 64, false}, torch::kBFloat16);
-  check_all_backends({1, 10, 1024, 1024, 64, false}, torch::kFloat32, false, 1.0, /*sample_rows=*/128);
-  check_all_backends({1, 5, 4096, 4096, 64, false}, torch::kBFloat16, /*upcast=*/true, 1.0, /*sample_rows=*/128);
+  check_all_backends({1, 10, 1024, 1024, 64, false}, torch::kFloat32, false, 1.0,
+                     /*sample_rows=*/128);
+  check_all_backends({1, 5, 4096, 4096, 64, false}, torch::kBFloat16, /*upcast=*/true, 1.0,
+                     /*sample_rows=*/128);
 }
 
 TEST(Attention, LongSequenceOneHead) {
   // SD2.1 at 768x768: 96x96 latent tokens. One head keeps the math reference small.
-  check_all_backends({1, 1, 9216, 9216, 64, false}, torch::kBFloat16, false, 1.0, /*sample_rows=*/64);
+  check_all_backends({1, 1, 9216, 9216, 64, false}, torch::kBFloat16, false, 1.0,
+                     /*sample_rows=*/64);
 }
 
 TEST(Attention, VaeMidBlockHeadDim512) {
@@ -144,12 +155,14 @@ TEST(Attention, VaeMidBlockHeadDim512) {
 
 TEST(Attention, SharpSoftmaxIsStable) {
   // Logits of hundreds: the online softmax must subtract running maxima correctly.
-  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) check_all_backends({1, 2, 64, 700, 64, false}, dtype, false, 40.0);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
+    check_all_backends({1, 2, 64, 700, 64, false}, dtype, false, 40.0);
 }
 
 TEST(Attention, CustomScaleAndContiguousInputs) {
   torch::NoGradGuard no_grad;
-  auto q = torch::randn({2, 4, 33, 32}), k = torch::randn({2, 4, 65, 32}), v = torch::randn({2, 4, 65, 32});
+  auto q = torch::randn({2, 4, 33, 32}), k = torch::randn({2, 4, 65, 32}),
+       v = torch::randn({2, 4, 65, 32});
   nn::AttentionOptions o;
   o.scale = 0.37;
   auto ref = reference({q, k, v}, o);

@@ -9,6 +9,7 @@
 
 #include "bench/arch_configs.h"
 #include "bench/flop_counter.h"
+#include "bench/precision_bench.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/unet2d_condition.h"
@@ -28,9 +29,12 @@ struct HandCount {
   double total() const { return conv + matmul + attention; }
 };
 
-HandCount unet_flops_by_hand(const models::UNet2DConditionConfig& c, double B, double h, double w, double T) {
+HandCount unet_flops_by_hand(const models::UNet2DConditionConfig& c, double B, double h, double w,
+                             double T) {
   HandCount f;
-  auto conv = [&](double ci, double co, double k, double hw) { f.conv += 2 * B * hw * co * ci * k * k; };
+  auto conv = [&](double ci, double co, double k, double hw) {
+    f.conv += 2 * B * hw * co * ci * k * k;
+  };
   auto lin = [&](double in, double out, double rows) { f.matmul += 2 * rows * in * out; };
   const double temb = static_cast<double>(c.time_embedding_dim);
   const bool scale_shift = c.resnet_time_scale_shift == "scale_shift";
@@ -66,7 +70,8 @@ HandCount unet_flops_by_hand(const models::UNet2DConditionConfig& c, double B, d
   const auto& boc = c.block_out_channels;
   const size_t n = boc.size();
   double hw = h * w;
-  conv(static_cast<double>(c.in_channels), static_cast<double>(boc[0]), static_cast<double>(c.conv_in_kernel), hw);
+  conv(static_cast<double>(c.in_channels), static_cast<double>(boc[0]),
+       static_cast<double>(c.conv_in_kernel), hw);
   lin(static_cast<double>(boc[0]), temb, B);
   lin(temb, temb, B);
   double ch = static_cast<double>(boc[0]);
@@ -76,8 +81,8 @@ HandCount unet_flops_by_hand(const models::UNet2DConditionConfig& c, double B, d
       resnet(ch, static_cast<double>(boc[i]), hw);
       ch = static_cast<double>(boc[i]);
       if (c.down_block_types[i] == "CrossAttnDownBlock2D")
-        transformer(ch, hw, c.transformer_layers_per_block[i], static_cast<double>(c.cross_attention_dim[i]),
-                    c.only_cross_attention[i]);
+        transformer(ch, hw, c.transformer_layers_per_block[i],
+                    static_cast<double>(c.cross_attention_dim[i]), c.only_cross_attention[i]);
       skips.push_back(ch);
     }
     if (i + 1 < n) {
@@ -87,8 +92,8 @@ HandCount unet_flops_by_hand(const models::UNet2DConditionConfig& c, double B, d
     }
   }
   resnet(ch, ch, hw);
-  transformer(ch, hw, c.transformer_layers_per_block[n - 1], static_cast<double>(c.cross_attention_dim[n - 1]),
-              false);
+  transformer(ch, hw, c.transformer_layers_per_block[n - 1],
+              static_cast<double>(c.cross_attention_dim[n - 1]), false);
   resnet(ch, ch, hw);
   for (size_t i = 0; i < n; ++i) {
     const size_t d = n - 1 - i;  // the down block this up block mirrors
@@ -98,25 +103,27 @@ HandCount unet_flops_by_hand(const models::UNet2DConditionConfig& c, double B, d
       resnet(ch + skip, static_cast<double>(boc[d]), hw);
       ch = static_cast<double>(boc[d]);
       if (c.up_block_types[i] == "CrossAttnUpBlock2D")
-        transformer(ch, hw, c.transformer_layers_per_block[d], static_cast<double>(c.cross_attention_dim[d]),
-                    c.only_cross_attention[d]);
+        transformer(ch, hw, c.transformer_layers_per_block[d],
+                    static_cast<double>(c.cross_attention_dim[d]), c.only_cross_attention[d]);
     }
     if (i + 1 < n) {
       hw *= 4;
       conv(ch, ch, 3, hw);
     }
   }
-  conv(static_cast<double>(boc[0]), static_cast<double>(c.out_channels), static_cast<double>(c.conv_out_kernel),
-       h * w);
+  conv(static_cast<double>(boc[0]), static_cast<double>(c.out_channels),
+       static_cast<double>(c.conv_out_kernel), h * w);
   return f;
 }
 
 models::UNet2DConditionConfig arch_unet(const std::string& arch) {
-  return models::UNet2DConditionConfig::from_json(io::JsonConfig(bench::builtin_arch(arch).unet, arch));
+  return models::UNet2DConditionConfig::from_json(
+      io::JsonConfig(bench::builtin_arch(arch).unet, arch));
 }
 
 // Runs the UNet at its sample size under a FlopCounter and compares with the hand count.
-void expect_trace_equals_hand_count(const models::UNet2DConditionConfig& cfg, const std::string& what) {
+void expect_trace_equals_hand_count(const models::UNet2DConditionConfig& cfg,
+                                    const std::string& what) {
   torch::InferenceMode guard;
   models::UNet2DConditionModel unet(cfg);
   nn::init_random_weights(*unet, 3);
@@ -155,8 +162,10 @@ TEST(FlopCounter, CountsConvLinearAndAttentionOnce) {
   {
     bench::FlopCounter counter;
     torch::conv2d(torch::randn({2, 3, 8, 8}), torch::randn({4, 3, 3, 3}), torch::Tensor(), 1, 1);
-    torch::conv2d(torch::randn({1, 4, 9, 9}), torch::randn({2, 4, 3, 3}), torch::Tensor(), /*stride=*/2, /*padding=*/std::vector<int64_t>{0, 0});  // 4x4 out
-    torch::linear(torch::randn({2, 5, 7}), torch::randn({3, 7}), torch::randn({3}));  // linear -> matmul inside
+    torch::conv2d(torch::randn({1, 4, 9, 9}), torch::randn({2, 4, 3, 3}), torch::Tensor(),
+                  /*stride=*/2, /*padding=*/std::vector<int64_t>{0, 0});  // 4x4 out
+    torch::linear(torch::randn({2, 5, 7}), torch::randn({3, 7}),
+                  torch::randn({3}));  // linear -> matmul inside
     torch::bmm(torch::randn({3, 4, 5}), torch::randn({3, 5, 6}));
     auto q = torch::randn({1, 2, 3, 4}), k = torch::randn({1, 2, 5, 4});
     nn::AttentionOptions o;
@@ -211,13 +220,14 @@ TEST(BenchArch, BuiltInConfigsParse) {
 
 TEST(BenchCli, JsonHasTheStageKeys) {
   int status = -1;
-  std::string out = run_command(std::string(DIFFUSE_CLI_PATH) +
+  // One thread: a second one only waits on a busy machine for a model this small.
+  std::string out = run_command("DIFFUSE_THREADS=1 " + std::string(DIFFUSE_CLI_PATH) +
                                     " bench --arch tiny --steps 1 --no-roofline --json 2>/dev/null",
                                 &status);
   ASSERT_EQ(status, 0) << out;
   auto j = nlohmann::json::parse(out);
-  for (const char* key : {"device", "dtype", "attention", "width", "height", "text_encoder_s", "unet_step_s",
-                          "vae_decode_s", "peak_rss_mb", "unet_gflop"})
+  for (const char* key : {"device", "dtype", "attention", "width", "height", "text_encoder_s",
+                          "unet_step_s", "vae_decode_s", "peak_rss_mb", "unet_gflop"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["width"], 16);
   EXPECT_GT(j["unet_step_s"].get<double>(), 0);
@@ -231,4 +241,20 @@ TEST(BenchCli, RejectsUnknownArch) {
       run_command(std::string(DIFFUSE_CLI_PATH) + " bench --arch nope --no-roofline 2>&1", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("unknown architecture 'nope'"), std::string::npos) << out;
+}
+
+TEST(BenchPrecision, Bf16PipelineStaysAbove35DbAndFloat32AutoMatchesMath) {
+  bench::PrecisionOptions o;
+  o.golden = test::golden_dir();
+  o.dtype = "bf16";
+  o.vae_dtype = "bf16";
+  auto rows = bench::run_precision_bench(o);
+  ASSERT_FALSE(rows.empty());
+  for (const auto& r : rows) EXPECT_GE(r.psnr_db, 35.0) << r.case_name;
+  o.dtype = "fp32";
+  o.vae_dtype = "fp32";
+  for (const auto& r : bench::run_precision_bench(o)) {
+    EXPECT_GE(r.psnr_db, 90.0) << r.case_name;  // flash vs math in float32: rounding only
+    EXPECT_LT(r.max_abs_diff, 1e-4) << r.case_name;
+  }
 }

@@ -5,6 +5,7 @@
 
 #include "nn/fused_ops.h"
 #include "nn/kernels/cpu_features.h"
+#include "nn/layers.h"
 
 using namespace diffuse;
 
@@ -15,11 +16,16 @@ torch::Tensor bf16_randn(c10::IntArrayRef shape, double mean, double std, uint64
   return (torch::randn(shape, gen, torch::kFloat32) * std + mean).to(torch::kBFloat16);
 }
 
-const uint16_t* u16(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
-uint16_t* u16_mut(torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+const uint16_t* u16(const torch::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr());
+}
+uint16_t* u16_mut(torch::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr());
+}
 
 // |out - ref| within one bf16 rounding of the reference (plus a tiny absolute slack).
-void expect_bf16_rounding(const torch::Tensor& out, const torch::Tensor& ref, const std::string& what) {
+void expect_bf16_rounding(const torch::Tensor& out, const torch::Tensor& ref,
+                          const std::string& what) {
   auto o = out.to(torch::kFloat64), r = ref.to(torch::kFloat64);
   auto bound = r.abs() * (1.0 / 256) + 1e-5;
   auto excess = ((o - r).abs() - bound).max().item<double>();
@@ -56,12 +62,34 @@ TEST(CpuKernels, EveryKernelMatchesFloat64) {
       auto ref = a.to(torch::kFloat64) * 0.5 * gd * (1 + torch::erf(gd / std::sqrt(2.0)));
       expect_bf16_rounding(y, ref, name + " geglu n=" + std::to_string(n));
     }
+    for (int64_t C : {3, 16, 40, 128}) {
+      const int64_t P = 37;
+      auto x = bf16_randn({P, C}, 5.0, 0.5, 23 + C);
+      std::vector<float> shift(C, 4.0f), scratch(2 * C);
+      std::vector<double> s1(C, 0.0), s2(C, 0.0);
+      k->bf16_channel_sums(u16(x), P, C, shift.data(), scratch.data(), s1.data(), s2.data());
+      auto d = x.to(torch::kFloat64) - 4.0;
+      for (int64_t c = 0; c < C; ++c) {
+        EXPECT_NEAR(s1[c], d.select(1, c).sum().item<double>(), 1e-4) << name << " C=" << C;
+        EXPECT_NEAR(s2[c], d.select(1, c).pow(2).sum().item<double>(), 1e-4) << name << " C=" << C;
+      }
+      auto scale = torch::randn({C}), sh = torch::randn({C});
+      for (bool silu : {false, true}) {
+        auto y = torch::empty_like(x);
+        k->bf16_channel_scale_shift(u16(x), P, C, scale.data_ptr<float>(), sh.data_ptr<float>(), silu, u16_mut(y));
+        auto ref = x.to(torch::kFloat64) * scale.to(torch::kFloat64) + sh.to(torch::kFloat64);
+        if (silu) ref = ref * torch::sigmoid(ref);
+        expect_bf16_rounding(y, ref, name + " channel_scale_shift C=" + std::to_string(C));
+      }
+    }
     for (int64_t d : {5, 320, 1024, 1283}) {
       auto x = bf16_randn({d}, 10.0, 0.5, 17 + d);
       auto w = torch::randn({d}), b = torch::randn({d});
       auto y = torch::empty_like(x);
-      k->bf16_layer_norm_row(u16(x), d, w.data_ptr<float>(), b.data_ptr<float>(), 1e-5f, u16_mut(y));
-      auto ref = torch::layer_norm(x.to(torch::kFloat64), {d}, w.to(torch::kFloat64), b.to(torch::kFloat64), 1e-5);
+      k->bf16_layer_norm_row(u16(x), d, w.data_ptr<float>(), b.data_ptr<float>(), 1e-5f,
+                             u16_mut(y));
+      auto ref = torch::layer_norm(x.to(torch::kFloat64), {d}, w.to(torch::kFloat64),
+                                   b.to(torch::kFloat64), 1e-5);
       expect_bf16_rounding(y, ref, name + " layer_norm d=" + std::to_string(d));
     }
   }
@@ -70,15 +98,18 @@ TEST(CpuKernels, EveryKernelMatchesFloat64) {
 TEST(FusedOps, Bf16GroupNormKeepsFloat32Statistics) {
   torch::NoGradGuard no_grad;
   auto x = bf16_randn({2, 64, 9, 11}, 3.0, 0.5, 1);
-  auto w = (torch::randn({64}) * 0.2 + 1).to(torch::kBFloat16), b = (torch::randn({64}) * 0.1).to(torch::kBFloat16);
+  auto w = (torch::randn({64}) * 0.2 + 1).to(torch::kBFloat16),
+       b = (torch::randn({64}) * 0.1).to(torch::kBFloat16);
   for (bool silu : {false, true}) {
-    auto ref = torch::group_norm(x.to(torch::kFloat64), 8, w.to(torch::kFloat64), b.to(torch::kFloat64), 1e-6);
+    auto ref = torch::group_norm(x.to(torch::kFloat64), 8, w.to(torch::kFloat64),
+                                 b.to(torch::kFloat64), 1e-6);
     if (silu) ref = torch::silu(ref);
     auto y = nn::group_norm(x, 8, w, b, 1e-6, silu);
     EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
     expect_bf16_rounding(y, ref, silu ? "group_norm+silu" : "group_norm");
-    // Channels-last input takes the float32 fallback (LibTorch 1.13's bf16 path is wrong there).
+    // Channels-last input has its own kernel (LibTorch 1.13's bf16 path is wrong there).
     auto cl = nn::group_norm(x.contiguous(torch::MemoryFormat::ChannelsLast), 8, w, b, 1e-6, silu);
+    EXPECT_TRUE(cl.is_contiguous(torch::MemoryFormat::ChannelsLast));
     expect_bf16_rounding(cl, ref, "channels-last group_norm");
   }
 }
@@ -93,8 +124,8 @@ TEST(FusedOps, Bf16LayerNormAndModules) {
                                ln->bias.to(torch::kFloat64), 1e-5);
   ln->to(torch::kBFloat16);
   // The reference used the float32 parameters; compare with bf16-rounded ones instead.
-  ref = torch::layer_norm(x.to(torch::kFloat64), {320}, ln->weight.to(torch::kFloat64), ln->bias.to(torch::kFloat64),
-                          1e-5);
+  ref = torch::layer_norm(x.to(torch::kFloat64), {320}, ln->weight.to(torch::kFloat64),
+                          ln->bias.to(torch::kFloat64), 1e-5);
   expect_bf16_rounding(ln(x), ref, "LayerNorm module");
   // Non-contiguous input goes through the float32 fallback.
   auto xt = bf16_randn({320, 6}, 1.0, 1.0, 3).t();
@@ -104,8 +135,10 @@ TEST(FusedOps, Bf16LayerNormAndModules) {
 
   nn::GroupNorm gn(torch::nn::GroupNormOptions(4, 16).eps(1e-6));
   auto xf = torch::randn({2, 16, 5, 5});
-  EXPECT_TRUE(gn(xf).equal(torch::group_norm(xf, 4, gn->weight, gn->bias, 1e-6)));  // float32: LibTorch's
-  EXPECT_TRUE(gn->forward_silu(xf).allclose(torch::silu(torch::group_norm(xf, 4, gn->weight, gn->bias, 1e-6))));
+  EXPECT_TRUE(
+      gn(xf).equal(torch::group_norm(xf, 4, gn->weight, gn->bias, 1e-6)));  // float32: LibTorch's
+  EXPECT_TRUE(gn->forward_silu(xf).allclose(
+      torch::silu(torch::group_norm(xf, 4, gn->weight, gn->bias, 1e-6))));
   EXPECT_EQ(gn->named_parameters().size(), 2u);
 }
 
@@ -120,4 +153,39 @@ TEST(FusedOps, GegluMatchesChunkGelu) {
   auto ref = pb[0] * 0.5 * pb[1] * (1 + torch::erf(pb[1] / std::sqrt(2.0)));
   expect_bf16_rounding(nn::geglu(hb), ref, "bf16 geglu");
   EXPECT_THROW(nn::geglu(torch::randn({2, 3})), std::exception);
+}
+
+TEST(Layers, SkipInitGuardBuildsTheSameParametersUninitialised) {
+  auto build = [] {
+    return std::vector<torch::nn::AnyModule>{
+        torch::nn::AnyModule(nn::make_linear(torch::nn::LinearOptions(6, 5).bias(false))),
+        torch::nn::AnyModule(
+            nn::make_conv2d(torch::nn::Conv2dOptions(4, 6, 3).stride(2).padding(1))),
+        torch::nn::AnyModule(nn::make_embedding(11, 3))};
+  };
+  auto plain = build();
+  std::vector<torch::nn::AnyModule> skipped;
+  {
+    nn::SkipInitGuard guard(torch::kBFloat16);
+    skipped = build();
+  }
+  for (size_t i = 0; i < plain.size(); ++i) {
+    auto a = plain[i].ptr()->named_parameters(), b = skipped[i].ptr()->named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) {
+      EXPECT_EQ(a[j].key(), b[j].key());
+      EXPECT_EQ(a[j].value().sizes(), b[j].value().sizes()) << a[j].key();
+      EXPECT_EQ(a[j].value().scalar_type(), torch::kFloat32);
+      EXPECT_EQ(b[j].value().scalar_type(), torch::kBFloat16);
+    }
+  }
+  // Without the guard: LibTorch's initialisation (kaiming-uniform bound 1/sqrt(fan_in)).
+  auto lin = nn::make_linear(6, 5);
+  EXPECT_LE(lin->weight.abs().max().item<double>(), 1.0 / std::sqrt(6.0) + 1e-6);
+  EXPECT_GT(lin->weight.abs().max().item<double>(), 0);
+  // The conv keeps its stride and padding: 4x9x9 -> 6x5x5.
+  torch::NoGradGuard no_grad;
+  skipped[1].ptr()->parameters()[0].normal_();
+  auto y = skipped[1].forward(torch::randn({1, 4, 9, 9}).to(torch::kBFloat16));
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{1, 6, 5, 5}));
 }

@@ -202,6 +202,8 @@ const ArchConfigs& builtin_arch(const std::string& name) {
   throw InvalidArgument("unknown architecture '" + name + "' (expected one of: " + list + ")");
 }
 
-std::vector<std::string> builtin_arch_names() { return {"sd2.1-base", "sd2.1", "sd1.5", "tiny"}; }
+std::vector<std::string> builtin_arch_names() {
+  return {"sd2.1-base", "sd2.1", "sd1.5", "tiny"};
+}
 
 }  // namespace diffuse::bench

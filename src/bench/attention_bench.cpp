@@ -34,7 +34,8 @@ std::vector<AttentionCase> attention_cases(const std::string& set) {
     out.push_back({"SD2.1 768px cross (77 keys)", 2, 5, 9216, 77, 64});
     out.push_back({"SD2 text encoder (causal)", 2, 16, 77, 77, 64, true});
   }
-  if (out.empty()) throw InvalidArgument("unknown attention case set '" + set + "' (expected table, sd or all)");
+  if (out.empty())
+    throw InvalidArgument("unknown attention case set '" + set + "' (expected table, sd or all)");
   return out;
 }
 
@@ -63,10 +64,12 @@ std::vector<AttentionBenchRow> run_attention_bench(const std::vector<AttentionCa
         row.dtype = device::dtype_name(dtype);
         row.backend = nn::attention_backend_name(b);
         if (b == nn::AttentionBackend::kFlash) row.kernel = nn::flash_kernel_name(dtype);
-        const double score_gb = 2.0 * c.batch * c.heads * c.nq * c.nk * 4 / 1e9;  // scores + probs, fp32
+        const double score_gb =
+            2.0 * c.batch * c.heads * c.nq * c.nk * 4 / 1e9;  // scores + probs, fp32
         if (b == nn::AttentionBackend::kMath && score_gb > o.max_memory_gb) {
           row.skipped = true;
-          row.note = "scores need ~" + std::to_string(static_cast<int>(score_gb)) + " GB (> --max-memory-gb)";
+          row.note = "scores need ~" + std::to_string(static_cast<int>(score_gb)) +
+                     " GB (> --max-memory-gb)";
           rows.push_back(row);
           if (o.log) o.log(c.name + " " + row.dtype + " " + row.backend + ": skipped, " + row.note);
           continue;
@@ -81,7 +84,8 @@ std::vector<AttentionBenchRow> run_attention_bench(const std::vector<AttentionCa
           double t0 = now_s();
           nn::attention(q, k, v, opts);
           double first = now_s() - t0;
-          row.peak_extra_mb = reset ? static_cast<double>(peak_rss_bytes() - before) / (1 << 20) : -1;
+          row.peak_extra_mb =
+              reset ? static_cast<double>(peak_rss_bytes() - before) / (1 << 20) : -1;
           double best = first, spent = first;
           for (int i = 0; i < o.repeat && spent < o.max_seconds; ++i) {
             t0 = now_s();
@@ -100,11 +104,12 @@ std::vector<AttentionBenchRow> run_attention_bench(const std::vector<AttentionCa
         if (o.log) {
           char buf[256];
           if (row.skipped)
-            snprintf(buf, sizeof buf, "%s %s %s: skipped (%s)", c.name.c_str(), row.dtype.c_str(), row.backend.c_str(),
-                     row.note.c_str());
+            snprintf(buf, sizeof buf, "%s %s %s: skipped (%s)", c.name.c_str(), row.dtype.c_str(),
+                     row.backend.c_str(), row.note.c_str());
           else
-            snprintf(buf, sizeof buf, "%s %s %s: %.4f s, %.1f GFLOP/s, +%.0f MB", c.name.c_str(), row.dtype.c_str(),
-                     row.backend.c_str(), row.seconds, row.gflops, row.peak_extra_mb);
+            snprintf(buf, sizeof buf, "%s %s %s: %.4f s, %.1f GFLOP/s, +%.0f MB", c.name.c_str(),
+                     row.dtype.c_str(), row.backend.c_str(), row.seconds, row.gflops,
+                     row.peak_extra_mb);
           o.log(buf);
         }
       }

@@ -34,11 +34,11 @@ struct AttentionBenchOptions {
 struct AttentionBenchRow {
   AttentionCase c;
   std::string dtype, backend;
-  std::string kernel;    // flash: the CPU kernel used
+  std::string kernel;  // flash: the CPU kernel used
   bool skipped = false;
-  std::string note;      // why skipped
-  double seconds = 0;    // best timed call
-  double gflops = 0;     // 4 * B * H * Nq * Nk * D / seconds
+  std::string note;          // why skipped
+  double seconds = 0;        // best timed call
+  double gflops = 0;         // 4 * B * H * Nq * Nk * D / seconds
   double peak_extra_mb = 0;  // peak RSS during the call above the RSS before it
 };
 

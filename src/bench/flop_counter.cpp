@@ -32,7 +32,8 @@ int64_t at_or(const std::vector<int64_t>& v, size_t i, int64_t fallback) {
   return i < v.size() ? v[i] : v.back();
 }
 
-// aten::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+// aten::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+// groups)
 double conv_flops(c10::ArrayRef<const c10::IValue> in) {
   if (in.size() < 9 || !in[0].isTensor() || !in[1].isTensor()) return 0;
   const auto x = in[0].toTensor().sizes(), w = in[1].toTensor().sizes();
@@ -41,17 +42,21 @@ double conv_flops(c10::ArrayRef<const c10::IValue> in) {
   const bool transposed = in[6].isBool() && in[6].toBool();
   double out_spatial = 1;
   for (size_t d = 2; d < x.size(); ++d) {
-    const int64_t k = w[d], s = at_or(stride, d - 2, 1), p = at_or(padding, d - 2, 0), dl = at_or(dilation, d - 2, 1);
-    const int64_t o = transposed ? (x[d] - 1) * s - 2 * p + dl * (k - 1) + 1 : (x[d] + 2 * p - dl * (k - 1) - 1) / s + 1;
+    const int64_t k = w[d], s = at_or(stride, d - 2, 1), p = at_or(padding, d - 2, 0),
+                  dl = at_or(dilation, d - 2, 1);
+    const int64_t o = transposed ? (x[d] - 1) * s - 2 * p + dl * (k - 1) + 1
+                                 : (x[d] + 2 * p - dl * (k - 1) - 1) / s + 1;
     out_spatial *= static_cast<double>(o);
   }
   // weight: [out, in / groups, k...] (transposed: [in, out / groups, k...]); every output
   // element of every output channel takes in/groups * prod(k) multiply-adds.
   const double kernel = numel(w.slice(2));
-  const double out_channels = transposed ? static_cast<double>(w[1]) * (in[8].isInt() ? in[8].toInt() : 1)
-                                         : static_cast<double>(w[0]);
-  const double in_per_group = transposed ? static_cast<double>(w[0]) / (in[8].isInt() ? in[8].toInt() : 1)
-                                         : static_cast<double>(w[1]);
+  const double out_channels = transposed
+                                  ? static_cast<double>(w[1]) * (in[8].isInt() ? in[8].toInt() : 1)
+                                  : static_cast<double>(w[0]);
+  const double in_per_group = transposed
+                                  ? static_cast<double>(w[0]) / (in[8].isInt() ? in[8].toInt() : 1)
+                                  : static_cast<double>(w[1]);
   return 2.0 * static_cast<double>(x[0]) * out_channels * out_spatial * in_per_group * kernel;
 }
 
@@ -88,14 +93,16 @@ Counted classify(const at::RecordFunction& fn) {
     if (!q || !k || !v) return {&FlopCounts::attention, 0};
     const double bh = static_cast<double>(q->size(0) * q->size(1));
     const double nq = static_cast<double>(q->size(2)), nk = static_cast<double>(k->size(2));
-    return {&FlopCounts::attention, 2.0 * bh * nq * nk * static_cast<double>(q->size(3) + v->size(3))};
+    return {&FlopCounts::attention,
+            2.0 * bh * nq * nk * static_cast<double>(q->size(3) + v->size(3))};
   }
   if (is("aten::convolution")) return {&FlopCounts::conv, conv_flops(in)};
   if (is("aten::linear")) {
     const auto *x = tensor_at(in, 0), *w = tensor_at(in, 1);
     if (!x || !w) return {&FlopCounts::matmul, 0};
     return {&FlopCounts::matmul, 2.0 * numel(x->sizes()) / static_cast<double>(x->size(-1)) *
-                                     static_cast<double>(w->size(0)) * static_cast<double>(w->size(1))};
+                                     static_cast<double>(w->size(0)) *
+                                     static_cast<double>(w->size(1))};
   }
   if (is("aten::matmul") || is("aten::mm") || is("aten::bmm")) {
     const auto *a = tensor_at(in, 0), *b = tensor_at(in, 1);
@@ -130,7 +137,8 @@ FlopCounter::FlopCounter() {
   counts_ = std::make_unique<FlopCounts>();
   t_counts = counts_.get();
   t_depth = 0;
-  handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end).needsInputs(true));
+  handle_ =
+      at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end).needsInputs(true));
 }
 
 FlopCounter::~FlopCounter() {

@@ -24,7 +24,11 @@ bool reset_peak_rss() {
   return static_cast<bool>(out);
 }
 
-int64_t current_rss_bytes() { return device::memory_stats().rss_bytes; }
-int64_t peak_rss_bytes() { return device::memory_stats().peak_rss_bytes; }
+int64_t current_rss_bytes() {
+  return device::memory_stats().rss_bytes;
+}
+int64_t peak_rss_bytes() {
+  return device::memory_stats().peak_rss_bytes;
+}
 
 }  // namespace diffuse::bench

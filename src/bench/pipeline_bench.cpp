@@ -14,7 +14,7 @@
 #include "models/clip_text_model.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
-#include "nn/default_dtype.h"
+#include "nn/layers.h"
 #include "nn/load_weights.h"
 #include "nn/random_init.h"
 #include "pipeline/model_source.h"
@@ -65,51 +65,56 @@ Source open_source(const PipelineBenchOptions& o) {
   return s;
 }
 
-// Builds the module directly in `dtype` (no float32 copy), then fills it with the model's
-// weights or seeded random ones, and moves it to the device.
+// Builds the module without LibTorch's initialisation, directly in `dtype` (no float32 copy),
+// then fills it with the model's weights or seeded random ones, and moves it to the device.
 template <typename Module, typename Make>
 Module build(Make make, torch::Dtype dtype, const torch::Device& device,
-             const std::map<std::string, torch::Tensor>* weights, const std::string& source, uint64_t seed,
-             const std::set<std::string>& ignored = {}) {
+             const std::map<std::string, torch::Tensor>* weights, const std::string& source,
+             uint64_t seed, const std::set<std::string>& ignored = {}) {
   Module m{nullptr};
   {
-    nn::DefaultDtypeGuard guard(dtype);
+    nn::SkipInitGuard guard(dtype);
     m = make();
   }
-  if (weights) nn::load_state_dict(*m, *weights, source, ignored);
-  else nn::init_random_weights(*m, seed);
-  m->to(device);
+  if (weights)
+    nn::load_state_dict(*m, *weights, source, ignored);
+  else
+    nn::init_pooled_random_weights(*m, seed);
+  m->to(device, dtype);
   m->eval();
   return m;
 }
 
-UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& device, torch::Dtype dtype,
-                  const PipelineBenchOptions& o, int64_t lh, int64_t lw, int64_t ctx_dim, FlopCounts* flops) {
+UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& device,
+                  torch::Dtype dtype, const PipelineBenchOptions& o, int64_t lh, int64_t lw,
+                  int64_t ctx_dim, FlopCounts* flops) {
   auto gen = at::detail::createCPUGenerator(o.seed + 7);
   auto opts = torch::TensorOptions().dtype(torch::kFloat32);
-  auto sample = torch::randn({o.batch, unet->config().in_channels, lh, lw}, gen, opts).to(device, dtype);
+  auto sample =
+      torch::randn({o.batch, unet->config().in_channels, lh, lw}, gen, opts).to(device, dtype);
   auto context = torch::randn({o.batch, 77, ctx_dim}, gen, opts).to(device, dtype);
   auto t = torch::tensor(981.0).to(device);
   UNetRun run;
   run.dtype = device::dtype_name(dtype);
   run.attention = nn::attention_backend_name(nn::default_attention_backend());
-  {
-    // The warm-up step also counts the step's FLOPs (the observer costs little).
-    std::optional<FlopCounter> counter;
-    if (flops) counter.emplace();
+  for (int i = 0; i < o.warmup; ++i) {
     double t0 = now_s();
     unet->forward(sample, t, context);
     sync(device);
     if (o.log) o.log("unet warm-up step: " + fmt("%.3f s", now_s() - t0));
-    if (flops) *flops = counter->counts();
   }
   for (int i = 0; i < o.steps; ++i) {
+    // The first step also counts the step's FLOPs (the observer costs little).
+    std::optional<FlopCounter> counter;
+    if (flops && i == 0) counter.emplace();
     double t0 = now_s();
     unet->forward(sample, t, context);
     sync(device);
+    if (counter) *flops = counter->counts();
     run.step_s.push_back(now_s() - t0);
-    if (o.log) o.log("unet step " + std::to_string(i + 1) + "/" + std::to_string(o.steps) + ": " +
-                     fmt("%.3f s", run.step_s.back()));
+    if (o.log)
+      o.log("unet step " + std::to_string(i + 1) + "/" + std::to_string(o.steps) + ": " +
+            fmt("%.3f s", run.step_s.back()));
   }
   double sum = 0;
   run.step_min_s = 1e30;
@@ -121,14 +126,35 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
   return run;
 }
 
+double mb(int64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
+
+// Peak RSS of one stage: resets the kernel's mark before, reads it after, and keeps the
+// process-wide maximum in `overall`.
+class StagePeak {
+ public:
+  explicit StagePeak(double* overall) : overall_(overall), reset_(reset_peak_rss()) {}
+  double finish() {
+    const double peak = mb(peak_rss_bytes());
+    *overall_ = std::max(*overall_, peak);
+    return reset_ ? peak : 0.0;
+  }
+
+ private:
+  double* overall_;
+  bool reset_;
+};
+
 }  // namespace
 
 PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   if (o.steps < 1) throw InvalidArgument("--steps must be >= 1, got " + std::to_string(o.steps));
+  if (o.warmup < 0) throw InvalidArgument("--warmup must be >= 0, got " + std::to_string(o.warmup));
   if (o.batch < 1) throw InvalidArgument("--batch must be >= 1, got " + std::to_string(o.batch));
   if (o.width < 0 || o.height < 0 || o.width % 8 != 0 || o.height % 8 != 0)
-    throw InvalidArgument("--width/--height must be multiples of 8, got " + std::to_string(o.width) + "x" +
-                          std::to_string(o.height));
+    throw InvalidArgument("--width/--height must be multiples of 8, got " +
+                          std::to_string(o.width) + "x" + std::to_string(o.height));
   torch::InferenceMode inference;
   device::configure_cpu_threads();
   PipelineBenchResult r;
@@ -158,42 +184,54 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   r.width = o.width ? o.width : static_cast<int>((ss.empty() ? 64 : ss.back()) * f);
   const int64_t lh = r.height / f, lw = r.width / f;
   if (lh % unet_cfg.spatial_factor() != 0 || lw % unet_cfg.spatial_factor() != 0)
-    throw InvalidArgument("width and height must be multiples of " + std::to_string(f * unet_cfg.spatial_factor()) +
-                          " for this model, got " + std::to_string(r.width) + "x" + std::to_string(r.height));
+    throw InvalidArgument("width and height must be multiples of " +
+                          std::to_string(f * unet_cfg.spatial_factor()) + " for this model, got " +
+                          std::to_string(r.width) + "x" + std::to_string(r.height));
 
   // Build everything first, as the pipeline holds all three networks.
+  r.peak_rss_mb = mb(peak_rss_bytes());  // what the process used before (config parsing, ...)
+  StagePeak build_peak(&r.peak_rss_mb);
   double t0 = now_s();
   const auto* m = src.model ? &*src.model : nullptr;
-  auto text = build<models::ClipTextModel>([&] { return models::ClipTextModel(text_cfg); }, text_dtype, device,
-                                           m ? &m->text_encoder_weights : nullptr, o.model + " (text_encoder)",
-                                           o.seed + 1, {"text_model.embeddings.position_ids"});
-  auto unet = build<models::UNet2DConditionModel>([&] { return models::UNet2DConditionModel(unet_cfg); }, dtype,
-                                                  device, m ? &m->unet_weights : nullptr, o.model + " (unet)",
-                                                  o.seed + 2);
-  auto vae = build<models::AutoencoderKL>([&] { return models::AutoencoderKL(vae_cfg); }, vae_dtype, device,
-                                          m ? &m->vae_weights : nullptr, o.model + " (vae)", o.seed + 3);
+  auto text = build<models::ClipTextModel>(
+      [&] { return models::ClipTextModel(text_cfg); }, text_dtype, device,
+      m ? &m->text_encoder_weights : nullptr, o.model + " (text_encoder)", o.seed + 1,
+      {"text_model.embeddings.position_ids"});
+  auto unet = build<models::UNet2DConditionModel>(
+      [&] { return models::UNet2DConditionModel(unet_cfg); }, dtype, device,
+      m ? &m->unet_weights : nullptr, o.model + " (unet)", o.seed + 2);
+  auto vae = build<models::AutoencoderKL>([&] { return models::AutoencoderKL(vae_cfg); }, vae_dtype,
+                                          device, m ? &m->vae_weights : nullptr, o.model + " (vae)",
+                                          o.seed + 3);
   src.model.reset();  // drop the weight file mappings, as the pipeline does
   r.build_s = now_s() - t0;
+  r.build_peak_mb = build_peak.finish();
+  release_free_memory();
+  r.models_rss_mb = mb(current_rss_bytes());
   r.unet_params_m = params_m(*unet);
   r.text_encoder_params_m = params_m(*text);
   r.vae_params_m = params_m(*vae);
-  if (o.log) o.log("built text encoder (" + fmt("%.0fM", r.text_encoder_params_m) + " params), unet (" +
-                   fmt("%.0fM", r.unet_params_m) + "), vae (" + fmt("%.0fM", r.vae_params_m) + ") in " +
-                   fmt("%.1f s", r.build_s));
+  if (o.log)
+    o.log("built text encoder (" + fmt("%.0fM", r.text_encoder_params_m) + " params), unet (" +
+          fmt("%.0fM", r.unet_params_m) + "), vae (" + fmt("%.0fM", r.vae_params_m) + ") in " +
+          fmt("%.1f s", r.build_s));
 
   // What the attention policy runs for the UNet's biggest self- and cross-attention.
   {
-    const int64_t heads = unet_cfg.num_attention_heads[0], dim = unet_cfg.block_out_channels[0] / heads;
-    auto q = torch::empty({o.batch, heads, lh * lw, dim}, torch::TensorOptions().device(device).dtype(dtype));
+    const int64_t heads = unet_cfg.num_attention_heads[0],
+                  dim = unet_cfg.block_out_channels[0] / heads;
+    auto q = torch::empty({o.batch, heads, lh * lw, dim},
+                          torch::TensorOptions().device(device).dtype(dtype));
     auto kc = torch::empty({o.batch, heads, 77, dim}, q.options());
     r.attention_self = nn::attention_backend_name(nn::select_attention_backend(q, q, q));
     r.attention_cross = nn::attention_backend_name(nn::select_attention_backend(q, kc, kc));
   }
 
   if (o.text_encoder) {
+    StagePeak peak(&r.peak_rss_mb);
     auto gen = at::detail::createCPUGenerator(o.seed + 5);
-    auto ids = torch::randint(0, text_cfg.vocab_size, {o.batch, text_cfg.max_position_embeddings}, gen,
-                              torch::TensorOptions().dtype(torch::kInt64))
+    auto ids = torch::randint(0, text_cfg.vocab_size, {o.batch, text_cfg.max_position_embeddings},
+                              gen, torch::TensorOptions().dtype(torch::kInt64))
                    .to(device);
     text->forward(ids);  // warm-up
     sync(device);
@@ -201,24 +239,34 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     text->forward(ids);
     sync(device);
     r.text_encoder_s = now_s() - s0;
-    if (o.log) o.log("text encoder (batch " + std::to_string(o.batch) + "): " + fmt("%.3f s", r.text_encoder_s));
+    r.text_encoder_peak_mb = peak.finish();
+    if (o.log)
+      o.log("text encoder (batch " + std::to_string(o.batch) +
+            "): " + fmt("%.3f s", r.text_encoder_s));
   }
 
-  r.unet = time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0], &r.unet_flops);
+  if (o.unet) {
+    StagePeak peak(&r.peak_rss_mb);
+    r.unet =
+        time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0], &r.unet_flops);
+    r.unet_peak_mb = peak.finish();
+  }
 
   if (o.vae) {
+    StagePeak peak(&r.peak_rss_mb);
     auto gen = at::detail::createCPUGenerator(o.seed + 6);
-    auto z = torch::randn({1, vae_cfg.latent_channels, lh, lw}, gen, torch::TensorOptions().dtype(torch::kFloat32))
+    auto z = torch::randn({1, vae_cfg.latent_channels, lh, lw}, gen,
+                          torch::TensorOptions().dtype(torch::kFloat32))
                  .to(device, vae_dtype);
     double s0 = now_s();
     vae->decode(z);
     sync(device);
     r.vae_decode_s = now_s() - s0;
+    r.vae_peak_mb = peak.finish();
     if (o.log) o.log("vae decode (1 image): " + fmt("%.3f s", r.vae_decode_s));
   }
-  r.peak_rss_mb = static_cast<double>(peak_rss_bytes()) / (1 << 20);
 
-  if (o.roofline) {
+  if (o.roofline && o.unet) {
     r.roofline = measure_roofline(device, dtype, /*channels_last=*/false);
     const auto& rl = *r.roofline;
     if (rl.conv_gflops > 0 && rl.matmul_gflops > 0) {
@@ -226,8 +274,9 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
                            (r.unet_flops.matmul + r.unet_flops.attention) / 1e9 / rl.matmul_gflops;
       r.roofline_fraction = r.roofline_limit_s / r.unet.step_mean_s;
     }
-    if (o.log) o.log("roofline " + rl.dtype + ": matmul " + fmt("%.1f", rl.matmul_gflops) + " GFLOP/s, conv " +
-                     fmt("%.1f", rl.conv_gflops) + " GFLOP/s");
+    if (o.log)
+      o.log("roofline " + rl.dtype + ": matmul " + fmt("%.1f", rl.matmul_gflops) +
+            " GFLOP/s, conv " + fmt("%.1f", rl.conv_gflops) + " GFLOP/s");
   }
 
   if (o.baseline) {
@@ -237,10 +286,12 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     unet = nullptr;
     release_free_memory();
     nn::set_default_attention_backend(nn::AttentionBackend::kMath);
-    auto base = build<models::UNet2DConditionModel>([&] { return models::UNet2DConditionModel(unet_cfg); },
-                                                    torch::kFloat32, device, nullptr, "", o.seed + 2);
+    auto base =
+        build<models::UNet2DConditionModel>([&] { return models::UNet2DConditionModel(unet_cfg); },
+                                            torch::kFloat32, device, nullptr, "", o.seed + 2);
     if (o.log) o.log("baseline: float32 unet with math attention");
-    r.baseline = time_unet(base, device, torch::kFloat32, o, lh, lw, unet_cfg.cross_attention_dim[0], nullptr);
+    r.baseline = time_unet(base, device, torch::kFloat32, o, lh, lw,
+                           unet_cfg.cross_attention_dim[0], nullptr);
     nn::set_default_attention_backend(backend);
   }
   return r;

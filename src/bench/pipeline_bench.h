@@ -18,11 +18,14 @@ struct PipelineBenchOptions {
   std::string model;                // a diffusers folder or single file instead of `arch`
   std::string device = "auto", dtype = "auto", vae_dtype = "auto", attention = "auto";
   int width = 0, height = 0;  // 0 = the model's default size
-  int steps = 1;              // timed UNet steps, after one warm-up step
+  int steps = 1;              // timed UNet steps, after the warm-up steps
+  int warmup = 1;             // untimed UNet steps first (one-time costs; FLOPs are counted
+                              // in the first step, timed or not)
   int batch = 2;              // UNet batch: 2 = one image with classifier-free guidance
   bool text_encoder = true;
+  bool unet = true;
   bool vae = true;
-  bool roofline = true;       // measure the roofline in the same run
+  bool roofline = true;  // measure the roofline in the same run
   // Also time the UNet step in float32 with math attention (the engine's plain baseline) after
   // the main measurement, and report the speed-up.
   bool baseline = false;
@@ -45,10 +48,13 @@ struct PipelineBenchResult {
   double build_s = 0;
   double text_encoder_s = 0;  // one forward of `batch` prompts (77 tokens)
   UNetRun unet;
-  double vae_decode_s = 0;    // one image
-  double peak_rss_mb = 0;     // process peak while models were built and run (before baseline)
+  double vae_decode_s = 0;  // one image
+  double peak_rss_mb = 0;   // process peak while models were built and run (before baseline)
+  // Peak RSS during each stage (where the system lets the peak mark be reset; else 0):
+  double build_peak_mb = 0, text_encoder_peak_mb = 0, unet_peak_mb = 0, vae_peak_mb = 0;
+  double models_rss_mb = 0;  // RSS with the three networks built, before running them
   double unet_params_m = 0, text_encoder_params_m = 0, vae_params_m = 0;
-  FlopCounts unet_flops;      // one step at `batch`
+  FlopCounts unet_flops;  // one step at `batch`
   std::optional<Roofline> roofline;
   double roofline_limit_s = 0;   // conv / conv rate + (matmul + attention) / matmul rate
   double roofline_fraction = 0;  // roofline_limit_s / unet step mean

@@ -11,10 +11,10 @@
 namespace diffuse::bench {
 
 struct RooflineEntry {
-  std::string kind;   // "matmul" | "conv"
-  std::string shape;  // e.g. "8192x320 @ 320x1280", "2x320x64x64 conv3x3 -> 320"
-  double gflop = 0;   // per call
-  double seconds = 0; // best of the timed calls
+  std::string kind;    // "matmul" | "conv"
+  std::string shape;   // e.g. "8192x320 @ 320x1280", "2x320x64x64 conv3x3 -> 320"
+  double gflop = 0;    // per call
+  double seconds = 0;  // best of the timed calls
   double gflops() const { return seconds > 0 ? gflop / seconds : 0; }
 };
 

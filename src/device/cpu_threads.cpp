@@ -13,7 +13,20 @@
 
 #include "diffuse/errors.h"
 
+// OpenBLAS (Debian's libtorch calls whatever libblas.so.3 is selected) runs its own thread
+// pool sized to the machine, ignoring at::set_num_threads; float32 linear layers and math
+// attention go through it. Weak, so builds against other BLAS libraries link too.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+
 namespace diffuse::device {
+namespace {
+
+void set_threads(int n) {
+  at::set_num_threads(n);
+  if (openblas_set_num_threads) openblas_set_num_threads(n);
+}
+
+}  // namespace
 
 int available_cpus() {
 #if defined(__linux__)
@@ -36,14 +49,15 @@ int configure_cpu_threads() {
       char* end = nullptr;
       long n = std::strtol(mine, &end, 10);
       if (*end != '\0' || n < 1 || n > 4096)
-        throw InvalidArgument(std::string("DIFFUSE_THREADS must be a positive integer, got '") + mine + "'");
-      at::set_num_threads(static_cast<int>(n));
+        throw InvalidArgument(std::string("DIFFUSE_THREADS must be a positive integer, got '") +
+                              mine + "'");
+      set_threads(static_cast<int>(n));
       return;
     }
     const char* omp = std::getenv("OMP_NUM_THREADS");
     const char* mkl = std::getenv("MKL_NUM_THREADS");
     if ((omp && *omp) || (mkl && *mkl)) return;  // the user's setting, applied by LibTorch
-    at::set_num_threads(available_cpus());
+    set_threads(available_cpus());
   });
   return at::get_num_threads();
 }

@@ -5,10 +5,10 @@
 
 namespace diffuse::device {
 
-// Sets at::set_num_threads once per process: $DIFFUSE_THREADS if set, else LibTorch's choice
-// when $OMP_NUM_THREADS or $MKL_NUM_THREADS is set, else the number of CPUs in this process's
-// affinity mask. Returns the thread count in effect. InvalidArgument for a malformed
-// DIFFUSE_THREADS.
+// Sets the intra-op thread count (LibTorch's and OpenBLAS's) once per process:
+// $DIFFUSE_THREADS if set, else LibTorch's choice when $OMP_NUM_THREADS or $MKL_NUM_THREADS is
+// set, else the number of CPUs in this process's affinity mask. Returns the thread count in effect.
+// InvalidArgument for a malformed DIFFUSE_THREADS.
 int configure_cpu_threads();
 
 // CPUs this process may run on (sched_getaffinity), at least 1.

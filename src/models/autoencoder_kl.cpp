@@ -7,6 +7,7 @@
 #include "diffuse/errors.h"
 #include "models/config_values.h"
 #include "models/load_component.h"
+#include "nn/layers.h"
 
 namespace diffuse::models {
 namespace {
@@ -80,10 +81,10 @@ AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config) : config_(std::
   const int64_t lc = c.latent_channels;
   if (c.use_quant_conv)
     quant_conv = register_module("quant_conv",
-                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(2 * lc, 2 * lc, 1)));
+                                 nn::make_conv2d(torch::nn::Conv2dOptions(2 * lc, 2 * lc, 1)));
   if (c.use_post_quant_conv)
     post_quant_conv =
-        register_module("post_quant_conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(lc, lc, 1)));
+        register_module("post_quant_conv", nn::make_conv2d(torch::nn::Conv2dOptions(lc, lc, 1)));
 }
 
 LatentDist AutoencoderKLImpl::encode(const torch::Tensor& x, Intermediates* intermediates) {
@@ -137,7 +138,11 @@ torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& z_in, Intermediates
 AutoencoderKL load_vae(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
                        const std::string& component) {
   auto cfg = component_config(folder, component, "AutoencoderKL");
-  AutoencoderKL model(AutoencoderKLConfig::from_json(cfg));
+  AutoencoderKL model{nullptr};
+  {
+    nn::SkipInitGuard skip_init(dtype);  // every parameter is loaded below
+    model = AutoencoderKL(AutoencoderKLConfig::from_json(cfg));
+  }
   load_component_weights(*model, folder, component);
   model->to(device, dtype);
   model->eval();

@@ -5,6 +5,7 @@
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
 #include "nn/attention.h"
+#include "nn/layers.h"
 #include "nn/load_weights.h"
 
 namespace diffuse::models {
@@ -36,8 +37,8 @@ ClipTextConfig ClipTextConfig::from_json(const io::JsonConfig& j) {
 }
 
 ClipMlpImpl::ClipMlpImpl(const ClipTextConfig& c) : act(c.hidden_act) {
-  fc1 = register_module("fc1", torch::nn::Linear(c.hidden_size, c.intermediate_size));
-  fc2 = register_module("fc2", torch::nn::Linear(c.intermediate_size, c.hidden_size));
+  fc1 = register_module("fc1", nn::make_linear(c.hidden_size, c.intermediate_size));
+  fc2 = register_module("fc2", nn::make_linear(c.intermediate_size, c.hidden_size));
 }
 
 torch::Tensor ClipMlpImpl::forward(const torch::Tensor& x) {
@@ -53,10 +54,10 @@ torch::Tensor ClipMlpImpl::forward(const torch::Tensor& x) {
 }
 
 ClipAttentionImpl::ClipAttentionImpl(const ClipTextConfig& c) : heads(c.num_attention_heads) {
-  q_proj = register_module("q_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
-  k_proj = register_module("k_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
-  v_proj = register_module("v_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
-  out_proj = register_module("out_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
+  q_proj = register_module("q_proj", nn::make_linear(c.hidden_size, c.hidden_size));
+  k_proj = register_module("k_proj", nn::make_linear(c.hidden_size, c.hidden_size));
+  v_proj = register_module("v_proj", nn::make_linear(c.hidden_size, c.hidden_size));
+  out_proj = register_module("out_proj", nn::make_linear(c.hidden_size, c.hidden_size));
 }
 
 torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x) {
@@ -84,9 +85,9 @@ torch::Tensor ClipEncoderLayerImpl::forward(const torch::Tensor& x) {
 }
 
 ClipTextEmbeddingsImpl::ClipTextEmbeddingsImpl(const ClipTextConfig& c) {
-  token_embedding = register_module("token_embedding", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  token_embedding = register_module("token_embedding", nn::make_embedding(c.vocab_size, c.hidden_size));
   position_embedding =
-      register_module("position_embedding", torch::nn::Embedding(c.max_position_embeddings, c.hidden_size));
+      register_module("position_embedding", nn::make_embedding(c.max_position_embeddings, c.hidden_size));
 }
 
 torch::Tensor ClipTextEmbeddingsImpl::forward(const torch::Tensor& input_ids) {
@@ -139,7 +140,11 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, bool o
 ClipTextModel load_clip_text_model(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
                                    const std::string& component) {
   auto config = ClipTextConfig::from_json(folder.component_config(component));
-  ClipTextModel model(config);
+  ClipTextModel model{nullptr};
+  {
+    nn::SkipInitGuard skip_init(dtype);  // every parameter is loaded below
+    model = ClipTextModel(config);
+  }
   auto weights = folder.component_weights(component);
   nn::load_state_dict(*model, weights, folder.component_dir(component),
                       {"text_model.embeddings.position_ids"});

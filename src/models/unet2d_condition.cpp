@@ -6,6 +6,7 @@
 
 #include "diffuse/errors.h"
 #include "models/load_component.h"
+#include "nn/layers.h"
 
 namespace diffuse::models {
 namespace {
@@ -32,7 +33,7 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
   const int64_t n = static_cast<int64_t>(c.block_out_channels.size());
   const auto& boc = c.block_out_channels;
   conv_in = register_module(
-      "conv_in", torch::nn::Conv2d(torch::nn::Conv2dOptions(c.in_channels, boc[0], c.conv_in_kernel)
+      "conv_in", nn::make_conv2d(torch::nn::Conv2dOptions(c.in_channels, boc[0], c.conv_in_kernel)
                                        .padding((c.conv_in_kernel - 1) / 2)));
   time_proj = register_module("time_proj", nn::Timesteps(boc[0], c.flip_sin_to_cos, c.freq_shift));
   time_embedding = register_module(
@@ -105,7 +106,7 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
       nn::GroupNorm(torch::nn::GroupNormOptions(c.norm_num_groups, boc[0]).eps(c.norm_eps)));
   conv_out = register_module(
       "conv_out",
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(boc[0], c.out_channels, c.conv_out_kernel)
+      nn::make_conv2d(torch::nn::Conv2dOptions(boc[0], c.out_channels, c.conv_out_kernel)
                             .padding((c.conv_out_kernel - 1) / 2)));
 }
 
@@ -191,7 +192,11 @@ torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
 UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device device,
                                torch::Dtype dtype, const std::string& component) {
   auto cfg = component_config(folder, component, "UNet2DConditionModel");
-  UNet2DConditionModel model(UNet2DConditionConfig::from_json(cfg));
+  UNet2DConditionModel model{nullptr};
+  {
+    nn::SkipInitGuard skip_init(dtype);  // every parameter is loaded below
+    model = UNet2DConditionModel(UNet2DConditionConfig::from_json(cfg));
+  }
   load_component_weights(*model, folder, component);
   model->to(device, dtype);
   model->eval();

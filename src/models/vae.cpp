@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "nn/layers.h"
+
 namespace diffuse::models {
 namespace {
 
@@ -9,7 +11,7 @@ namespace {
 constexpr double kVaeEps = 1e-6;
 
 torch::nn::Conv2d conv3x3(int64_t in, int64_t out) {
-  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
+  return nn::make_conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
 }
 
 nn::GroupNorm group_norm(int64_t groups, int64_t channels) {
@@ -55,7 +57,7 @@ EncoderImpl::EncoderImpl(const VaeCoderOptions& o) {
 
 torch::Tensor EncoderImpl::forward(const torch::Tensor& x, Intermediates* inter,
                                    const std::string& prefix) {
-  auto h = conv_in(x);
+  auto h = conv_in(nn::to_compute_layout(x));
   capture(inter, prefix + "conv_in", h);
   for (size_t i = 0; i < down_list.size(); ++i) {
     h = down_list[i](h);
@@ -95,7 +97,7 @@ DecoderImpl::DecoderImpl(const VaeCoderOptions& o) {
 
 torch::Tensor DecoderImpl::forward(const torch::Tensor& z, Intermediates* inter,
                                    const std::string& prefix) {
-  auto h = conv_in(z);
+  auto h = conv_in(nn::to_compute_layout(z));
   capture(inter, prefix + "conv_in", h);
   h = mid_block(h);
   capture(inter, prefix + "mid_block", h);

@@ -42,7 +42,9 @@ std::array<Slot, kBackends>& table() {
   return slots;
 }
 
-Slot& slot(AttentionBackend b) { return table()[static_cast<size_t>(b)]; }
+Slot& slot(AttentionBackend b) {
+  return table()[static_cast<size_t>(b)];
+}
 
 std::atomic<AttentionBackend> g_default{AttentionBackend::kAuto};
 
@@ -54,8 +56,8 @@ std::string unsupported_reason(AttentionBackend b, const torch::Tensor& q, const
   return check ? check(q, k, v, call) : "";
 }
 
-bool can_run(AttentionBackend b, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-             const AttentionCall& call) {
+bool can_run(AttentionBackend b, const torch::Tensor& q, const torch::Tensor& k,
+             const torch::Tensor& v, const AttentionCall& call) {
   return unsupported_reason(b, q, k, v, call).empty();
 }
 
@@ -68,8 +70,9 @@ AttentionBackend choose_auto(const torch::Tensor& q, const torch::Tensor& k, con
   const auto& dev = q.device();
   if (dev.type() == c10::DeviceType::PrivateUse1 && can_run(AttentionBackend::kNpu, q, k, v, call))
     return AttentionBackend::kNpu;
-  if (!dev.is_cpu()) return can_run(AttentionBackend::kSdpa, q, k, v, call) ? AttentionBackend::kSdpa
-                                                                          : AttentionBackend::kMath;
+  if (!dev.is_cpu())
+    return can_run(AttentionBackend::kSdpa, q, k, v, call) ? AttentionBackend::kSdpa
+                                                           : AttentionBackend::kMath;
   if (can_run(AttentionBackend::kFlash, q, k, v, call)) return AttentionBackend::kFlash;
   return AttentionBackend::kMath;
 }
@@ -84,24 +87,28 @@ AttentionCall make_call(const torch::Tensor& q, const AttentionOptions& options)
 
 AttentionBackend select(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionOptions& options, const AttentionCall& call) {
-  AttentionBackend b = options.backend == AttentionBackend::kAuto ? g_default.load() : options.backend;
+  AttentionBackend b =
+      options.backend == AttentionBackend::kAuto ? g_default.load() : options.backend;
   return b == AttentionBackend::kAuto ? choose_auto(q, k, v, call) : b;
 }
 
 }  // namespace
 
-void check_attention_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+void check_attention_inputs(const torch::Tensor& q, const torch::Tensor& k,
+                            const torch::Tensor& v) {
   if (!q.defined() || !k.defined() || !v.defined())
     throw InvalidArgument("attention: q, k and v must all be defined");
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
     throw InvalidArgument("attention: q, k, v must be 4-D [batch, heads, tokens, head_dim], got " +
-                          c10::str(q.sizes()) + ", " + c10::str(k.sizes()) + ", " + c10::str(v.sizes()));
-  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || k.size(1) != q.size(1) || v.size(1) != q.size(1))
+                          c10::str(q.sizes()) + ", " + c10::str(k.sizes()) + ", " +
+                          c10::str(v.sizes()));
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || k.size(1) != q.size(1) ||
+      v.size(1) != q.size(1))
     throw InvalidArgument("attention: batch and heads of q " + c10::str(q.sizes()) + ", k " +
                           c10::str(k.sizes()) + " and v " + c10::str(v.sizes()) + " differ");
   if (k.size(3) != q.size(3))
-    throw InvalidArgument("attention: q and k head dims differ (" + std::to_string(q.size(3)) + " vs " +
-                          std::to_string(k.size(3)) + ")");
+    throw InvalidArgument("attention: q and k head dims differ (" + std::to_string(q.size(3)) +
+                          " vs " + std::to_string(k.size(3)) + ")");
   if (v.size(2) != k.size(2))
     throw InvalidArgument("attention: k has " + std::to_string(k.size(2)) + " tokens but v has " +
                           std::to_string(v.size(2)));
@@ -112,7 +119,8 @@ void check_attention_inputs(const torch::Tensor& q, const torch::Tensor& k, cons
 }
 
 void register_attention_backend(AttentionBackend backend, const AttentionBackendHooks& hooks) {
-  if (backend == AttentionBackend::kAuto) throw InvalidArgument("cannot register a kernel for 'auto'");
+  if (backend == AttentionBackend::kAuto)
+    throw InvalidArgument("cannot register a kernel for 'auto'");
   if (!hooks.run) throw InvalidArgument("register_attention_backend: run is null");
   Slot& s = slot(backend);
   s.unsupported = hooks.unsupported;
@@ -146,16 +154,22 @@ AttentionBackend parse_attention_backend(const std::string& name) {
   if (name == "sdpa") return AttentionBackend::kSdpa;
   if (name == "flash") return AttentionBackend::kFlash;
   if (name == "npu") return AttentionBackend::kNpu;
-  throw InvalidArgument("unknown attention backend '" + name + "' (expected auto|math|sdpa|flash|npu)");
+  throw InvalidArgument("unknown attention backend '" + name +
+                        "' (expected auto|math|sdpa|flash|npu)");
 }
 
 const char* attention_backend_name(AttentionBackend backend) {
   switch (backend) {
-    case AttentionBackend::kAuto: return "auto";
-    case AttentionBackend::kMath: return "math";
-    case AttentionBackend::kSdpa: return "sdpa";
-    case AttentionBackend::kFlash: return "flash";
-    case AttentionBackend::kNpu: return "npu";
+    case AttentionBackend::kAuto:
+      return "auto";
+    case AttentionBackend::kMath:
+      return "math";
+    case AttentionBackend::kSdpa:
+      return "sdpa";
+    case AttentionBackend::kFlash:
+      return "flash";
+    case AttentionBackend::kNpu:
+      return "npu";
   }
   return "?";
 }
@@ -171,15 +185,21 @@ std::string attention_backend_unavailable(AttentionBackend backend, const torch:
 
 std::vector<AttentionBackend> available_attention_backends(const torch::Device& device) {
   std::vector<AttentionBackend> out;
-  for (auto b : {AttentionBackend::kMath, AttentionBackend::kSdpa, AttentionBackend::kFlash, AttentionBackend::kNpu})
+  for (auto b : {AttentionBackend::kMath, AttentionBackend::kSdpa, AttentionBackend::kFlash,
+                 AttentionBackend::kNpu})
     if (attention_backend_unavailable(b, device).empty()) out.push_back(b);
   return out;
 }
 
-void set_default_attention_backend(AttentionBackend backend) { g_default = backend; }
-AttentionBackend default_attention_backend() { return g_default.load(); }
+void set_default_attention_backend(AttentionBackend backend) {
+  g_default = backend;
+}
+AttentionBackend default_attention_backend() {
+  return g_default.load();
+}
 
-AttentionBackend attention_backend_from_flag_or_env(const std::string& flag, const torch::Device& device) {
+AttentionBackend attention_backend_from_flag_or_env(const std::string& flag,
+                                                    const torch::Device& device) {
   std::string name = flag;
   if (name.empty() || name == "auto") {
     const char* env = std::getenv("DIFFUSE_ATTENTION");
@@ -188,7 +208,8 @@ AttentionBackend attention_backend_from_flag_or_env(const std::string& flag, con
   AttentionBackend b = parse_attention_backend(name);
   std::string why = attention_backend_unavailable(b, device);
   if (!why.empty())
-    throw InvalidArgument("attention backend '" + name + "' is not available on " + device.str() + ": " + why);
+    throw InvalidArgument("attention backend '" + name + "' is not available on " + device.str() +
+                          ": " + why);
   return b;
 }
 

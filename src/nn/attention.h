@@ -34,7 +34,8 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 
 // The backend attention() would run for these inputs (never kAuto).
 AttentionBackend select_attention_backend(const torch::Tensor& q, const torch::Tensor& k,
-                                          const torch::Tensor& v, const AttentionOptions& options = {});
+                                          const torch::Tensor& v,
+                                          const AttentionOptions& options = {});
 
 // "auto", "math", ... ; InvalidArgument naming the accepted values otherwise.
 AttentionBackend parse_attention_backend(const std::string& name);
@@ -52,6 +53,7 @@ AttentionBackend default_attention_backend();
 
 // `flag` if given and not "auto", else $DIFFUSE_ATTENTION, else "auto"; parsed, and checked
 // against `device` (InvalidArgument naming the backend and the reason if unavailable).
-AttentionBackend attention_backend_from_flag_or_env(const std::string& flag, const torch::Device& device);
+AttentionBackend attention_backend_from_flag_or_env(const std::string& flag,
+                                                    const torch::Device& device);
 
 }  // namespace diffuse::nn

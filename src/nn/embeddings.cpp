@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "diffuse/errors.h"
+#include "nn/layers.h"
 
 namespace diffuse::nn {
 
@@ -43,8 +44,8 @@ torch::Tensor TimestepsImpl::forward(const torch::Tensor& timesteps) {
 TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in_channels, int64_t time_embed_dim,
                                              Activation act, std::optional<Activation> post_act)
     : act(act), post_act(post_act) {
-  linear_1 = register_module("linear_1", torch::nn::Linear(in_channels, time_embed_dim));
-  linear_2 = register_module("linear_2", torch::nn::Linear(time_embed_dim, time_embed_dim));
+  linear_1 = register_module("linear_1", nn::make_linear(in_channels, time_embed_dim));
+  linear_2 = register_module("linear_2", nn::make_linear(time_embed_dim, time_embed_dim));
 }
 
 torch::Tensor TimestepEmbeddingImpl::forward(const torch::Tensor& sample) {

@@ -1,7 +1,14 @@
 #include "nn/fused_ops.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "diffuse/errors.h"
 #include "nn/kernels/cpu_features.h"
@@ -13,8 +20,18 @@ bool fused_cpu_bf16(const torch::Tensor& x) {
   return x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous();
 }
 
-const uint16_t* bf16_data(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
-uint16_t* bf16_data_mut(torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+const uint16_t* bf16_data(const torch::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr());
+}
+uint16_t* bf16_data_mut(torch::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr());
+}
+
+// bf16 channels-last [B, C, H, W] on the CPU (and not also plain contiguous, e.g. 1x1).
+bool fused_cpu_bf16_channels_last(const torch::Tensor& x) {
+  return x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && x.dim() == 4 && !x.is_contiguous() &&
+         x.is_contiguous(torch::MemoryFormat::ChannelsLast);
+}
 
 // float32 copy of an optional per-channel parameter (undefined stays undefined).
 torch::Tensor as_float(const torch::Tensor& t) {
@@ -23,16 +40,90 @@ torch::Tensor as_float(const torch::Tensor& t) {
 
 }  // namespace
 
+namespace {
+
+// GroupNorm of a channels-last bf16 tensor: per-channel shifted sums over pixel chunks (in
+// parallel), combined exactly into per-group mean and variance in double, then one
+// vectorised pass of per-channel scale and shift (+ SiLU). The output stays channels-last.
+torch::Tensor group_norm_channels_last(const torch::Tensor& x, int64_t groups, const float* wp, const float* bp,
+                                       double eps, bool silu) {
+  const int64_t B = x.size(0), C = x.size(1), P = x.size(2) * x.size(3), cpg = C / groups;
+  auto y = torch::empty_like(x);  // preserves channels-last
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const auto& k = kernels::cpu_kernels();
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(P, 4 * at::get_num_threads()));
+  std::vector<float> shift(C), scale_c(C), shift_c(C);
+  std::vector<double> s1(chunks * C), s2(chunks * C);
+  for (int64_t n = 0; n < B; ++n) {
+    const uint16_t* xn = xp + n * P * C;
+    for (int64_t c = 0; c < C; ++c) {
+      uint32_t u = static_cast<uint32_t>(xn[c]) << 16;
+      std::memcpy(&shift[c], &u, sizeof(float));
+    }
+    std::fill(s1.begin(), s1.end(), 0.0);
+    std::fill(s2.begin(), s2.end(), 0.0);
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scratch(2 * C);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t p0 = P * i / chunks, p1 = P * (i + 1) / chunks;
+        k.bf16_channel_sums(xn + p0 * C, p1 - p0, C, shift.data(), scratch.data(), &s1[i * C], &s2[i * C]);
+      }
+    });
+    for (int64_t g = 0; g < groups; ++g) {
+      // Per channel: mean and sum of squared deviations from the shifted sums; per group:
+      // the exact combination (parallel-axis theorem).
+      std::vector<double> mean(cpg), m2(cpg);
+      double group_mean = 0;
+      for (int64_t j = 0; j < cpg; ++j) {
+        const int64_t c = g * cpg + j;
+        double t1 = 0, t2 = 0;
+        for (int64_t i = 0; i < chunks; ++i) {
+          t1 += s1[i * C + c];
+          t2 += s2[i * C + c];
+        }
+        mean[j] = shift[c] + t1 / static_cast<double>(P);
+        m2[j] = std::max(0.0, t2 - t1 * t1 / static_cast<double>(P));
+        group_mean += mean[j];
+      }
+      group_mean /= static_cast<double>(cpg);
+      double group_m2 = 0;
+      for (int64_t j = 0; j < cpg; ++j) group_m2 += m2[j] + P * (mean[j] - group_mean) * (mean[j] - group_mean);
+      const double rstd = 1.0 / std::sqrt(group_m2 / static_cast<double>(P * cpg) + eps);
+      for (int64_t j = 0; j < cpg; ++j) {
+        const int64_t c = g * cpg + j;
+        const double a = rstd * (wp ? wp[c] : 1.0f);
+        scale_c[c] = static_cast<float>(a);
+        shift_c[c] = static_cast<float>((bp ? bp[c] : 0.0f) - group_mean * a);
+      }
+    }
+    at::parallel_for(0, P, std::max<int64_t>(1, 16384 / C), [&](int64_t begin, int64_t end) {
+      k.bf16_channel_scale_shift(xn + begin * C, end - begin, C, scale_c.data(), shift_c.data(), silu,
+                                 yp + n * P * C + begin * C);
+    });
+  }
+  return y;
+}
+
+}  // namespace
+
 torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight,
                          const torch::Tensor& bias, double eps, bool silu) {
+  RECORD_FUNCTION("diffuse::group_norm", std::vector<c10::IValue>({x}));
   if (x.dim() < 2 || groups <= 0 || x.size(1) % groups != 0)
     throw InvalidArgument("group_norm: input " + c10::str(x.sizes()) + " cannot be split into " +
                           std::to_string(groups) + " groups");
+  if (fused_cpu_bf16_channels_last(x)) {
+    auto w = as_float(weight), b = as_float(bias);
+    return group_norm_channels_last(x, groups, w.defined() ? w.data_ptr<float>() : nullptr,
+                                    b.defined() ? b.data_ptr<float>() : nullptr, eps, silu);
+  }
   if (!fused_cpu_bf16(x)) {
     const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
     auto xf = upcast ? x.to(torch::kFloat32) : x;
-    auto y = torch::group_norm(xf, groups, upcast ? as_float(weight) : weight, upcast ? as_float(bias) : bias, eps);
-    if (silu) y = torch::silu(y);
+    auto y = torch::group_norm(xf, groups, upcast ? as_float(weight) : weight,
+                               upcast ? as_float(bias) : bias, eps);
+    if (silu) torch::silu_(y);
     return upcast ? y.to(x.scalar_type()) : y;
   }
   const int64_t B = x.size(0), C = x.size(1), per_channel = x.numel() / std::max<int64_t>(B * C, 1);
@@ -63,13 +154,15 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
   return y;
 }
 
-torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                         double eps) {
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                         const torch::Tensor& bias, double eps) {
+  RECORD_FUNCTION("diffuse::layer_norm", std::vector<c10::IValue>({x}));
   const int64_t D = x.size(-1);
   if (!fused_cpu_bf16(x)) {
     const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
     auto xf = upcast ? x.to(torch::kFloat32) : x;
-    auto y = torch::layer_norm(xf, {D}, upcast ? as_float(weight) : weight, upcast ? as_float(bias) : bias, eps);
+    auto y = torch::layer_norm(xf, {D}, upcast ? as_float(weight) : weight,
+                               upcast ? as_float(bias) : bias, eps);
     return upcast ? y.to(x.scalar_type()) : y;
   }
   auto w = as_float(weight), b = as_float(bias);
@@ -80,16 +173,20 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, co
   uint16_t* yp = bf16_data_mut(y);
   const auto& k = kernels::cpu_kernels();
   const int64_t rows = D > 0 ? x.numel() / D : 0;
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      k.bf16_layer_norm_row(xp + r * D, D, wp, bp, static_cast<float>(eps), yp + r * D);
-  });
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t r = begin; r < end; ++r)
+                       k.bf16_layer_norm_row(xp + r * D, D, wp, bp, static_cast<float>(eps),
+                                             yp + r * D);
+                   });
   return y;
 }
 
 torch::Tensor geglu(const torch::Tensor& h) {
+  RECORD_FUNCTION("diffuse::geglu", std::vector<c10::IValue>({h}));
   const int64_t F = h.size(-1) / 2;
-  if (h.size(-1) % 2 != 0) throw InvalidArgument("geglu: last dimension " + std::to_string(h.size(-1)) + " is odd");
+  if (h.size(-1) % 2 != 0)
+    throw InvalidArgument("geglu: last dimension " + std::to_string(h.size(-1)) + " is odd");
   if (!fused_cpu_bf16(h)) {
     auto parts = h.chunk(2, -1);
     return parts[0] * torch::gelu(parts[1]);
@@ -101,10 +198,26 @@ torch::Tensor geglu(const torch::Tensor& h) {
   uint16_t* yp = bf16_data_mut(y);
   const auto& k = kernels::cpu_kernels();
   const int64_t rows = F > 0 ? y.numel() / F : 0;
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(F, 1)), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) k.bf16_geglu(hp + r * 2 * F, hp + r * 2 * F + F, F, yp + r * F);
-  });
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(F, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t r = begin; r < end; ++r)
+                       k.bf16_geglu(hp + r * 2 * F, hp + r * 2 * F + F, F, yp + r * F);
+                   });
   return y;
+}
+
+bool channels_last_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("DIFFUSE_CHANNELS_LAST");
+    return !(env && std::string(env) == "0");
+  }();
+  return enabled;
+}
+
+torch::Tensor to_compute_layout(const torch::Tensor& x) {
+  if (x.dim() == 4 && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && channels_last_enabled())
+    return x.contiguous(torch::MemoryFormat::ChannelsLast);
+  return x;
 }
 
 torch::Tensor GroupNormImpl::group_norm(const torch::Tensor& x, bool silu) {

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <random>
 
 namespace diffuse::nn {
 namespace {
@@ -19,37 +20,59 @@ double gain_for(const std::string& module_name) {
   return 1.0;
 }
 
-}  // namespace
-
-void init_random_weights(torch::nn::Module& module, uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  auto gen = at::detail::createCPUGenerator(seed);
-  auto normal_like = [&](const torch::Tensor& p, double mean, double std) {
-    auto v = torch::randn(p.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat32)) * std + mean;
-    p.copy_(v);
-  };
+// Calls fill(parameter, mean, std) for every parameter the initialisation covers, in module
+// order (the order fixes init_random_weights' random stream).
+template <typename Fill>
+void visit_parameters(torch::nn::Module& module, Fill fill) {
   for (const auto& item : module.named_modules("", /*include_self=*/true)) {
     const std::string& name = item.key();
     torch::nn::Module* m = item.value().get();
     if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(m)) {
       double fan_in = static_cast<double>(lin->weight.size(1));
-      normal_like(lin->weight, 0, gain_for(name) / std::sqrt(fan_in));
-      if (lin->bias.defined()) normal_like(lin->bias, 0, 0.05);
+      fill(lin->weight, 0, gain_for(name) / std::sqrt(fan_in));
+      if (lin->bias.defined()) fill(lin->bias, 0, 0.05);
     } else if (auto* conv = dynamic_cast<torch::nn::Conv2dImpl*>(m)) {
       auto w = conv->weight;
       double fan_in = static_cast<double>(w.size(1) * w.size(2) * w.size(3));
-      normal_like(w, 0, gain_for(name) / std::sqrt(fan_in));
-      if (conv->bias.defined()) normal_like(conv->bias, 0, 0.05);
+      fill(w, 0, gain_for(name) / std::sqrt(fan_in));
+      if (conv->bias.defined()) fill(conv->bias, 0, 0.05);
     } else if (auto* gn = dynamic_cast<torch::nn::GroupNormImpl*>(m)) {
-      if (gn->weight.defined()) normal_like(gn->weight, 1, 0.2);
-      if (gn->bias.defined()) normal_like(gn->bias, 0, 0.1);
+      if (gn->weight.defined()) fill(gn->weight, 1, 0.2);
+      if (gn->bias.defined()) fill(gn->bias, 0, 0.1);
     } else if (auto* ln = dynamic_cast<torch::nn::LayerNormImpl*>(m)) {
-      if (ln->weight.defined()) normal_like(ln->weight, 1, 0.2);
-      if (ln->bias.defined()) normal_like(ln->bias, 0, 0.1);
+      if (ln->weight.defined()) fill(ln->weight, 1, 0.2);
+      if (ln->bias.defined()) fill(ln->bias, 0, 0.1);
     } else if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(m)) {
-      normal_like(emb->weight, 0, ends_with(name, "position_embedding") ? 0.5 : 1.0);
+      fill(emb->weight, 0, ends_with(name, "position_embedding") ? 0.5 : 1.0);
     }
   }
+}
+
+}  // namespace
+
+void init_random_weights(torch::nn::Module& module, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::detail::createCPUGenerator(seed);
+  visit_parameters(module, [&](const torch::Tensor& p, double mean, double std) {
+    auto v = torch::randn(p.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat32)) * std + mean;
+    p.copy_(v);
+  });
+}
+
+void init_pooled_random_weights(torch::nn::Module& module, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  constexpr int64_t kPool = int64_t{1} << 22;
+  auto gen = at::detail::createCPUGenerator(seed);
+  const auto pool = torch::randn({2 * kPool}, gen, torch::TensorOptions().dtype(torch::kFloat32));
+  std::mt19937_64 offsets(seed);
+  visit_parameters(module, [&](const torch::Tensor& p, double mean, double std) {
+    auto flat = p.view({-1});
+    for (int64_t begin = 0; begin < flat.numel(); begin += kPool) {
+      const int64_t n = std::min(kPool, flat.numel() - begin);
+      const int64_t start = static_cast<int64_t>(offsets() % static_cast<uint64_t>(kPool));
+      flat.narrow(0, begin, n).copy_(pool.narrow(0, start, n) * std + mean);
+    }
+  });
 }
 
 }  // namespace diffuse::nn

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "nn/layers.h"
+
 namespace diffuse::nn {
 namespace {
 
@@ -16,7 +18,7 @@ torch::Tensor norm_act(GroupNorm& norm, const torch::Tensor& x, Activation act) 
 }
 
 torch::nn::Conv2d conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding) {
-  return torch::nn::Conv2d(
+  return nn::make_conv2d(
       torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding));
 }
 
@@ -31,7 +33,7 @@ ResnetBlock2DImpl::ResnetBlock2DImpl(const ResnetBlock2DOptions& o) : options(o)
   if (options.temb_channels > 0) {
     int64_t proj = options.time_embedding_norm == TimeEmbeddingNorm::kScaleShift ? 2 * out : out;
     time_emb_proj =
-        register_module("time_emb_proj", torch::nn::Linear(options.temb_channels, proj));
+        register_module("time_emb_proj", nn::make_linear(options.temb_channels, proj));
   }
   norm2 = register_module("norm2", group_norm(options.groups_out, out, options.eps));
   conv2 = register_module("conv2", conv2d(out, out, 3, 1, 1));
@@ -46,14 +48,14 @@ torch::Tensor ResnetBlock2DImpl::forward(const torch::Tensor& input, const torch
       auto parts = t.chunk(2, 1);
       h = apply_activation(norm2(h) * (1 + parts[0]) + parts[1], options.act);
     } else {
-      h = norm_act(norm2, h + t, options.act);
+      h = norm_act(norm2, h.add_(t), options.act);  // in place: h is this block's own tensor
     }
   } else {
     h = norm_act(norm2, h, options.act);
   }
   h = conv2(h);
-  auto shortcut = conv_shortcut ? conv_shortcut(input) : input;
-  auto out = shortcut + h;
+  // In place (the same sum as shortcut + h): one activation-sized buffer less at the peak.
+  auto out = h.add_(conv_shortcut ? conv_shortcut(input) : input);
   // diffusers always divides; dividing by exactly 1 changes nothing, so skip the pass.
   if (options.output_scale_factor != 1.0) out = out / options.output_scale_factor;
   return out;

@@ -6,6 +6,7 @@
 
 #include "diffuse/errors.h"
 #include "nn/attention.h"
+#include "nn/layers.h"
 
 namespace diffuse::nn {
 
@@ -15,12 +16,12 @@ AttentionImpl::AttentionImpl(int64_t query_dim, int64_t cross_attention_dim, int
   const int64_t inner = heads * dim_head;
   const int64_t kv_dim = cross_attention_dim > 0 ? cross_attention_dim : query_dim;
   to_q = register_module("to_q",
-                         torch::nn::Linear(torch::nn::LinearOptions(query_dim, inner).bias(bias)));
+                         nn::make_linear(torch::nn::LinearOptions(query_dim, inner).bias(bias)));
   to_k = register_module("to_k",
-                         torch::nn::Linear(torch::nn::LinearOptions(kv_dim, inner).bias(bias)));
+                         nn::make_linear(torch::nn::LinearOptions(kv_dim, inner).bias(bias)));
   to_v = register_module("to_v",
-                         torch::nn::Linear(torch::nn::LinearOptions(kv_dim, inner).bias(bias)));
-  out_proj = torch::nn::Linear(inner, query_dim);
+                         nn::make_linear(torch::nn::LinearOptions(kv_dim, inner).bias(bias)));
+  out_proj = nn::make_linear(inner, query_dim);
   to_out = register_module("to_out", torch::nn::ModuleList(out_proj, torch::nn::Dropout(0.0)));
 }
 
@@ -40,7 +41,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden_states,
 }
 
 GEGLUImpl::GEGLUImpl(int64_t dim_in, int64_t dim_out) {
-  proj = register_module("proj", torch::nn::Linear(dim_in, dim_out * 2));
+  proj = register_module("proj", nn::make_linear(dim_in, dim_out * 2));
 }
 
 torch::Tensor GEGLUImpl::forward(const torch::Tensor& x) {
@@ -49,7 +50,7 @@ torch::Tensor GEGLUImpl::forward(const torch::Tensor& x) {
 
 FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t mult) {
   act = GEGLU(dim, dim * mult);
-  out = torch::nn::Linear(dim * mult, dim);
+  out = nn::make_linear(dim * mult, dim);
   net = register_module("net", torch::nn::ModuleList(act, torch::nn::Dropout(0.0), out));
 }
 
@@ -85,10 +86,10 @@ Transformer2DModelImpl::Transformer2DModelImpl(const Transformer2DOptions& o)
   norm = register_module(
       "norm", GroupNorm(torch::nn::GroupNormOptions(o.norm_num_groups, o.in_channels).eps(1e-6)));
   if (o.use_linear_projection) {
-    proj_in_linear = register_module("proj_in", torch::nn::Linear(o.in_channels, inner_dim));
+    proj_in_linear = register_module("proj_in", nn::make_linear(o.in_channels, inner_dim));
   } else {
     proj_in_conv = register_module(
-        "proj_in", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels, inner_dim, 1)));
+        "proj_in", nn::make_conv2d(torch::nn::Conv2dOptions(o.in_channels, inner_dim, 1)));
   }
   transformer_blocks = register_module("transformer_blocks", torch::nn::ModuleList());
   BasicTransformerBlockOptions bo;
@@ -103,10 +104,10 @@ Transformer2DModelImpl::Transformer2DModelImpl(const Transformer2DOptions& o)
     transformer_blocks->push_back(blocks.back());
   }
   if (o.use_linear_projection) {
-    proj_out_linear = register_module("proj_out", torch::nn::Linear(inner_dim, o.in_channels));
+    proj_out_linear = register_module("proj_out", nn::make_linear(inner_dim, o.in_channels));
   } else {
     proj_out_conv = register_module(
-        "proj_out", torch::nn::Conv2d(torch::nn::Conv2dOptions(inner_dim, o.in_channels, 1)));
+        "proj_out", nn::make_conv2d(torch::nn::Conv2dOptions(inner_dim, o.in_channels, 1)));
   }
 }
 

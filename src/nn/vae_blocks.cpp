@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "nn/attention.h"
+#include "nn/layers.h"
 
 namespace diffuse::nn {
 namespace {
@@ -28,10 +29,10 @@ SpatialSelfAttentionImpl::SpatialSelfAttentionImpl(int64_t channels, int64_t hea
     : channels(channels), heads(heads), rescale_output_factor(rescale_output_factor) {
   group_norm = register_module(
       "group_norm", GroupNorm(torch::nn::GroupNormOptions(norm_groups, channels).eps(eps).affine(true)));
-  to_q = register_module("to_q", torch::nn::Linear(channels, channels));
-  to_k = register_module("to_k", torch::nn::Linear(channels, channels));
-  to_v = register_module("to_v", torch::nn::Linear(channels, channels));
-  out_proj = torch::nn::Linear(channels, channels);
+  to_q = register_module("to_q", nn::make_linear(channels, channels));
+  to_k = register_module("to_k", nn::make_linear(channels, channels));
+  to_v = register_module("to_v", nn::make_linear(channels, channels));
+  out_proj = nn::make_linear(channels, channels);
   to_out = register_module("to_out", torch::nn::ModuleList(out_proj, torch::nn::Dropout(0.0)));
 }
 
@@ -39,7 +40,8 @@ torch::Tensor SpatialSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), N = H * W;
   const int64_t D = C / heads;
   // diffusers normalises the [B, C, H*W] view; GroupNorm on [B, C, H, W] is the same math.
-  auto tokens = group_norm(x).reshape({B, C, N}).transpose(1, 2);  // [B, N, C]
+  // [B, C, H, W] -> tokens [B, N, C]: a view for channels-last activations.
+  auto tokens = group_norm(x).permute({0, 2, 3, 1}).reshape({B, N, C});
   auto q = to_q(tokens).view({B, N, heads, D}).transpose(1, 2);
   auto k = to_k(tokens).view({B, N, heads, D}).transpose(1, 2);
   auto v = to_v(tokens).view({B, N, heads, D}).transpose(1, 2);

@@ -13,6 +13,7 @@
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
 #include "nn/attention_npu.h"
+#include "nn/layers.h"
 #include "nn/load_weights.h"
 #include "pipeline/model_source.h"
 #include "schedulers/scheduler.h"
@@ -108,18 +109,29 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   ModelSource src = open_model_source(path, so);
 
   c_->tokenizer = std::make_unique<text::ClipTokenizer>(text::ClipTokenizer::from_folder(src.tokenizer_dir));
-  c_->text_encoder = models::ClipTextModel(models::ClipTextConfig::from_json(src.text_encoder_config));
+  // Each network is built without LibTorch's random initialisation, in its final dtype, and
+  // then receives its weights (load_state_dict fails on any parameter left out).
+  {
+    nn::SkipInitGuard skip_init(c_->text_dtype);
+    c_->text_encoder = models::ClipTextModel(models::ClipTextConfig::from_json(src.text_encoder_config));
+  }
   nn::load_state_dict(*c_->text_encoder, src.text_encoder_weights, src.path + " (text_encoder)",
                       {"text_model.embeddings.position_ids"});
   c_->text_encoder->to(c_->text_device, c_->text_dtype);
   c_->text_encoder->eval();
 
-  c_->unet = models::UNet2DConditionModel(models::UNet2DConditionConfig::from_json(src.unet_config));
+  {
+    nn::SkipInitGuard skip_init(c_->unet_dtype);
+    c_->unet = models::UNet2DConditionModel(models::UNet2DConditionConfig::from_json(src.unet_config));
+  }
   nn::load_state_dict(*c_->unet, src.unet_weights, src.path + " (unet)");
   c_->unet->to(c_->device, c_->unet_dtype);
   c_->unet->eval();
 
-  c_->vae = models::AutoencoderKL(models::AutoencoderKLConfig::from_json(src.vae_config));
+  {
+    nn::SkipInitGuard skip_init(c_->vae_dtype);
+    c_->vae = models::AutoencoderKL(models::AutoencoderKLConfig::from_json(src.vae_config));
+  }
   nn::load_state_dict(*c_->vae, src.vae_weights, src.path + " (vae)");
   c_->vae->to(c_->vae_device, c_->vae_dtype);
   c_->vae->eval();

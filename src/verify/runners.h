@@ -1,6 +1,10 @@
 // One runner per component; each lives in verify_<component>.cpp and reads everything it
 // needs (inputs, params, tolerances, model folder) from the case and the set.
 #pragma once
+#include <string>
+
+#include "diffuse/pipeline.h"
+#include "pipeline/stable_diffusion.h"
 #include "verify/verify.h"
 
 namespace diffuse::verify {

@@ -50,10 +50,10 @@ torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, con
 torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const AttentionCall& call);
 std::string sdpa_unavailable(const torch::Device& device);
-torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              const AttentionCall& call);
-std::string flash_unsupported(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              const AttentionCall& call);
+torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const AttentionCall& call);
+std::string flash_unsupported(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const AttentionCall& call);
 std::string flash_unavailable(const torch::Device& device);
 
 }  // namespace diffuse::nn

@@ -32,15 +32,18 @@ const std::vector<const flash::Kernel*>& runnable_kernels() {
   return kernels;
 }
 
-bool is_bf16_only(const flash::Kernel* k) { return k == flash::avx512_bf16_kernel(); }
+bool is_bf16_only(const flash::Kernel* k) {
+  return k == flash::avx512_bf16_kernel();
+}
 
 const flash::Kernel* find_kernel(const std::string& name) {
   for (const auto* k : runnable_kernels())
     if (name == k->name) return k;
   std::string list;
-  for (const auto* k : runnable_kernels()) list += (list.empty() ? "" : ", ") + std::string(k->name);
-  throw InvalidArgument("flash kernel '" + name + "' is not available on this CPU (available: " + list +
-                        ")");
+  for (const auto* k : runnable_kernels())
+    list += (list.empty() ? "" : ", ") + std::string(k->name);
+  throw InvalidArgument("flash kernel '" + name +
+                        "' is not available on this CPU (available: " + list + ")");
 }
 
 // DIFFUSE_FLASH_KERNEL forces a kernel (for tests and comparisons); otherwise the best one.
@@ -69,11 +72,14 @@ uint8_t* align64(uint8_t* p) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
 }
 
-torch::Tensor run_kernel(const flash::Kernel* kernel, const torch::Tensor& q_in, const torch::Tensor& k_in,
-                         const torch::Tensor& v_in, const AttentionCall& call) {
+torch::Tensor run_kernel(const flash::Kernel* kernel, const torch::Tensor& q_in,
+                         const torch::Tensor& k_in, const torch::Tensor& v_in,
+                         const AttentionCall& call) {
   // The kernels need only the head dimension contiguous; token/head/batch strides are free,
   // so the [B, N, H, D] -> [B, H, N, D] views of the model code are read in place.
-  auto last_contiguous = [](const torch::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); };
+  auto last_contiguous = [](const torch::Tensor& t) {
+    return t.stride(3) == 1 ? t : t.contiguous();
+  };
   const auto q = last_contiguous(q_in), k = last_contiguous(k_in), v = last_contiguous(v_in);
   const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), D = q.size(3), Nk = k.size(2);
   // Output as [B, Nq, H, D] memory viewed as [B, H, Nq, D]: the model's transpose(1, 2) +
@@ -128,8 +134,8 @@ std::string flash_unavailable(const torch::Device& device) {
   return "";
 }
 
-std::string flash_unsupported(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              const AttentionCall& call) {
+std::string flash_unsupported(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const AttentionCall& call) {
   if (!q.device().is_cpu()) return "tensors are not on the CPU";
   const auto t = q.scalar_type();
   if (t != torch::kFloat32 && t != torch::kBFloat16)
@@ -141,8 +147,8 @@ std::string flash_unsupported(const torch::Tensor& q, const torch::Tensor& k, co
   return "";
 }
 
-torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              const AttentionCall& call) {
+torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const AttentionCall& call) {
   return run_kernel(pick_kernel(q.scalar_type() == torch::kBFloat16), q, k, v, call);
 }
 

@@ -12,10 +12,18 @@ namespace {
 
 constexpr float kNegInf = -__builtin_inff();
 
-inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
-inline float max_f(float a, float b) { return a > b ? a : b; }
+inline int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+inline int64_t min_i64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+inline int64_t max_i64(int64_t a, int64_t b) {
+  return a > b ? a : b;
+}
+inline float max_f(float a, float b) {
+  return a > b ? a : b;
+}
 
 inline float bf16_to_float(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;

@@ -24,8 +24,8 @@ struct Problem {
   int64_t k_stride[3] = {0, 0, 0};
   int64_t v_stride[3] = {0, 0, 0};
   int64_t out_stride[3] = {0, 0, 0};
-  bool bf16 = false;  // q, k, v and out are bfloat16; otherwise float32
-  float scale = 1.0f;  // > 0
+  bool bf16 = false;    // q, k, v and out are bfloat16; otherwise float32
+  float scale = 1.0f;   // > 0
   bool causal = false;  // query i attends to keys j <= i
 };
 
@@ -44,9 +44,9 @@ struct Kernel {
 
 // Kernels compiled into this build, or nullptr. Whether the running CPU can execute them is
 // flash.cpp's business.
-const Kernel* portable_kernel();        // any CPU (baseline ISA, compiler-vectorised)
-const Kernel* avx2_kernel();            // AVX2 + FMA (compiler-vectorised)
-const Kernel* avx512_kernel();          // AVX-512 F/BW/VL/DQ intrinsics, fp32 math
-const Kernel* avx512_bf16_kernel();     // bf16 inputs: AVX512-BF16 dot products, fp32 sums
+const Kernel* portable_kernel();     // any CPU (baseline ISA, compiler-vectorised)
+const Kernel* avx2_kernel();         // AVX2 + FMA (compiler-vectorised)
+const Kernel* avx512_kernel();       // AVX-512 F/BW/VL/DQ intrinsics, fp32 math
+const Kernel* avx512_bf16_kernel();  // bf16 inputs: AVX512-BF16 dot products, fp32 sums
 
 }  // namespace diffuse::nn::flash

@@ -8,6 +8,8 @@
 #include "nn/attention/flash_kernel_portable.h"
 #else
 namespace diffuse::nn::flash {
-const Kernel* avx2_kernel() { return nullptr; }
+const Kernel* avx2_kernel() {
+  return nullptr;
+}
 }  // namespace diffuse::nn::flash
 #endif

@@ -28,7 +28,9 @@ constexpr int64_t kBlockRows = 48;   // query rows per task (a multiple of kRows
 constexpr int64_t kBlockKeys = 256;  // keys per online-softmax block (a multiple of 64)
 constexpr int64_t kLanes = 16;
 
-inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+inline __mmask16 tail_mask(int64_t n) {
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
 
 // exp(x) to ~2 ulp (Cephes' polynomial); scalef builds 2^n and flushes x < -103 to zero.
 inline __m512 exp512(__m512 x) {
@@ -44,6 +46,23 @@ inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// exp(x) to ~3e-6 relative (degree-5 Taylor on [-ln2/2, ln2/2]): for probabilities that are
+// rounded to bf16 (2^-9) right after, two FMAs cheaper than exp512.
+inline __m512 exp512_bf16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 120);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -75,34 +94,40 @@ inline void store_out_row(const Problem& p, const float* o, float inv, int64_t b
 // Online-softmax update of one row of scores s[0, len): writes probabilities
 // exp(scale * s - m_new) to prob (zero from `visible` up to len rounded to 16) and returns
 // the factor that rescales the row's previous sums. Store(ptr, vector) writes 16 values.
-template <typename Out, typename Store>
+// `known_max` is the row's maximum score when the caller has it (else NaN).
+template <bool kBf16Exp, typename Out, typename Store>
 inline float softmax_row(const float* s, int64_t len, int64_t visible, float scale, float& m,
-                         float& l, Out* prob, Store store) {
+                         float& l, Out* prob, Store store, float known_max) {
   const int64_t end = round_up(len, kLanes);
   if (visible == 0) {
     for (int64_t j = 0; j < end; j += kLanes) store(prob + j, _mm512_setzero_ps());
     return 1.0f;
   }
-  __m512 vmax = _mm512_set1_ps(kNegInf);
   int64_t j = 0;
-  for (; j + kLanes <= visible; j += kLanes) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
-  if (j < visible) {
-    const __mmask16 mask = tail_mask(visible - j);
-    vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, s + j));
+  float row_max = known_max;
+  if (row_max != row_max) {
+    __m512 vmax = _mm512_set1_ps(kNegInf);
+    for (; j + kLanes <= visible; j += kLanes) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
+    if (j < visible) {
+      const __mmask16 mask = tail_mask(visible - j);
+      vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, s + j));
+    }
+    row_max = _mm512_reduce_max_ps(vmax);
   }
-  const float m_new = max_f(m, _mm512_reduce_max_ps(vmax) * scale);
+  const float m_new = max_f(m, row_max * scale);
   const float alpha = m == kNegInf ? 0.0f : __builtin_expf(m - m_new);
   const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(-m_new);
   __m512 vsum = _mm512_setzero_ps();
+  auto expf16 = [](__m512 x) { return kBf16Exp ? exp512_bf16(x) : exp512(x); };
   for (j = 0; j + kLanes <= visible; j += kLanes) {
-    const __m512 e = exp512(_mm512_fmadd_ps(_mm512_loadu_ps(s + j), vscale, vshift));
+    const __m512 e = expf16(_mm512_fmadd_ps(_mm512_loadu_ps(s + j), vscale, vshift));
     vsum = _mm512_add_ps(vsum, e);
     store(prob + j, e);
   }
   if (j < visible) {
     const __mmask16 mask = tail_mask(visible - j);
     const __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, s + j), vscale, vshift);
-    const __m512 e = _mm512_maskz_mov_ps(mask, exp512(x));
+    const __m512 e = _mm512_maskz_mov_ps(mask, expf16(x));
     vsum = _mm512_add_ps(vsum, e);
     store(prob + j, e);
     j += kLanes;
@@ -154,8 +179,7 @@ int64_t f32_scratch_bytes(const Problem& p) {
 
 // s[r][col + i] = q[r] . k[kb + col + i], i < 16 * C.
 template <int C>
-inline void f32_qk(const float* q, int64_t D, const float* kp, int64_t nkp, int64_t col,
-                   float* s) {
+inline void f32_qk(const float* q, int64_t D, const float* kp, int64_t nkp, int64_t col, float* s) {
   __m512 acc[kRows][C];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r)
@@ -238,34 +262,51 @@ void f32_attend(const Problem& p, int64_t b, int64_t h, int64_t row_begin, int64
     for (int64_t r0 = 0; r0 < padded_rows; r0 += kRows) {
       const float* qr = q + r0 * D;
       int64_t col = 0;
-      for (; col + 4 * kLanes <= cols; col += 4 * kLanes) f32_qk<4>(qr, D, kp + kb, lay.nkp, col, s);
+      for (; col + 4 * kLanes <= cols; col += 4 * kLanes)
+        f32_qk<4>(qr, D, kp + kb, lay.nkp, col, s);
       switch ((cols - col) / kLanes) {
-        case 3: f32_qk<3>(qr, D, kp + kb, lay.nkp, col, s); break;
-        case 2: f32_qk<2>(qr, D, kp + kb, lay.nkp, col, s); break;
-        case 1: f32_qk<1>(qr, D, kp + kb, lay.nkp, col, s); break;
-        default: break;
+        case 3:
+          f32_qk<3>(qr, D, kp + kb, lay.nkp, col, s);
+          break;
+        case 2:
+          f32_qk<2>(qr, D, kp + kb, lay.nkp, col, s);
+          break;
+        case 1:
+          f32_qk<1>(qr, D, kp + kb, lay.nkp, col, s);
+          break;
+        default:
+          break;
       }
       for (int64_t r = 0; r < kRows; ++r) {
         const int64_t visible = r0 + r < rows ? visible_keys(p, row_begin + r0 + r, kb, len) : 0;
-        alpha[r] = softmax_row(s + r * kBlockKeys, len, visible, p.scale, m[r0 + r], l[r0 + r],
-                               s + r * kBlockKeys, store);
+        alpha[r] = softmax_row<false>(s + r * kBlockKeys, len, visible, p.scale, m[r0 + r],
+                                      l[r0 + r], s + r * kBlockKeys, store, __builtin_nanf(""));
       }
       float* orow = o + r0 * lay.dp;
       int64_t d0 = 0;
-      for (; d0 + 4 * kLanes <= lay.dp; d0 += 4 * kLanes) f32_pv<4>(s, vp, lay.dp, kb, len, alpha, orow, d0);
+      for (; d0 + 4 * kLanes <= lay.dp; d0 += 4 * kLanes)
+        f32_pv<4>(s, vp, lay.dp, kb, len, alpha, orow, d0);
       switch ((lay.dp - d0) / kLanes) {
-        case 3: f32_pv<3>(s, vp, lay.dp, kb, len, alpha, orow, d0); break;
-        case 2: f32_pv<2>(s, vp, lay.dp, kb, len, alpha, orow, d0); break;
-        case 1: f32_pv<1>(s, vp, lay.dp, kb, len, alpha, orow, d0); break;
-        default: break;
+        case 3:
+          f32_pv<3>(s, vp, lay.dp, kb, len, alpha, orow, d0);
+          break;
+        case 2:
+          f32_pv<2>(s, vp, lay.dp, kb, len, alpha, orow, d0);
+          break;
+        case 1:
+          f32_pv<1>(s, vp, lay.dp, kb, len, alpha, orow, d0);
+          break;
+        default:
+          break;
       }
     }
   }
-  for (int64_t r = 0; r < rows; ++r) store_out_row(p, o + r * lay.dp, 1.0f / l[r], b, h, row_begin + r);
+  for (int64_t r = 0; r < rows; ++r)
+    store_out_row(p, o + r * lay.dp, 1.0f / l[r], b, h, row_begin + r);
 }
 
-const Kernel kF32Kernel = {"avx512", kBlockRows, f32_packed_bytes, f32_pack, f32_scratch_bytes,
-                           f32_attend};
+const Kernel kF32Kernel = {"avx512", kBlockRows,        f32_packed_bytes,
+                           f32_pack, f32_scratch_bytes, f32_attend};
 
 // ---- bf16 kernel: VDPBF16PS over pairs ------------------------------------------------------
 #if defined(__AVX512BF16__)
@@ -282,7 +323,9 @@ struct Bf16Layout {
 };
 
 // GCC and Clang allow casts between vector types of the same size.
-inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
+inline __m512bh as_bh(__m512i v) {
+  return (__m512bh)v;
+}
 
 int64_t bf16_packed_bytes(const Problem& p) {
   Bf16Layout l(p);
@@ -313,9 +356,10 @@ int64_t bf16_scratch_bytes(const Problem& p) {
          2 * aligned_bytes<float>(kBlockRows) + aligned_bytes<float>(kRows);
 }
 
+// Also folds the tile into the running per-row maxima rowmax[r].
 template <int C>
 inline void bf16_qk(const uint32_t* q, int64_t d2, const uint16_t* kp, int64_t nkp, int64_t col,
-                    float* s) {
+                    float* s, __m512* rowmax) {
   __m512 acc[kRows][C];
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r)
@@ -335,13 +379,16 @@ inline void bf16_qk(const uint32_t* q, int64_t d2, const uint16_t* kp, int64_t n
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(s + r * kBlockKeys + col + c * kLanes, acc[r][c]);
+    for (int c = 0; c < C; ++c) {
+      _mm512_storeu_ps(s + r * kBlockKeys + col + c * kLanes, acc[r][c]);
+      rowmax[r] = _mm512_max_ps(rowmax[r], acc[r][c]);
+    }
 }
 
 // prob: bf16 [kRows][kBlockKeys] read as pairs; keys rounded up to even (the odd tail is 0).
 template <int C>
-inline void bf16_pv(const uint16_t* prob, const uint16_t* vp, int64_t dp, int64_t kb,
-                    int64_t keys, const float* alpha, float* o, int64_t d0) {
+inline void bf16_pv(const uint16_t* prob, const uint16_t* vp, int64_t dp, int64_t kb, int64_t keys,
+                    const float* alpha, float* o, int64_t d0) {
   const uint32_t* pairs = reinterpret_cast<const uint32_t*>(prob);
   __m512 acc[kRows][C];
 #pragma GCC unroll 8
@@ -392,7 +439,8 @@ void bf16_attend(const Problem& p, int64_t b, int64_t h, int64_t row_begin, int6
   for (int64_t r = 0; r < padded_rows; ++r) {
     uint16_t* qrow = reinterpret_cast<uint16_t*>(q + r * lay.d2);
     std::memset(qrow, 0, sizeof(uint32_t) * lay.d2);
-    if (r < rows) std::memcpy(qrow, qsrc + offset(p.q_stride, b, h, row_begin + r), sizeof(uint16_t) * D);
+    if (r < rows)
+      std::memcpy(qrow, qsrc + offset(p.q_stride, b, h, row_begin + r), sizeof(uint16_t) * D);
     std::memset(o + r * lay.dp, 0, sizeof(float) * lay.dp);
     m[r] = kNegInf;
     l[r] = 0.0f;
@@ -406,46 +454,73 @@ void bf16_attend(const Problem& p, int64_t b, int64_t h, int64_t row_begin, int6
     for (int64_t r0 = 0; r0 < padded_rows; r0 += kRows) {
       const uint32_t* qr = q + r0 * lay.d2;
       const uint16_t* kblock = kp + kb * 2;
+      __m512 rowmax[kRows];
+      for (auto& v : rowmax) v = _mm512_set1_ps(kNegInf);
       int64_t col = 0;
-      for (; col + 4 * kLanes <= cols; col += 4 * kLanes) bf16_qk<4>(qr, lay.d2, kblock, lay.nkp, col, s);
+      for (; col + 4 * kLanes <= cols; col += 4 * kLanes)
+        bf16_qk<4>(qr, lay.d2, kblock, lay.nkp, col, s, rowmax);
       switch ((cols - col) / kLanes) {
-        case 3: bf16_qk<3>(qr, lay.d2, kblock, lay.nkp, col, s); break;
-        case 2: bf16_qk<2>(qr, lay.d2, kblock, lay.nkp, col, s); break;
-        case 1: bf16_qk<1>(qr, lay.d2, kblock, lay.nkp, col, s); break;
-        default: break;
+        case 3:
+          bf16_qk<3>(qr, lay.d2, kblock, lay.nkp, col, s, rowmax);
+          break;
+        case 2:
+          bf16_qk<2>(qr, lay.d2, kblock, lay.nkp, col, s, rowmax);
+          break;
+        case 1:
+          bf16_qk<1>(qr, lay.d2, kblock, lay.nkp, col, s, rowmax);
+          break;
+        default:
+          break;
       }
+      // The tile maxima are the rows' maxima only when every column is a visible key.
+      const bool full = !p.causal && len == cols;
       for (int64_t r = 0; r < kRows; ++r) {
         const int64_t visible = r0 + r < rows ? visible_keys(p, row_begin + r0 + r, kb, len) : 0;
-        alpha[r] = softmax_row(s + r * kBlockKeys, len, visible, p.scale, m[r0 + r], l[r0 + r],
-                               prob + r * kBlockKeys, store);
+        const float known = full ? _mm512_reduce_max_ps(rowmax[r]) : __builtin_nanf("");
+        alpha[r] = softmax_row<true>(s + r * kBlockKeys, len, visible, p.scale, m[r0 + r],
+                                     l[r0 + r], prob + r * kBlockKeys, store, known);
       }
       float* orow = o + r0 * lay.dp;
       int64_t d0 = 0;
       for (; d0 + 4 * kLanes <= lay.dp; d0 += 4 * kLanes)
         bf16_pv<4>(prob, vp, lay.dp, kb, len, alpha, orow, d0);
       switch ((lay.dp - d0) / kLanes) {
-        case 3: bf16_pv<3>(prob, vp, lay.dp, kb, len, alpha, orow, d0); break;
-        case 2: bf16_pv<2>(prob, vp, lay.dp, kb, len, alpha, orow, d0); break;
-        case 1: bf16_pv<1>(prob, vp, lay.dp, kb, len, alpha, orow, d0); break;
-        default: break;
+        case 3:
+          bf16_pv<3>(prob, vp, lay.dp, kb, len, alpha, orow, d0);
+          break;
+        case 2:
+          bf16_pv<2>(prob, vp, lay.dp, kb, len, alpha, orow, d0);
+          break;
+        case 1:
+          bf16_pv<1>(prob, vp, lay.dp, kb, len, alpha, orow, d0);
+          break;
+        default:
+          break;
       }
     }
   }
-  for (int64_t r = 0; r < rows; ++r) store_out_row(p, o + r * lay.dp, 1.0f / l[r], b, h, row_begin + r);
+  for (int64_t r = 0; r < rows; ++r)
+    store_out_row(p, o + r * lay.dp, 1.0f / l[r], b, h, row_begin + r);
 }
 
-const Kernel kBf16Kernel = {"avx512-bf16", kBlockRows, bf16_packed_bytes, bf16_pack,
-                            bf16_scratch_bytes, bf16_attend};
+const Kernel kBf16Kernel = {"avx512-bf16", kBlockRows,         bf16_packed_bytes,
+                            bf16_pack,     bf16_scratch_bytes, bf16_attend};
 #endif  // __AVX512BF16__
 
 }  // namespace
 
-const Kernel* avx512_kernel() { return &kF32Kernel; }
+const Kernel* avx512_kernel() {
+  return &kF32Kernel;
+}
 
 #if defined(__AVX512BF16__)
-const Kernel* avx512_bf16_kernel() { return &kBf16Kernel; }
+const Kernel* avx512_bf16_kernel() {
+  return &kBf16Kernel;
+}
 #else
-const Kernel* avx512_bf16_kernel() { return nullptr; }
+const Kernel* avx512_bf16_kernel() {
+  return nullptr;
+}
 #endif
 
 }  // namespace diffuse::nn::flash
@@ -453,8 +528,12 @@ const Kernel* avx512_bf16_kernel() { return nullptr; }
 #else  // no AVX-512 flags for this file (non-x86 build or old compiler)
 
 namespace diffuse::nn::flash {
-const Kernel* avx512_kernel() { return nullptr; }
-const Kernel* avx512_bf16_kernel() { return nullptr; }
+const Kernel* avx512_kernel() {
+  return nullptr;
+}
+const Kernel* avx512_bf16_kernel() {
+  return nullptr;
+}
 }  // namespace diffuse::nn::flash
 
 #endif

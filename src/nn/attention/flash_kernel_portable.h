@@ -10,9 +10,9 @@
 namespace diffuse::nn::flash {
 namespace {
 
-constexpr int64_t kRows = 4;        // query rows per micro-tile
-constexpr int64_t kBlockRows = 48;  // query rows per task (a multiple of kRows)
-constexpr int64_t kBlockKeys = 256; // keys per block of the online softmax
+constexpr int64_t kRows = 4;         // query rows per micro-tile
+constexpr int64_t kBlockRows = 48;   // query rows per task (a multiple of kRows)
+constexpr int64_t kBlockKeys = 256;  // keys per block of the online softmax
 constexpr int64_t kLanes = 16;
 
 // The target's native float vector as a GCC/Clang vector type (wider types would be lowered
@@ -34,8 +34,12 @@ inline VecF loadv(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void storev(float* p, VecF v) { std::memcpy(p, &v, sizeof v); }
-inline VecF splat(float x) { return VecF{} + x; }
+inline void storev(float* p, VecF v) {
+  std::memcpy(p, &v, sizeof v);
+}
+inline VecF splat(float x) {
+  return VecF{} + x;
+}
 
 // exp(x) for x <= ~0 to ~2 ulp: Cephes' polynomial on [-ln2/2, ln2/2], 2^n built in the
 // exponent bits. x below -87 flushes to ~1e-38.
@@ -59,11 +63,14 @@ inline VecF expv(VecF x) {
   return p * scale;
 }
 
-inline float exp1(float x) { return expv(splat(x))[0]; }
+inline float exp1(float x) {
+  return expv(splat(x))[0];
+}
 
 struct Layout {
   int64_t nkp, dp;
-  explicit Layout(const Problem& p) : nkp(round_up(p.nk, kLanes)), dp(round_up(p.head_dim, kLanes)) {}
+  explicit Layout(const Problem& p)
+      : nkp(round_up(p.nk, kLanes)), dp(round_up(p.head_dim, kLanes)) {}
 };
 
 inline float load_elem(const Problem& p, const void* base, int64_t index) {
@@ -121,7 +128,8 @@ void pv_tile(const float* prob, const float* vp, int64_t dp, int64_t kb, int64_t
   for (int64_t d0 = 0; d0 < dp; d0 += kLanes) {
     VecF acc[kRows][kVecs];
     for (int64_t r = 0; r < kRows; ++r)
-      for (int64_t c = 0; c < kVecs; ++c) acc[r][c] = loadv(o + r * dp + d0 + c * kWidth) * alpha[r];
+      for (int64_t c = 0; c < kVecs; ++c)
+        acc[r][c] = loadv(o + r * dp + d0 + c * kWidth) * alpha[r];
     for (int64_t j = 0; j < keys; ++j) {
       VecF v[kVecs];
       for (int64_t c = 0; c < kVecs; ++c) v[c] = loadv(vp + (kb + j) * dp + d0 + c * kWidth);
@@ -221,6 +229,8 @@ const Kernel kKernel = {FLASH_KERNEL_NAME, kBlockRows, packed_bytes, pack, scrat
 
 }  // namespace
 
-const Kernel* FLASH_KERNEL_GETTER() { return &kKernel; }
+const Kernel* FLASH_KERNEL_GETTER() {
+  return &kKernel;
+}
 
 }  // namespace diffuse::nn::flash

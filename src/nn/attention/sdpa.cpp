@@ -13,7 +13,9 @@ namespace diffuse::nn {
 
 #if TORCH_VERSION_MAJOR >= 2
 
-std::string sdpa_unavailable(const torch::Device&) { return ""; }
+std::string sdpa_unavailable(const torch::Device&) {
+  return "";
+}
 
 torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const AttentionCall& call) {

@@ -44,8 +44,8 @@ const CpuKernels& cpu_kernels() {
       if (std::string(env) == k->name) return k;
       list += (list.empty() ? "" : ", ") + std::string(k->name);
     }
-    throw InvalidArgument(std::string("DIFFUSE_CPU_KERNELS='") + env + "' is not runnable here (available: " + list +
-                          ")");
+    throw InvalidArgument(std::string("DIFFUSE_CPU_KERNELS='") + env +
+                          "' is not runnable here (available: " + list + ")");
   }();
   return *chosen;
 }

@@ -16,12 +16,22 @@ struct CpuKernels {
   // Mean and (biased) variance of n bf16 values, accumulated in float32 blocks and double.
   void (*bf16_moments)(const uint16_t* x, int64_t n, double* mean, double* var);
   // y = x * scale + shift, then SiLU if `silu`; n values, bf16 in and out.
-  void (*bf16_scale_shift)(const uint16_t* x, int64_t n, float scale, float shift, bool silu, uint16_t* y);
+  void (*bf16_scale_shift)(const uint16_t* x, int64_t n, float scale, float shift, bool silu,
+                           uint16_t* y);
   // One LayerNorm row of d values: (x - mean) / sqrt(var + eps) * w + b (w, b may be null).
-  void (*bf16_layer_norm_row)(const uint16_t* x, int64_t d, const float* w, const float* b, float eps,
-                              uint16_t* y);
+  void (*bf16_layer_norm_row)(const uint16_t* x, int64_t d, const float* w, const float* b,
+                              float eps, uint16_t* y);
   // y = a * gelu(g) with the exact (erf) GELU; n values.
   void (*bf16_geglu)(const uint16_t* a, const uint16_t* g, int64_t n, uint16_t* y);
+
+  // Channels-last ([pixels][C]) helpers for GroupNorm:
+  // s1[c] += sum_p (x[p][c] - shift[c]), s2[c] += sum_p (x[p][c] - shift[c])^2, accumulated in
+  // float32 blocks of pixels (`scratch`: 2 * C floats) and added into the double sums.
+  void (*bf16_channel_sums)(const uint16_t* x, int64_t pixels, int64_t C, const float* shift, float* scratch,
+                            double* s1, double* s2);
+  // y[p][c] = x[p][c] * scale[c] + shift[c], then SiLU if `silu`.
+  void (*bf16_channel_scale_shift)(const uint16_t* x, int64_t pixels, int64_t C, const float* scale,
+                                   const float* shift, bool silu, uint16_t* y);
 };
 
 const CpuKernels* portable_cpu_kernels();

@@ -7,6 +7,8 @@
 #include "nn/kernels/cpu_kernels_impl.h"
 #else
 namespace diffuse::nn::kernels {
-const CpuKernels* avx512_cpu_kernels() { return nullptr; }
+const CpuKernels* avx512_cpu_kernels() {
+  return nullptr;
+}
 }  // namespace diffuse::nn::kernels
 #endif

@@ -22,7 +22,9 @@ typedef int32_t VecI __attribute__((vector_size(kBytes)));
 typedef uint32_t VecU __attribute__((vector_size(kBytes)));
 typedef uint16_t VecH __attribute__((vector_size(kBytes / 2)));
 
-inline VecF splat(float x) { return VecF{} + x; }
+inline VecF splat(float x) {
+  return VecF{} + x;
+}
 
 inline VecF load_bf16(const uint16_t* p) {
   VecH h;
@@ -79,7 +81,9 @@ inline VecF expv(VecF x) {
   return p * scale;
 }
 
-inline VecF silu(VecF y) { return y / (1.0f + expv(-y)); }
+inline VecF silu(VecF y) {
+  return y / (1.0f + expv(-y));
+}
 
 // erf(x) to 1.5e-7 (Abramowitz & Stegun 7.1.26).
 inline VecF erfv(VecF x) {
@@ -94,7 +98,9 @@ inline VecF erfv(VecF x) {
   return x < 0.0f ? -y : y;
 }
 
-inline VecF gelu(VecF x) { return 0.5f * x * (1.0f + erfv(x * 0.70710678118654752f)); }
+inline VecF gelu(VecF x) {
+  return 0.5f * x * (1.0f + erfv(x * 0.70710678118654752f));
+}
 
 // Applies f to n bf16 values of x (and y2 when binary), writing bf16; the tail goes through a
 // zero-padded vector.
@@ -158,7 +164,8 @@ void scale_shift(const uint16_t* x, int64_t n, float scale, float shift, bool ac
     map_bf16(x, n, y, [&](VecF v) { return v * scale + shift; });
 }
 
-void layer_norm_row(const uint16_t* x, int64_t d, const float* w, const float* b, float eps, uint16_t* y) {
+void layer_norm_row(const uint16_t* x, int64_t d, const float* w, const float* b, float eps,
+                    uint16_t* y) {
   double mean, var;
   moments(x, d, &mean, &var);
   const float rstd = static_cast<float>(1.0 / __builtin_sqrt(var + eps));
@@ -198,10 +205,69 @@ void geglu(const uint16_t* a, const uint16_t* g, int64_t n, uint16_t* y) {
   }
 }
 
-const CpuKernels kKernels = {CPU_KERNELS_NAME, moments, scale_shift, layer_norm_row, geglu};
+void channel_sums(const uint16_t* x, int64_t pixels, int64_t C, const float* shift, float* scratch, double* s1,
+                  double* s2) {
+  float* a1 = scratch;
+  float* a2 = scratch + C;
+  constexpr int64_t kBlock = 512;
+  for (int64_t p0 = 0; p0 < pixels; p0 += kBlock) {
+    const int64_t p1 = p0 + kBlock < pixels ? p0 + kBlock : pixels;
+    for (int64_t c = 0; c < C; ++c) a1[c] = a2[c] = 0.0f;
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint16_t* row = x + p * C;
+      int64_t c = 0;
+      for (; c + W <= C; c += W) {
+        VecF sh, v1, v2;
+        std::memcpy(&sh, shift + c, sizeof sh);
+        std::memcpy(&v1, a1 + c, sizeof v1);
+        std::memcpy(&v2, a2 + c, sizeof v2);
+        const VecF d = load_bf16(row + c) - sh;
+        v1 += d;
+        v2 += d * d;
+        std::memcpy(a1 + c, &v1, sizeof v1);
+        std::memcpy(a2 + c, &v2, sizeof v2);
+      }
+      for (; c < C; ++c) {
+        const float d = bf16_scalar(row[c]) - shift[c];
+        a1[c] += d;
+        a2[c] += d * d;
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      s1[c] += a1[c];
+      s2[c] += a2[c];
+    }
+  }
+}
+
+void channel_scale_shift(const uint16_t* x, int64_t pixels, int64_t C, const float* scale, const float* shift,
+                         bool act, uint16_t* y) {
+  for (int64_t p = 0; p < pixels; ++p) {
+    const uint16_t* in = x + p * C;
+    uint16_t* out = y + p * C;
+    int64_t c = 0;
+    for (; c + W <= C; c += W) {
+      VecF a, b;
+      std::memcpy(&a, scale + c, sizeof a);
+      std::memcpy(&b, shift + c, sizeof b);
+      const VecF v = load_bf16(in + c) * a + b;
+      store_bf16(out + c, act ? silu(v) : v);
+    }
+    for (; c < C; ++c) {
+      float v = bf16_scalar(in[c]) * scale[c] + shift[c];
+      if (act) v = v / (1.0f + __builtin_expf(-v));
+      out[c] = to_bf16_scalar(v);
+    }
+  }
+}
+
+const CpuKernels kKernels = {CPU_KERNELS_NAME, moments,      scale_shift,        layer_norm_row,
+                             geglu,            channel_sums, channel_scale_shift};
 
 }  // namespace
 
-const CpuKernels* CPU_KERNELS_GETTER() { return &kKernels; }
+const CpuKernels* CPU_KERNELS_GETTER() {
+  return &kKernels;
+}
 
 }  // namespace diffuse::nn::kernels

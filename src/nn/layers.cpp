@@ -1,0 +1,89 @@
+#include "nn/layers.h"
+
+#include <torch/torch.h>
+
+#include "diffuse/errors.h"
+
+namespace diffuse::nn {
+namespace {
+
+thread_local bool t_skip_init = false;
+thread_local c10::ScalarType t_dtype = c10::ScalarType::Float;
+
+torch::TensorOptions param_options() {
+  return torch::TensorOptions().dtype(t_dtype);
+}
+
+// The base classes initialise in their constructors; these build the base at a minimal size
+// (a negligible initialisation), then give it its real options and uninitialised storage of
+// the real shape. set_data keeps the registered parameter objects, so names are unchanged.
+struct UninitLinearImpl : torch::nn::LinearImpl {
+  explicit UninitLinearImpl(const torch::nn::LinearOptions& o)
+      : torch::nn::LinearImpl(torch::nn::LinearOptions(1, 1).bias(o.bias())) {
+    options = o;
+    weight.set_data(torch::empty({o.out_features(), o.in_features()}, param_options()));
+    if (o.bias()) bias.set_data(torch::empty({o.out_features()}, param_options()));
+  }
+};
+
+struct UninitConv2dImpl : torch::nn::Conv2dImpl {
+  explicit UninitConv2dImpl(const torch::nn::Conv2dOptions& o) : torch::nn::Conv2dImpl(small(o)) {
+    options.in_channels(o.in_channels())
+        .out_channels(o.out_channels())
+        .kernel_size(o.kernel_size());
+    const auto& k = *o.kernel_size();
+    weight.set_data(torch::empty({o.out_channels(), o.in_channels() / o.groups(), k[0], k[1]},
+                                 param_options()));
+    if (o.bias()) bias.set_data(torch::empty({o.out_channels()}, param_options()));
+  }
+  // Same padding, stride, dilation, groups and padding mode (what the base's reset() derives
+  // state from), one input and output channel per group, 1x1 kernel.
+  static torch::nn::Conv2dOptions small(const torch::nn::Conv2dOptions& o) {
+    if (!c10::get_if<torch::ExpandingArray<2>>(&o.padding()))
+      throw InvalidArgument("make_conv2d: only explicit padding sizes are supported");
+    auto s = o;
+    s.in_channels(o.groups()).out_channels(o.groups()).kernel_size(1);
+    return s;
+  }
+};
+
+struct UninitEmbeddingImpl : torch::nn::EmbeddingImpl {
+  UninitEmbeddingImpl(int64_t n, int64_t d)
+      : torch::nn::EmbeddingImpl(torch::nn::EmbeddingOptions(1, 1)) {
+    options.num_embeddings(n).embedding_dim(d);
+    weight.set_data(torch::empty({n, d}, param_options()));
+  }
+};
+
+}  // namespace
+
+SkipInitGuard::SkipInitGuard(c10::ScalarType dtype)
+    : saved_active_(t_skip_init), saved_dtype_(t_dtype) {
+  t_skip_init = true;
+  t_dtype = dtype;
+}
+
+SkipInitGuard::~SkipInitGuard() {
+  t_skip_init = saved_active_;
+  t_dtype = saved_dtype_;
+}
+
+torch::nn::Linear make_linear(const torch::nn::LinearOptions& options) {
+  if (!t_skip_init) return torch::nn::Linear(options);
+  return torch::nn::Linear(
+      std::shared_ptr<torch::nn::LinearImpl>(std::make_shared<UninitLinearImpl>(options)));
+}
+
+torch::nn::Conv2d make_conv2d(const torch::nn::Conv2dOptions& options) {
+  if (!t_skip_init) return torch::nn::Conv2d(options);
+  return torch::nn::Conv2d(
+      std::shared_ptr<torch::nn::Conv2dImpl>(std::make_shared<UninitConv2dImpl>(options)));
+}
+
+torch::nn::Embedding make_embedding(int64_t num_embeddings, int64_t dim) {
+  if (!t_skip_init) return torch::nn::Embedding(num_embeddings, dim);
+  return torch::nn::Embedding(std::shared_ptr<torch::nn::EmbeddingImpl>(
+      std::make_shared<UninitEmbeddingImpl>(num_embeddings, dim)));
+}
+
+}  // namespace diffuse::nn
