@@ -73,9 +73,9 @@ TEST(Device, DtypePolicy) {
   EXPECT_EQ(device::resolve_dtype("bf16", cpu, "unet"), torch::kBFloat16);
   EXPECT_THROW(device::resolve_dtype("fp16", cpu, "unet"), InvalidArgument);
   EXPECT_THROW(device::resolve_dtype("int8", cpu, "unet"), InvalidArgument);
-  EXPECT_EQ(device::resolve_dtype("auto", cpu, "vae"), torch::kFloat32);
   auto unet = device::resolve_dtype("auto", cpu, "unet");
   EXPECT_EQ(unet, device::cpu_has_native_bf16() ? torch::kBFloat16 : torch::kFloat32);
+  EXPECT_EQ(device::resolve_dtype("auto", cpu, "vae"), unet);
   EXPECT_TRUE(device::probe_dtype(cpu, torch::kFloat32));
 }
 
@@ -84,7 +84,8 @@ TEST(Device, DtypePolicyDecisions) {
   device::DtypeSupport cpu_fast{true, true, true, false}, cpu_slow{true, true, false, false};
   EXPECT_EQ(choose_dtype(cpu_fast, "unet"), torch::kBFloat16);
   EXPECT_EQ(choose_dtype(cpu_fast, "text_encoder"), torch::kBFloat16);
-  EXPECT_EQ(choose_dtype(cpu_fast, "vae"), torch::kFloat32);
+  EXPECT_EQ(choose_dtype(cpu_fast, "vae"), torch::kBFloat16);
+  EXPECT_EQ(choose_dtype(cpu_slow, "vae"), torch::kFloat32);
   EXPECT_EQ(choose_dtype(cpu_slow, "unet"), torch::kFloat32);
   // Accelerators: bf16 where native (A2-class NPU, sm80+ GPU), else fp16 (not for the VAE,
   // whose decoder overflows in fp16), else fp32.

@@ -41,7 +41,7 @@ TEST(Doctor, ReportsTheCpuAndRunsItsSmokeTest) {
   EXPECT_NE(std::find(cpu.dtypes.begin(), cpu.dtypes.end(), "fp32"), cpu.dtypes.end());
   EXPECT_EQ(std::find(cpu.dtypes.begin(), cpu.dtypes.end(), "fp16"),
             cpu.dtypes.end());  // never probed on CPU
-  EXPECT_EQ(cpu.vae_dtype, "fp32");
+  EXPECT_EQ(cpu.vae_dtype, cpu.unet_dtype);  // one policy for every CPU component
   EXPECT_NE(std::find(cpu.attention.begin(), cpu.attention.end(), "math"), cpu.attention.end());
   EXPECT_GT(cpu.total_memory_bytes, 0);
   EXPECT_TRUE(r.requested_ok);

@@ -6,6 +6,7 @@
 #include "nn/fused_ops.h"
 #include "nn/kernels/cpu_features.h"
 #include "nn/layers.h"
+#include "nn/resnet.h"
 
 using namespace diffuse;
 
@@ -76,7 +77,8 @@ TEST(CpuKernels, EveryKernelMatchesFloat64) {
       auto scale = torch::randn({C}), sh = torch::randn({C});
       for (bool silu : {false, true}) {
         auto y = torch::empty_like(x);
-        k->bf16_channel_scale_shift(u16(x), P, C, scale.data_ptr<float>(), sh.data_ptr<float>(), silu, u16_mut(y));
+        k->bf16_channel_scale_shift(u16(x), P, C, scale.data_ptr<float>(), sh.data_ptr<float>(),
+                                    silu, u16_mut(y));
         auto ref = x.to(torch::kFloat64) * scale.to(torch::kFloat64) + sh.to(torch::kFloat64);
         if (silu) ref = ref * torch::sigmoid(ref);
         expect_bf16_rounding(y, ref, name + " channel_scale_shift C=" + std::to_string(C));
@@ -111,6 +113,44 @@ TEST(FusedOps, Bf16GroupNormKeepsFloat32Statistics) {
     auto cl = nn::group_norm(x.contiguous(torch::MemoryFormat::ChannelsLast), 8, w, b, 1e-6, silu);
     EXPECT_TRUE(cl.is_contiguous(torch::MemoryFormat::ChannelsLast));
     expect_bf16_rounding(cl, ref, "channels-last group_norm");
+  }
+}
+
+TEST(FusedOps, GroupNormOverwritingItsInputGivesTheSameResult) {
+  torch::NoGradGuard no_grad;
+  auto x = bf16_randn({2, 64, 9, 11}, 3.0, 0.5, 4);
+  auto w = torch::randn({64}).to(torch::kBFloat16), b = torch::randn({64}).to(torch::kBFloat16);
+  for (auto format : {torch::MemoryFormat::Contiguous, torch::MemoryFormat::ChannelsLast}) {
+    for (auto dtype : {torch::kBFloat16, torch::kFloat32}) {
+      auto in = x.to(dtype).contiguous(format);
+      auto expected = nn::group_norm(in, 8, w.to(dtype), b.to(dtype), 1e-6, true);
+      auto scratch = in.clone(format);
+      auto got = nn::group_norm(scratch, 8, w.to(dtype), b.to(dtype), 1e-6, true,
+                                /*overwrite_input=*/true);
+      EXPECT_TRUE(got.equal(expected)) << dtype << " " << format;
+    }
+  }
+}
+
+TEST(ResnetBlock2D, ReusesOnlyAMovedInInputAndComputesTheSame) {
+  torch::NoGradGuard no_grad;
+  for (auto dtype : {torch::kBFloat16, torch::kFloat32}) {
+    for (int64_t out : {32, 64}) {  // with and without conv_shortcut
+      nn::ResnetBlock2DOptions o;
+      o.in_channels = 64;
+      o.out_channels = out;
+      o.temb_channels = 0;
+      o.groups = 8;
+      nn::ResnetBlock2D block(o);
+      block->to(dtype);
+      auto x = bf16_randn({1, 64, 8, 8}, 0.0, 1.0, 5).to(dtype);
+      auto kept = x.clone();
+      auto expected = block(x);  // the caller keeps x: it must stay as it was
+      EXPECT_TRUE(x.equal(kept)) << dtype << " out=" << out;
+      auto moved = x.clone();
+      auto got = block(std::move(moved));  // the block may reuse this one
+      EXPECT_TRUE(got.equal(expected)) << dtype << " out=" << out;
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include "bench/memory_probe.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
+#include "device/memory.h"
 #include "diffuse/errors.h"
 #include "nn/attention/flash.h"
 
@@ -78,7 +79,7 @@ std::vector<AttentionBenchRow> run_attention_bench(const std::vector<AttentionCa
         opts.backend = b;
         opts.causal = c.causal;
         try {
-          release_free_memory();
+          device::empty_cache(torch::Device(torch::kCPU));
           const bool reset = reset_peak_rss();
           const int64_t before = current_rss_bytes();
           double t0 = now_s();

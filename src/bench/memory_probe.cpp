@@ -2,19 +2,9 @@
 
 #include <fstream>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
 #include "device/memory.h"
 
 namespace diffuse::bench {
-
-void release_free_memory() {
-#if defined(__GLIBC__)
-  malloc_trim(0);
-#endif
-}
 
 bool reset_peak_rss() {
   std::ofstream out("/proc/self/clear_refs");

@@ -5,9 +5,6 @@
 
 namespace diffuse::bench {
 
-// Returns freed heap pages to the OS (glibc malloc_trim), so RSS reflects live memory.
-void release_free_memory();
-
 // Resets the peak-RSS mark to the current RSS (Linux /proc/self/clear_refs); false where the
 // system does not allow it (then peaks are process-wide).
 bool reset_peak_rss();

@@ -9,6 +9,7 @@
 #include "bench/memory_probe.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
+#include "device/memory.h"
 #include "diffuse/errors.h"
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
@@ -206,7 +207,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   src.model.reset();  // drop the weight file mappings, as the pipeline does
   r.build_s = now_s() - t0;
   r.build_peak_mb = build_peak.finish();
-  release_free_memory();
+  device::empty_cache(torch::Device(torch::kCPU));
   r.models_rss_mb = mb(current_rss_bytes());
   r.unet_params_m = params_m(*unet);
   r.text_encoder_params_m = params_m(*text);
@@ -253,6 +254,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   }
 
   if (o.vae) {
+    device::empty_cache(device);  // as the pipeline does between denoising and decoding
     StagePeak peak(&r.peak_rss_mb);
     auto gen = at::detail::createCPUGenerator(o.seed + 6);
     auto z = torch::randn({1, vae_cfg.latent_channels, lh, lw}, gen,
@@ -284,7 +286,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     text = nullptr;
     vae = nullptr;
     unet = nullptr;
-    release_free_memory();
+    device::empty_cache(torch::Device(torch::kCPU));
     nn::set_default_attention_backend(nn::AttentionBackend::kMath);
     auto base =
         build<models::UNet2DConditionModel>([&] { return models::UNet2DConditionModel(unet_cfg); },

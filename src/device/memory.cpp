@@ -3,6 +3,10 @@
 #include <fstream>
 #include <string>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "device/cuda_backend.h"
 #include "device/device.h"
 #include "device/npu_backend.h"
@@ -51,7 +55,11 @@ void reset_peak_memory(const torch::Device& device) {
 }
 
 void empty_cache(const torch::Device& device) {
-  if (device.is_cuda()) {
+  if (device.is_cpu()) {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+  } else if (device.is_cuda()) {
     cuda::empty_cache();
   } else if (device.type() == c10::DeviceType::PrivateUse1) {
     const NpuBackend* b = npu_backend();

@@ -35,7 +35,9 @@ struct DeviceMemory {
 DeviceMemory device_memory(const torch::Device& device);
 // Starts a new peak window for the device's allocator (no-op on the CPU).
 void reset_peak_memory(const torch::Device& device);
-// Returns cached, unused blocks of the device's allocator to the driver (no-op on the CPU).
+// Returns cached, unused blocks of the device's allocator to the driver; on the CPU, returns
+// free malloc heap pages to the OS (glibc keeps freed activations otherwise, and they would
+// count in the next stage's peak).
 void empty_cache(const torch::Device& device);
 
 }  // namespace diffuse::device

@@ -60,10 +60,10 @@ torch::Tensor EncoderImpl::forward(const torch::Tensor& x, Intermediates* inter,
   auto h = conv_in(nn::to_compute_layout(x));
   capture(inter, prefix + "conv_in", h);
   for (size_t i = 0; i < down_list.size(); ++i) {
-    h = down_list[i](h);
+    h = down_list[i](std::move(h));
     capture(inter, prefix + "down_blocks." + std::to_string(i), h);
   }
-  h = mid_block(h);
+  h = mid_block(std::move(h));
   capture(inter, prefix + "mid_block", h);
   h = conv_norm_out(h);
   capture(inter, prefix + "conv_norm_out", h);
@@ -99,10 +99,10 @@ torch::Tensor DecoderImpl::forward(const torch::Tensor& z, Intermediates* inter,
                                    const std::string& prefix) {
   auto h = conv_in(nn::to_compute_layout(z));
   capture(inter, prefix + "conv_in", h);
-  h = mid_block(h);
+  h = mid_block(std::move(h));
   capture(inter, prefix + "mid_block", h);
   for (size_t i = 0; i < up_list.size(); ++i) {
-    h = up_list[i](h);
+    h = up_list[i](std::move(h));
     capture(inter, prefix + "up_blocks." + std::to_string(i), h);
   }
   h = conv_norm_out(h);

@@ -29,8 +29,8 @@ uint16_t* bf16_data_mut(torch::Tensor& t) {
 
 // bf16 channels-last [B, C, H, W] on the CPU (and not also plain contiguous, e.g. 1x1).
 bool fused_cpu_bf16_channels_last(const torch::Tensor& x) {
-  return x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && x.dim() == 4 && !x.is_contiguous() &&
-         x.is_contiguous(torch::MemoryFormat::ChannelsLast);
+  return x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && x.dim() == 4 &&
+         !x.is_contiguous() && x.is_contiguous(torch::MemoryFormat::ChannelsLast);
 }
 
 // float32 copy of an optional per-channel parameter (undefined stays undefined).
@@ -45,10 +45,12 @@ namespace {
 // GroupNorm of a channels-last bf16 tensor: per-channel shifted sums over pixel chunks (in
 // parallel), combined exactly into per-group mean and variance in double, then one
 // vectorised pass of per-channel scale and shift (+ SiLU). The output stays channels-last.
-torch::Tensor group_norm_channels_last(const torch::Tensor& x, int64_t groups, const float* wp, const float* bp,
-                                       double eps, bool silu) {
+torch::Tensor group_norm_channels_last(const torch::Tensor& x, int64_t groups, const float* wp,
+                                       const float* bp, double eps, bool silu,
+                                       bool overwrite_input) {
   const int64_t B = x.size(0), C = x.size(1), P = x.size(2) * x.size(3), cpg = C / groups;
-  auto y = torch::empty_like(x);  // preserves channels-last
+  // Statistics are complete before the elementwise pass writes, so y may be x itself.
+  auto y = overwrite_input ? x : torch::empty_like(x);  // preserves channels-last
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   const auto& k = kernels::cpu_kernels();
@@ -67,7 +69,8 @@ torch::Tensor group_norm_channels_last(const torch::Tensor& x, int64_t groups, c
       std::vector<float> scratch(2 * C);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t p0 = P * i / chunks, p1 = P * (i + 1) / chunks;
-        k.bf16_channel_sums(xn + p0 * C, p1 - p0, C, shift.data(), scratch.data(), &s1[i * C], &s2[i * C]);
+        k.bf16_channel_sums(xn + p0 * C, p1 - p0, C, shift.data(), scratch.data(), &s1[i * C],
+                            &s2[i * C]);
       }
     });
     for (int64_t g = 0; g < groups; ++g) {
@@ -88,7 +91,8 @@ torch::Tensor group_norm_channels_last(const torch::Tensor& x, int64_t groups, c
       }
       group_mean /= static_cast<double>(cpg);
       double group_m2 = 0;
-      for (int64_t j = 0; j < cpg; ++j) group_m2 += m2[j] + P * (mean[j] - group_mean) * (mean[j] - group_mean);
+      for (int64_t j = 0; j < cpg; ++j)
+        group_m2 += m2[j] + P * (mean[j] - group_mean) * (mean[j] - group_mean);
       const double rstd = 1.0 / std::sqrt(group_m2 / static_cast<double>(P * cpg) + eps);
       for (int64_t j = 0; j < cpg; ++j) {
         const int64_t c = g * cpg + j;
@@ -98,8 +102,8 @@ torch::Tensor group_norm_channels_last(const torch::Tensor& x, int64_t groups, c
       }
     }
     at::parallel_for(0, P, std::max<int64_t>(1, 16384 / C), [&](int64_t begin, int64_t end) {
-      k.bf16_channel_scale_shift(xn + begin * C, end - begin, C, scale_c.data(), shift_c.data(), silu,
-                                 yp + n * P * C + begin * C);
+      k.bf16_channel_scale_shift(xn + begin * C, end - begin, C, scale_c.data(), shift_c.data(),
+                                 silu, yp + n * P * C + begin * C);
     });
   }
   return y;
@@ -108,7 +112,7 @@ torch::Tensor group_norm_channels_last(const torch::Tensor& x, int64_t groups, c
 }  // namespace
 
 torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight,
-                         const torch::Tensor& bias, double eps, bool silu) {
+                         const torch::Tensor& bias, double eps, bool silu, bool overwrite_input) {
   RECORD_FUNCTION("diffuse::group_norm", std::vector<c10::IValue>({x}));
   if (x.dim() < 2 || groups <= 0 || x.size(1) % groups != 0)
     throw InvalidArgument("group_norm: input " + c10::str(x.sizes()) + " cannot be split into " +
@@ -116,7 +120,8 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
   if (fused_cpu_bf16_channels_last(x)) {
     auto w = as_float(weight), b = as_float(bias);
     return group_norm_channels_last(x, groups, w.defined() ? w.data_ptr<float>() : nullptr,
-                                    b.defined() ? b.data_ptr<float>() : nullptr, eps, silu);
+                                    b.defined() ? b.data_ptr<float>() : nullptr, eps, silu,
+                                    overwrite_input);
   }
   if (!fused_cpu_bf16(x)) {
     const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
@@ -131,7 +136,8 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
   auto w = as_float(weight), b = as_float(bias);
   const float* wp = w.defined() ? w.data_ptr<float>() : nullptr;
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  auto y = torch::empty_like(x);
+  // Each group's moments are taken before its elements are rewritten: y may be x itself.
+  auto y = overwrite_input ? x : torch::empty_like(x);
   const uint16_t* xp = bf16_data(x);
   uint16_t* yp = bf16_data_mut(y);
   const auto& k = kernels::cpu_kernels();
@@ -215,13 +221,15 @@ bool channels_last_enabled() {
 }
 
 torch::Tensor to_compute_layout(const torch::Tensor& x) {
-  if (x.dim() == 4 && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && channels_last_enabled())
+  if (x.dim() == 4 && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 &&
+      channels_last_enabled())
     return x.contiguous(torch::MemoryFormat::ChannelsLast);
   return x;
 }
 
-torch::Tensor GroupNormImpl::group_norm(const torch::Tensor& x, bool silu) {
-  return nn::group_norm(x, options.num_groups(), weight, bias, options.eps(), silu);
+torch::Tensor GroupNormImpl::group_norm(const torch::Tensor& x, bool silu, bool overwrite_input) {
+  return nn::group_norm(x, options.num_groups(), weight, bias, options.eps(), silu,
+                        overwrite_input);
 }
 
 torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {

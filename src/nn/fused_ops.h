@@ -11,8 +11,11 @@
 namespace diffuse::nn {
 
 // GroupNorm over x [B, C, ...] (weight, bias [C] or undefined), then SiLU if `silu`.
+// With `overwrite_input` the result may be written into x's own memory (the fused kernels
+// read each element before writing it): the caller promises x is not used afterwards.
 torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight,
-                         const torch::Tensor& bias, double eps, bool silu = false);
+                         const torch::Tensor& bias, double eps, bool silu = false,
+                         bool overwrite_input = false);
 
 // LayerNorm over the last dimension (weight, bias [D] or undefined).
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
@@ -36,9 +39,13 @@ struct GroupNormImpl : torch::nn::GroupNormImpl {
   torch::Tensor forward(const torch::Tensor& x) { return group_norm(x, false); }
   // Normalise, then SiLU, in one pass where the fused kernel applies.
   torch::Tensor forward_silu(const torch::Tensor& x) { return group_norm(x, true); }
+  // forward_silu that may reuse x's memory for the result (x must not be used afterwards).
+  torch::Tensor forward_silu_overwriting(const torch::Tensor& x) {
+    return group_norm(x, true, true);
+  }
 
  private:
-  torch::Tensor group_norm(const torch::Tensor& x, bool silu);
+  torch::Tensor group_norm(const torch::Tensor& x, bool silu, bool overwrite_input = false);
 };
 TORCH_MODULE(GroupNorm);
 

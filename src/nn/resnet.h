@@ -35,7 +35,8 @@ struct ResnetBlock2DOptions {
 struct ResnetBlock2DImpl : torch::nn::Module {
   explicit ResnetBlock2DImpl(const ResnetBlock2DOptions& options);
   // temb: [B, temb_channels], or an undefined tensor when the block has no time embedding.
-  torch::Tensor forward(const torch::Tensor& input, const torch::Tensor& temb = {});
+  // Pass `input` as an rvalue where the caller is done with it: its memory is then reused.
+  torch::Tensor forward(torch::Tensor input, const torch::Tensor& temb = {});
 
   ResnetBlock2DOptions options;
   GroupNorm norm1{nullptr}, norm2{nullptr};
@@ -60,7 +61,8 @@ TORCH_MODULE(Downsample2D);
 // Nearest-neighbour 2x upsampling (or to `output_size`), then an optional 3x3 conv ("conv").
 struct Upsample2DImpl : torch::nn::Module {
   Upsample2DImpl(int64_t channels, bool use_conv, int64_t out_channels);
-  torch::Tensor forward(const torch::Tensor& x,
+  // `x` by value: a moved-in input is freed before the conv.
+  torch::Tensor forward(torch::Tensor x,
                         std::optional<std::vector<int64_t>> output_size = std::nullopt);
 
   int64_t channels;

@@ -60,7 +60,7 @@ DownBlock2DImpl::DownBlock2DImpl(const UNetBlockOptions& o, bool with_attention)
 torch::Tensor DownBlock2DImpl::forward(torch::Tensor x, const torch::Tensor& temb,
                                        const torch::Tensor& context, ResidualStack& residuals) {
   for (size_t i = 0; i < resnet_list.size(); ++i) {
-    x = resnet_list[i](x, temb);
+    x = resnet_list[i](std::move(x), temb);
     if (has_cross_attention) x = attention_list[i](x, context);
     residuals.push_back(x);
   }
@@ -88,10 +88,10 @@ UNetMidBlock2DCrossAttnImpl::UNetMidBlock2DCrossAttnImpl(const UNetBlockOptions&
 
 torch::Tensor UNetMidBlock2DCrossAttnImpl::forward(torch::Tensor x, const torch::Tensor& temb,
                                                    const torch::Tensor& context) {
-  x = resnet_list[0](x, temb);
+  x = resnet_list[0](std::move(x), temb);
   for (size_t i = 0; i < attention_list.size(); ++i) {
     x = attention_list[i](x, context);
-    x = resnet_list[i + 1](x, temb);
+    x = resnet_list[i + 1](std::move(x), temb);
   }
   return x;
 }
@@ -132,7 +132,7 @@ torch::Tensor UpBlock2DImpl::forward(torch::Tensor x, ResidualStack& residuals,
     // input size was not a multiple of the downsampling factor.
     if (!upsample_size && !residuals.empty())
       upsample_size = std::vector<int64_t>{residuals.back().size(2), residuals.back().size(3)};
-    x = upsampler(x, std::move(upsample_size));
+    x = upsampler(std::move(x), std::move(upsample_size));
   }
   return x;
 }

@@ -28,7 +28,8 @@ SpatialSelfAttentionImpl::SpatialSelfAttentionImpl(int64_t channels, int64_t hea
                                                    double rescale_output_factor)
     : channels(channels), heads(heads), rescale_output_factor(rescale_output_factor) {
   group_norm = register_module(
-      "group_norm", GroupNorm(torch::nn::GroupNormOptions(norm_groups, channels).eps(eps).affine(true)));
+      "group_norm",
+      GroupNorm(torch::nn::GroupNormOptions(norm_groups, channels).eps(eps).affine(true)));
   to_q = register_module("to_q", nn::make_linear(channels, channels));
   to_k = register_module("to_k", nn::make_linear(channels, channels));
   to_v = register_module("to_v", nn::make_linear(channels, channels));
@@ -71,7 +72,7 @@ DownEncoderBlock2DImpl::DownEncoderBlock2DImpl(const VaeBlockOptions& o) {
 }
 
 torch::Tensor DownEncoderBlock2DImpl::forward(torch::Tensor x) {
-  for (auto& r : resnet_list) x = r(x);
+  for (auto& r : resnet_list) x = r(std::move(x));
   return downsampler ? downsampler(x) : x;
 }
 
@@ -88,8 +89,8 @@ UpDecoderBlock2DImpl::UpDecoderBlock2DImpl(const VaeBlockOptions& o) {
 }
 
 torch::Tensor UpDecoderBlock2DImpl::forward(torch::Tensor x) {
-  for (auto& r : resnet_list) x = r(x);
-  return upsampler ? upsampler(x) : x;
+  for (auto& r : resnet_list) x = r(std::move(x));
+  return upsampler ? upsampler(std::move(x)) : x;
 }
 
 UNetMidBlock2DImpl::UNetMidBlock2DImpl(const VaeBlockOptions& o) {
@@ -110,10 +111,10 @@ UNetMidBlock2DImpl::UNetMidBlock2DImpl(const VaeBlockOptions& o) {
 }
 
 torch::Tensor UNetMidBlock2DImpl::forward(torch::Tensor x) {
-  x = resnet_list[0](x);
+  x = resnet_list[0](std::move(x));
   for (size_t i = 1; i < resnet_list.size(); ++i) {
     if (!attention_list.empty()) x = attention_list[i - 1](x);
-    x = resnet_list[i](x);
+    x = resnet_list[i](std::move(x));
   }
   return x;
 }

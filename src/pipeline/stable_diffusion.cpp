@@ -316,6 +316,7 @@ GenerationResult StableDiffusion::denoise_and_decode(const GenerationConfig& con
   }
   timings.denoise_s = now_s() - start;
   record_memory(&timings, "denoise", c_->device);
+  device::empty_cache(c_->device);  // the UNet's freed activations, before the decoder's peak
   trace("latents_out", latents);
   double d0 = now_s();
   GenerationResult result;
