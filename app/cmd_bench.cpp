@@ -130,10 +130,10 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
             << f("%.1f", r.unet_flops.attention / 1e9) << ", "
             << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0) << ")\n";
   if (o.vae) std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "\n";
-  std::cout << "  peak RSS                " << f("%8.0f MB", r.peak_rss_mb)
-            << "  (models built: " << f("%.0f MB", r.models_rss_mb) << "; peaks: build "
+  std::cout << "  peak RSS                " << f("%8.0f MiB", r.peak_rss_mb)
+            << "  (models built: " << f("%.0f MiB", r.models_rss_mb) << "; peaks: build "
             << f("%.0f", r.build_peak_mb) << ", text " << f("%.0f", r.text_encoder_peak_mb)
-            << ", unet " << f("%.0f", r.unet_peak_mb) << ", vae " << f("%.0f MB)", r.vae_peak_mb)
+            << ", unet " << f("%.0f", r.unet_peak_mb) << ", vae " << f("%.0f MiB)", r.vae_peak_mb)
             << "\n";
   if (r.roofline) {
     std::cout << "  roofline: matmul " << f("%.1f", r.roofline->matmul_gflops) << " GFLOP/s, conv "
@@ -311,7 +311,7 @@ Command add_bench_command(CLI::App& app) {
         return 0;
       }
       std::printf("%-34s %-5s %-6s %-12s %10s %10s %12s\n", "case", "dtype", "backend", "kernel",
-                  "time [ms]", "GFLOP/s", "peak +MB");
+                  "time [ms]", "GFLOP/s", "peak +MiB");
       for (const auto& r : rows) {
         if (r.skipped)
           std::printf("%-34s %-5s %-6s %-12s %10s   (%s)\n", r.c.name.c_str(), r.dtype.c_str(),

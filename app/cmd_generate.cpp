@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "commands.h"
-#include "diffuse/pipeline.h"
 #include "device/device.h"
+#include "diffuse/pipeline.h"
 #include "io/safetensors.h"
 #include "nn/attention.h"
 #include "pipeline/stable_diffusion.h"
@@ -38,40 +38,62 @@ struct GenerateFlags {
   std::string latents_file, noise_file;
   std::string config_dir;
   bool v_prediction = false, epsilon = false;
+  bool offload = false;
   bool quiet = false;
   bool json = false;
 };
 
 void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
-  app.add_option("-m,--model", f.model, "Diffusers folder or single-file .safetensors checkpoint")->required();
+  app.add_option("-m,--model", f.model, "Diffusers folder or single-file .safetensors checkpoint")
+      ->required();
   app.add_option("-p,--prompt", f.prompts, "Prompt (repeat for a batch of prompts)")->required();
-  app.add_option("-n,--negative-prompt", f.negative_prompts, "Negative prompt (one, or one per prompt)");
+  app.add_option("-n,--negative-prompt", f.negative_prompts,
+                 "Negative prompt (one, or one per prompt)");
   app.add_option("-W,--width", f.width, "Width in pixels, multiple of 8 (default: the model's)");
   app.add_option("-H,--height", f.height, "Height in pixels, multiple of 8 (default: the model's)");
   app.add_option("--steps", f.steps, "Denoising steps")->capture_default_str();
-  app.add_option("--cfg-scale", f.cfg_scale, "Classifier-free guidance scale (<= 1 disables it)")->capture_default_str();
-  app.add_option("-s,--seed", f.seed, "Seed (default: random); same seed, same image on every device");
-  app.add_option("--scheduler", f.scheduler, "ddim|pndm|euler|euler_a|dpmpp_2m|lms (default: the model's)");
-  app.add_option("--num-images", f.num_images, "Images per prompt in one batch")->capture_default_str();
-  app.add_option("--batch-count", f.batch_count, "Repeat the generation with seed+1, seed+2, ...")->capture_default_str();
-  app.add_option("-o,--out", f.out, "Output PNG (numbered when several images)")->capture_default_str();
-  app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N] (env DIFFUSE_DEVICE)")->capture_default_str();
-  app.add_option("--text-encoder-device", f.text_encoder_device, "Device for the text encoder (default: --device)");
+  app.add_option("--cfg-scale", f.cfg_scale, "Classifier-free guidance scale (<= 1 disables it)")
+      ->capture_default_str();
+  app.add_option("-s,--seed", f.seed,
+                 "Seed (default: random); same seed, same image on every device");
+  app.add_option("--scheduler", f.scheduler,
+                 "ddim|pndm|euler|euler_a|dpmpp_2m|lms (default: the model's)");
+  app.add_option("--num-images", f.num_images, "Images per prompt in one batch")
+      ->capture_default_str();
+  app.add_option("--batch-count", f.batch_count, "Repeat the generation with seed+1, seed+2, ...")
+      ->capture_default_str();
+  app.add_option("-o,--out", f.out, "Output PNG (numbered when several images)")
+      ->capture_default_str();
+  app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N] (env DIFFUSE_DEVICE)")
+      ->capture_default_str();
+  app.add_option("--text-encoder-device", f.text_encoder_device,
+                 "Device for the text encoder (default: --device)");
   app.add_option("--vae-device", f.vae_device, "Device for the VAE (default: --device)");
-  app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")->capture_default_str();
-  app.add_option("--vae-dtype", f.vae_dtype, "auto|fp32|bf16|fp16 for the VAE")->capture_default_str();
-  app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")->capture_default_str();
-  app.add_option("--noise", f.noise_file, "safetensors file with the noise tensor to use (instead of the seed)");
-  app.add_option("--config", f.config_dir, "Diffusers folder giving configs/tokenizer for a single-file checkpoint");
-  app.add_flag("--v-prediction", f.v_prediction, "Single-file checkpoint is v-prediction (SD2.x 768-v)");
+  app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")
+      ->capture_default_str();
+  app.add_option("--vae-dtype", f.vae_dtype, "auto|fp32|bf16|fp16 for the VAE")
+      ->capture_default_str();
+  app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")
+      ->capture_default_str();
+  app.add_flag(
+      "--offload", f.offload,
+      "Keep each network in memory only while it runs (lowest peak memory, ~1 s more per image)");
+  app.add_option("--noise", f.noise_file,
+                 "safetensors file with the noise tensor to use (instead of the seed)");
+  app.add_option("--config", f.config_dir,
+                 "Diffusers folder giving configs/tokenizer for a single-file checkpoint");
+  app.add_flag("--v-prediction", f.v_prediction,
+               "Single-file checkpoint is v-prediction (SD2.x 768-v)");
   app.add_flag("--epsilon", f.epsilon, "Single-file checkpoint is epsilon-prediction");
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   app.add_flag("--json", f.json, "Print a JSON summary on stdout");
   if (img2img) {
     app.add_option("-i,--init-image", f.init_image, "Input PNG image")->required();
-    app.add_option("--strength", f.strength, "How far to move from the init image, in (0, 1]")->capture_default_str();
+    app.add_option("--strength", f.strength, "How far to move from the init image, in (0, 1]")
+        ->capture_default_str();
   } else {
-    app.add_option("--latents", f.latents_file, "safetensors file with the initial latents (instead of the seed)");
+    app.add_option("--latents", f.latents_file,
+                   "safetensors file with the initial latents (instead of the seed)");
   }
 }
 
@@ -90,16 +112,19 @@ std::string output_path(const std::string& out, size_t index, size_t total) {
   return (p.parent_path() / (p.stem().string() + "-" + std::to_string(index) + ext)).string();
 }
 
-std::string parameters_text(const GenerateFlags& f, const GenerationConfig& g, const PipelineInfo& info,
-                            const std::string& prompt, const std::string& negative, uint64_t seed, int w, int h) {
+std::string parameters_text(const GenerateFlags& f, const GenerationConfig& g,
+                            const PipelineInfo& info, const std::string& prompt,
+                            const std::string& negative, uint64_t seed, int w, int h) {
   std::ostringstream os;
   os << prompt << "\n";
   if (!negative.empty()) os << "Negative prompt: " << negative << "\n";
-  os << "Steps: " << g.steps << ", Sampler: " << (g.scheduler.empty() ? info.scheduler : g.scheduler)
+  os << "Steps: " << g.steps
+     << ", Sampler: " << (g.scheduler.empty() ? info.scheduler : g.scheduler)
      << ", CFG scale: " << g.guidance_scale << ", Seed: " << seed << ", Size: " << w << "x" << h
      << ", Model: " << fs::path(f.model).filename().string();
   if (!f.init_image.empty()) os << ", Denoising strength: " << g.strength;
-  os << ", Device: " << info.device << ", Dtype: " << info.unet_dtype << ", Engine: diffuse " << DIFFUSE_VERSION;
+  os << ", Device: " << info.device << ", Dtype: " << info.unet_dtype << ", Engine: diffuse "
+     << DIFFUSE_VERSION;
   return os.str();
 }
 
@@ -108,7 +133,9 @@ std::string parameters_text(const GenerateFlags& f, const GenerationConfig& g, c
 nlohmann::json memory_json(const std::vector<StageMemory>& memory) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& m : memory) {
-    nlohmann::json j = {{"stage", m.stage}, {"device", m.device}, {"rss_bytes", m.rss_bytes},
+    nlohmann::json j = {{"stage", m.stage},
+                        {"device", m.device},
+                        {"rss_bytes", m.rss_bytes},
                         {"peak_rss_bytes", m.peak_rss_bytes}};
     if (m.allocated_bytes >= 0) {
       j["allocated_bytes"] = m.allocated_bytes;
@@ -126,16 +153,19 @@ std::string memory_text(const std::vector<StageMemory>& memory) {
     if (!s.empty()) s += "; ";
     s += m.stage + " on " + m.device + ": ";
     if (m.allocated_bytes >= 0)
-      s += format_bytes(m.allocated_bytes) + " allocated (peak " + format_bytes(m.peak_allocated_bytes) + ", reserved " +
-           format_bytes(m.reserved_bytes) + "), ";
+      s += format_bytes(m.allocated_bytes) + " allocated (peak " +
+           format_bytes(m.peak_allocated_bytes) + ", reserved " + format_bytes(m.reserved_bytes) +
+           "), ";
     s += "rss " + format_bytes(m.rss_bytes);
   }
   return s;
 }
 
 int run_generate(const GenerateFlags& f, bool img2img) {
-  if (f.v_prediction && f.epsilon) throw InvalidArgument("--v-prediction and --epsilon are mutually exclusive");
-  if (f.batch_count < 1) throw InvalidArgument("--batch-count must be >= 1, got " + std::to_string(f.batch_count));
+  if (f.v_prediction && f.epsilon)
+    throw InvalidArgument("--v-prediction and --epsilon are mutually exclusive");
+  if (f.batch_count < 1)
+    throw InvalidArgument("--batch-count must be >= 1, got " + std::to_string(f.batch_count));
   GenerationConfig g;
   g.prompts = f.prompts;
   g.negative_prompts = f.negative_prompts;
@@ -155,7 +185,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     if (std::find(names.begin(), names.end(), f.scheduler) == names.end()) {
       std::string list;
       for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-      throw InvalidArgument("unknown scheduler '" + f.scheduler + "' (expected one of: " + list + ")");
+      throw InvalidArgument("unknown scheduler '" + f.scheduler + "' (expected one of: " + list +
+                            ")");
     }
   }
   // Check everything that does not need the model before the (slow) load.
@@ -185,6 +216,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   lo.config_dir = f.config_dir;
   if (f.v_prediction) lo.v_prediction = true;
   if (f.epsilon) lo.v_prediction = false;
+  lo.offload = f.offload;
 
   Progress progress(f.quiet || f.json);
   if (!f.quiet && !f.json) std::cerr << "loading " << f.model << " ...\n";
@@ -200,10 +232,12 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   }
   if (!f.quiet && !f.json)
     std::cerr << "device " << info->device
-              << (info->text_encoder_device != info->device ? " (text encoder " + info->text_encoder_device + ")" : "")
-              << (info->vae_device != info->device ? " (vae " + info->vae_device + ")" : "") << ", unet "
-              << info->unet_dtype << ", vae " << info->vae_dtype
-              << ", attention " << info->attention << ", scheduler "
+              << (info->text_encoder_device != info->device
+                      ? " (text encoder " + info->text_encoder_device + ")"
+                      : "")
+              << (info->vae_device != info->device ? " (vae " + info->vae_device + ")" : "")
+              << ", unet " << info->unet_dtype << ", vae " << info->vae_dtype << ", attention "
+              << info->attention << (info->offload ? ", offload" : "") << ", scheduler "
               << (g.scheduler.empty() ? info->scheduler : g.scheduler) << " (loaded in "
               << format_seconds(info->load_s) << ")\n";
 
@@ -211,8 +245,10 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   uint64_t base_seed = g.seed.value_or(0);
   for (int b = 0; b < f.batch_count; ++b) {
     GenerationConfig run = g;
-    if (g.seed) run.seed = base_seed + static_cast<uint64_t>(b);
-    else if (b > 0) run.seed = results[0].seed + static_cast<uint64_t>(b);
+    if (g.seed)
+      run.seed = base_seed + static_cast<uint64_t>(b);
+    else if (b > 0)
+      run.seed = results[0].seed + static_cast<uint64_t>(b);
     auto cb = [&progress](const StepEvent& e) { return progress(e); };
     results.push_back(img2img ? i2i->generate(run, init, cb) : t2i->generate(run, cb));
     progress.finish();
@@ -227,20 +263,25 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   for (const auto& r : results) {
     for (size_t i = 0; i < r.images.size(); ++i, ++index) {
       size_t prompt_index = i / static_cast<size_t>(g.images_per_prompt);
-      std::string neg = g.negative_prompts.empty() ? ""
+      std::string neg = g.negative_prompts.empty()       ? ""
                         : g.negative_prompts.size() == 1 ? g.negative_prompts[0]
                                                          : g.negative_prompts[prompt_index];
       std::string path = output_path(f.out, index, total);
-      nlohmann::json meta = {{"prompt", g.prompts[prompt_index]}, {"negative_prompt", neg},
-                             {"seed", r.seed}, {"steps", g.steps},
+      nlohmann::json meta = {{"prompt", g.prompts[prompt_index]},
+                             {"negative_prompt", neg},
+                             {"seed", r.seed},
+                             {"steps", g.steps},
                              {"scheduler", g.scheduler.empty() ? info->scheduler : g.scheduler},
-                             {"cfg_scale", g.guidance_scale}, {"width", r.images[i].width},
-                             {"height", r.images[i].height}, {"model", f.model}, {"device", info->device},
+                             {"cfg_scale", g.guidance_scale},
+                             {"width", r.images[i].width},
+                             {"height", r.images[i].height},
+                             {"model", f.model},
+                             {"device", info->device},
                              {"dtype", info->unet_dtype}};
       if (img2img) meta["strength"] = g.strength;
       write_png(path, r.images[i],
-                {{"parameters", parameters_text(f, g, *info, g.prompts[prompt_index], neg, r.seed, r.images[i].width,
-                                                r.images[i].height)},
+                {{"parameters", parameters_text(f, g, *info, g.prompts[prompt_index], neg, r.seed,
+                                                r.images[i].width, r.images[i].height)},
                  {"diffuse", meta.dump()}});
       files.push_back(path);
       if (!f.json) std::cout << path << "\n";
@@ -257,20 +298,30 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     total_s += r.timings.total_s;
   }
   if (f.json) {
-    nlohmann::json j = {{"files", files}, {"seed", results[0].seed}, {"device", info->device},
-                        {"dtype", info->unet_dtype}, {"vae_dtype", info->vae_dtype}, {"attention", info->attention},
-                        {"load_s", info->load_s}, {"text_encode_s", text}, {"vae_encode_s", encode},
-                        {"denoise_s", denoise}, {"step_s", steps > 0 ? denoise / steps : 0.0},
-                        {"vae_decode_s", decode}, {"total_s", total_s},
+    nlohmann::json j = {{"files", files},
+                        {"seed", results[0].seed},
+                        {"device", info->device},
+                        {"dtype", info->unet_dtype},
+                        {"vae_dtype", info->vae_dtype},
+                        {"attention", info->attention},
+                        {"load_s", info->load_s},
+                        {"text_encode_s", text},
+                        {"vae_encode_s", encode},
+                        {"denoise_s", denoise},
+                        {"step_s", steps > 0 ? denoise / steps : 0.0},
+                        {"vae_decode_s", decode},
+                        {"total_s", total_s},
                         {"peak_rss_mb", static_cast<double>(t.peak_rss_bytes) / (1024.0 * 1024.0)},
                         {"memory", memory_json(t.memory)}};
     std::cout << j.dump(2) << "\n";
   } else if (!f.quiet) {
-    std::cerr << "timings: load " << format_seconds(info->load_s) << ", text encode " << format_seconds(text);
+    std::cerr << "timings: load " << format_seconds(info->load_s) << ", text encode "
+              << format_seconds(text);
     if (img2img) std::cerr << ", vae encode " << format_seconds(encode);
-    std::cerr << ", denoise " << format_seconds(denoise) << " (" << format_seconds(steps > 0 ? denoise / steps : 0)
-              << "/step), vae decode " << format_seconds(decode) << ", total " << format_seconds(total_s)
-              << "; peak memory " << format_bytes(t.peak_rss_bytes) << " (seed " << results[0].seed << ")\n";
+    std::cerr << ", denoise " << format_seconds(denoise) << " ("
+              << format_seconds(steps > 0 ? denoise / steps : 0) << "/step), vae decode "
+              << format_seconds(decode) << ", total " << format_seconds(total_s) << "; peak memory "
+              << format_bytes(t.peak_rss_bytes) << " (seed " << results[0].seed << ")\n";
     std::cerr << "memory: " << memory_text(t.memory) << "\n";
   }
   return 0;

@@ -70,14 +70,16 @@ TEST(Cli, GoldenTxt2ImgCasesThroughTheCli) {
     if (!t.has("latents") || !t.has("image")) continue;
     const auto& p = c.params;
     test::TempDir dir;
-    std::vector<std::string> args = {"txt2img", "--device", "cpu", "--dtype", "fp32", "--vae-dtype", "fp32",
-                                     "--latents", c.file, "--quiet"};
-    for (const auto& s : verify::string_list(p.value("prompt", nlohmann::json()))) args.insert(args.end(), {"--prompt", s});
+    std::vector<std::string> args = {"txt2img",     "--device", "cpu",       "--dtype", "fp32",
+                                     "--vae-dtype", "fp32",     "--latents", c.file,    "--quiet"};
+    for (const auto& s : verify::string_list(p.value("prompt", nlohmann::json())))
+      args.insert(args.end(), {"--prompt", s});
     for (const auto& s : verify::string_list(p.value("negative_prompt", nlohmann::json())))
       args.insert(args.end(), {"--negative-prompt", s});
-    args.insert(args.end(), {"--steps", std::to_string(p.value("num_inference_steps", 50)), "--cfg-scale",
-                             std::to_string(p.value("guidance_scale", 7.5)), "--width",
-                             std::to_string(p.value("width", 0)), "--height", std::to_string(p.value("height", 0))});
+    args.insert(args.end(), {"--steps", std::to_string(p.value("num_inference_steps", 50)),
+                             "--cfg-scale", std::to_string(p.value("guidance_scale", 7.5)),
+                             "--width", std::to_string(p.value("width", 0)), "--height",
+                             std::to_string(p.value("height", 0))});
     if (p.contains("scheduler")) {
       io::JsonConfig sc(p["scheduler"], c.name + " scheduler");
       auto flag = scheduler_flag_for(sc.get<std::string>("_class_name", ""), sc);
@@ -85,9 +87,12 @@ TEST(Cli, GoldenTxt2ImgCasesThroughTheCli) {
       args.insert(args.end(), {"--scheduler", flag});
     }
     auto expected = t.get("image");  // [N, H, W, 3] in [0, 1]
-    std::vector<std::pair<std::string, std::vector<std::string>>> sources = {{"folder", {"--model", set.model_dir()}}};
+    std::vector<std::pair<std::string, std::vector<std::string>>> sources = {
+        {"folder", {"--model", set.model_dir()}}};
     if (!set.single_file_checkpoint().empty())
-      sources.push_back({"single-file", {"--model", set.single_file_checkpoint(), "--config", set.model_dir()}});
+      sources.push_back(
+          {"single-file-offload",
+           {"--model", set.single_file_checkpoint(), "--config", set.model_dir(), "--offload"}});
     for (const auto& [label, model_args] : sources) {
       auto a = args;
       a.insert(a.end(), model_args.begin(), model_args.end());
@@ -95,15 +100,21 @@ TEST(Cli, GoldenTxt2ImgCasesThroughTheCli) {
       auto r = run_cli(a, dir);
       ASSERT_EQ(r.exit_code, 0) << c.name << " " << label << ": " << r.err;
       for (int64_t i = 0; i < expected.size(0); ++i) {
-        std::string path = expected.size(0) > 1 ? dir.file(label + "-" + std::to_string(i) + ".png") : dir.file(label + ".png");
+        std::string path = expected.size(0) > 1 ? dir.file(label + "-" + std::to_string(i) + ".png")
+                                                : dir.file(label + ".png");
         auto img = read_png(path);
         ASSERT_EQ(img.height, expected.size(1));
         ASSERT_EQ(img.width, expected.size(2));
-        auto got = torch::from_blob(img.rgb.data(), {img.height, img.width, 3}, torch::kUInt8).to(torch::kFloat64) / 255.0;
+        auto got = torch::from_blob(img.rgb.data(), {img.height, img.width, 3}, torch::kUInt8)
+                       .to(torch::kFloat64) /
+                   255.0;
         double err = (got - expected[i].to(torch::kFloat64)).abs().max().item<double>();
-        EXPECT_LE(err, 0.5 / 255.0 + c.tol("atol", 1e-4) + 1e-9) << c.name << " " << label << " image " << i;
+        EXPECT_LE(err, 0.5 / 255.0 + c.tol("atol", 1e-4) + 1e-9)
+            << c.name << " " << label << " image " << i;
         auto text = read_png_text(path);
-        EXPECT_NE(text.at("parameters").find(verify::string_list(p["prompt"])[static_cast<size_t>(i)]), std::string::npos);
+        EXPECT_NE(
+            text.at("parameters").find(verify::string_list(p["prompt"])[static_cast<size_t>(i)]),
+            std::string::npos);
         auto meta = nlohmann::json::parse(text.at("diffuse"));
         EXPECT_EQ(meta["steps"], p.value("num_inference_steps", 50));
       }
@@ -116,8 +127,9 @@ TEST(Cli, GoldenTxt2ImgCasesThroughTheCli) {
 TEST(Cli, SeedMakesRunsRepeatableAndIsRecorded) {
   test::TempDir dir;
   auto set = verify::GoldenSet::load(test::golden_dir());
-  std::vector<std::string> base = {"txt2img", "-m", set.model_dir(), "-p", "a fox", "--steps", "2", "-W", "64",
-                                   "-H", "64", "--seed", "7", "--quiet", "--json"};
+  std::vector<std::string> base = {
+      "txt2img", "-m", set.model_dir(), "-p", "a fox",   "--steps", "2", "-W", "64",
+      "-H",      "64", "--seed",        "7",  "--quiet", "--json"};
   auto a = base;
   a.insert(a.end(), {"-o", dir.file("a.png")});
   auto b = base;
@@ -129,7 +141,8 @@ TEST(Cli, SeedMakesRunsRepeatableAndIsRecorded) {
   auto summary = nlohmann::json::parse(rb.out);
   ASSERT_EQ(summary["files"].size(), 2u);
   EXPECT_EQ(summary["seed"], 7);
-  for (const char* key : {"device", "dtype", "load_s", "text_encode_s", "denoise_s", "vae_decode_s", "peak_rss_mb"})
+  for (const char* key :
+       {"device", "dtype", "load_s", "text_encode_s", "denoise_s", "vae_decode_s", "peak_rss_mb"})
     EXPECT_TRUE(summary.contains(key)) << key;
   // --batch-count 2 runs seeds 7 and 8: the first equals the single run with seed 7.
   EXPECT_EQ(read_png(dir.file("a.png")).rgb, read_png(dir.file("b-0.png")).rgb);
@@ -146,14 +159,16 @@ TEST(Cli, Img2ImgFromAPng) {
   init.rgb.resize(64 * 48 * 3);
   for (size_t i = 0; i < init.rgb.size(); ++i) init.rgb[i] = static_cast<uint8_t>(i % 251);
   write_png(dir.file("in.png"), init);
-  auto r = run_cli({"img2img", "-m", set.model_dir(), "-p", "a fox", "-i", dir.file("in.png"), "--strength", "0.5",
-                    "--steps", "4", "--seed", "1", "--quiet", "-o", dir.file("out.png")},
-                   dir);
+  auto r = run_cli(
+      {"img2img", "-m", set.model_dir(), "-p", "a fox", "-i", dir.file("in.png"), "--strength",
+       "0.5", "--steps", "4", "--seed", "1", "--quiet", "-o", dir.file("out.png")},
+      dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto out = read_png(dir.file("out.png"));
   EXPECT_EQ(out.width, 64);
   EXPECT_EQ(out.height, 48);
-  EXPECT_NE(read_png_text(dir.file("out.png")).at("parameters").find("Denoising strength: 0.5"), std::string::npos);
+  EXPECT_NE(read_png_text(dir.file("out.png")).at("parameters").find("Denoising strength: 0.5"),
+            std::string::npos);
 }
 
 // Bad input: exit code non-zero, one line on stderr saying what is wrong, no output file.
@@ -176,16 +191,21 @@ TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
       {{"txt2img", "-m", model, "-p", "x", "--scheduler", "warp"}, "unknown scheduler 'warp'"},
       {{"txt2img", "-m", model, "-p", "x", "--device", "tpu"}, "unknown device 'tpu'"},
       {{"txt2img", "-m", model, "-p", "x", "--dtype", "int4"}, "unknown dtype"},
-      {{"txt2img", "-m", model, "-p", "x", "--latents", dir.file("none.safetensors")}, "cannot open"},
+      {{"txt2img", "-m", model, "-p", "x", "--latents", dir.file("none.safetensors")},
+       "cannot open"},
       {{"img2img", "-m", model, "-p", "x", "-i", dir.file("notpng.png")}, "not a PNG"},
       {{"img2img", "-m", model, "-p", "x", "-i", dir.file("missing.png")}, "cannot open image"},
-      {{"img2img", "-m", model, "-p", "x", "-i", dir.file("notpng.png"), "--strength", "1.5"}, "strength"},
-      {{"txt2img", "-m", model, "-p", "x", "-o", dir.file("no/such/dir/out.png")}, "does not exist"},
+      {{"img2img", "-m", model, "-p", "x", "-i", dir.file("notpng.png"), "--strength", "1.5"},
+       "strength"},
+      {{"txt2img", "-m", model, "-p", "x", "-o", dir.file("no/such/dir/out.png")},
+       "does not exist"},
       {{"verify", "--golden", dir.file("nothing")}, "cases.json"},
+      {{"create-demo-model", "--arch", "sd9", "--out", dir.file("model")}, "sd2.1-base"},
   };
   for (const auto& c : cases) {
     auto args = c.args;
-    if (std::find(args.begin(), args.end(), "-o") == args.end() && args[0] != "verify")
+    if (std::find(args.begin(), args.end(), "-o") == args.end() && args[0] != "verify" &&
+        args[0] != "create-demo-model")
       args.insert(args.end(), {"-o", dir.file("out.png")});
     auto r = run_cli(args, dir);
     EXPECT_NE(r.exit_code, 0) << c.needle;
@@ -203,17 +223,19 @@ TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
 TEST(Cli, VerifyJsonReportsEveryCase) {
   test::TempDir dir;
   auto set = verify::GoldenSet::load(test::golden_dir());
-  auto r = run_cli({"verify", "--golden", test::golden_dir(), "--component", "tokenizer", "--component",
-                    "scheduler", "--json"},
+  auto r = run_cli({"verify", "--golden", test::golden_dir(), "--component", "tokenizer",
+                    "--component", "scheduler", "--json"},
                    dir);
   auto j = nlohmann::json::parse(r.out);
   int expected = 0;
-  for (const auto& c : set.cases) expected += c.component == "tokenizer" || c.component == "scheduler";
+  for (const auto& c : set.cases)
+    expected += c.component == "tokenizer" || c.component == "scheduler";
   EXPECT_EQ(static_cast<int>(j["cases"].size()), expected);
   EXPECT_EQ(j["passed"].get<int>() + j["failed"].get<int>(), expected);
   EXPECT_EQ(r.exit_code, j["failed"].get<int>() == 0 ? 0 : 1);
   for (const auto& c : j["cases"])
-    for (const char* k : {"name", "component", "passed", "max_abs_err", "reason"}) EXPECT_TRUE(c.contains(k)) << k;
+    for (const char* k : {"name", "component", "passed", "max_abs_err", "reason"})
+      EXPECT_TRUE(c.contains(k)) << k;
 }
 
 }  // namespace

@@ -91,7 +91,8 @@ TEST(Pipeline, CallbackSeesEveryStepAndCanCancel) {
   EXPECT_EQ(steps.size(), r.timings.step_s.size());
   EXPECT_EQ(steps.front(), 0);
   int calls = 0;
-  EXPECT_THROW(pipe.generate(small_config(3), [&](const StepEvent&) { return ++calls < 2; }), Cancelled);
+  EXPECT_THROW(pipe.generate(small_config(3), [&](const StepEvent&) { return ++calls < 2; }),
+               Cancelled);
   EXPECT_EQ(calls, 2);
 }
 
@@ -115,6 +116,30 @@ TEST(Pipeline, Image2ImageKeepsSizeAndUsesStrength) {
   EXPECT_EQ(r.images[0].width, 72);
   EXPECT_EQ(r.images[0].height, 64);
   EXPECT_EQ(steps.size(), 2u);  // strength 0.5 of 4 steps
+}
+
+TEST(Pipeline, OffloadGivesBitIdenticalImagesAcrossRepeatedRuns) {
+  auto offload = fp32_cpu();
+  offload.offload = true;
+  auto resident = Text2Image::load(test::golden_model_dir(), fp32_cpu());
+  auto lazy = Text2Image::load(test::golden_model_dir(), offload);
+  EXPECT_TRUE(lazy.info().offload);
+  EXPECT_FALSE(resident.info().offload);
+  EXPECT_EQ(lazy.info().default_width, resident.info().default_width);
+  auto g = small_config(2);
+  auto expected = resident.generate(g);
+  for (int run = 0; run < 2; ++run) {  // the second run reloads every network
+    auto got = lazy.generate(g);
+    EXPECT_TRUE(got.images_float.equal(expected.images_float)) << "run " << run;
+  }
+  // img2img loads the VAE twice per run (encode, then decode).
+  Image init;
+  init.width = init.height = 64;
+  init.rgb.assign(64 * 64 * 3, 90);
+  g.strength = 0.5;
+  auto i2i_expected = Image2Image::load(test::golden_model_dir(), fp32_cpu()).generate(g, init);
+  auto i2i_got = Image2Image::load(test::golden_model_dir(), offload).generate(g, init);
+  EXPECT_TRUE(i2i_got.images_float.equal(i2i_expected.images_float));
 }
 
 TEST(Pipeline, BadParametersAreRejectedBeforeAnyWork) {

@@ -81,10 +81,28 @@ TEST(Safetensors, AlignedTensorsAreZeroCopyAndOutliveTheFileObject) {
   EXPECT_TRUE(torch::equal(again, t));
 }
 
+TEST(Safetensors, ReleasingMappedPagesKeepsTheValues) {
+  test::TempDir dir;
+  auto t = torch::randn({512, 1024});  // 2 MiB: whole pages to give back
+  auto small = torch::arange(8, torch::kFloat32);
+  io::save_safetensors(dir.file("w.safetensors"), {{"small", small}, {"w", t}});
+  auto f = io::SafetensorsFile::open(dir.file("w.safetensors"));
+  auto w = f->get("w");
+  EXPECT_TRUE(torch::equal(w, t));  // pages faulted in
+  const size_t released = io::release_mapped_pages(w);
+  EXPECT_GT(released, t.nbytes() - 2 * 4096);  // all but the partial pages at either end
+  EXPECT_LE(released, t.nbytes());
+  EXPECT_TRUE(torch::equal(w, t));                    // read back from the file
+  EXPECT_TRUE(torch::equal(f->get("small"), small));  // the neighbour's shared page is kept
+  EXPECT_EQ(io::release_mapped_pages(t), 0u);         // not a mapping: untouched
+  EXPECT_EQ(io::release_mapped_pages(torch::Tensor()), 0u);
+}
+
 TEST(Safetensors, MisalignedDataIsCopied) {
   test::TempDir dir;
   // A 1-byte tensor first pushes the f32 tensor to an odd offset.
-  std::string header = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"F32","shape":[1],"data_offsets":[1,5]}})";
+  std::string header =
+      R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"F32","shape":[1],"data_offsets":[1,5]}})";
   while ((header.size() + 8) % 8) header += ' ';
   float v = 2.5f;
   std::string data(1, '\7');
@@ -112,13 +130,17 @@ TEST(Safetensors, RejectsBadFilesWithClearErrors) {
   expect_format_error(p, "unknown dtype 'F8_E4M3'");
   write_raw(p, with_header(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "abcd"));
   expect_format_error(p, "beyond the data section");
-  write_raw(p, with_header(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "abcdefgh"));
+  write_raw(p,
+            with_header(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "abcdefgh"));
   expect_format_error(p, "need 12 bytes");
-  write_raw(p, with_header(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", "abcdefgh"));
+  write_raw(p,
+            with_header(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", "abcdefgh"));
   expect_format_error(p, "reversed");
-  write_raw(p, with_header(
-      R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})",
-      "abcdefgh"));
+  write_raw(
+      p,
+      with_header(
+          R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})",
+          "abcdefgh"));
   expect_format_error(p, "overlapping");
   write_raw(p, with_header(R"({"x":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "abcd"));
   expect_format_error(p, "non-negative");
@@ -126,7 +148,10 @@ TEST(Safetensors, RejectsBadFilesWithClearErrors) {
   expect_format_error(p, "shape");
   write_raw(p, with_header(R"({"__metadata__":{"a":1}})", ""));
   expect_format_error(p, "__metadata__");
-  write_raw(p, with_header(R"({"x":{"dtype":"U8","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})", "abcd"));
+  write_raw(
+      p,
+      with_header(R"({"x":{"dtype":"U8","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})",
+                  "abcd"));
   expect_format_error(p, "tensor 'x'");
 }
 
@@ -151,8 +176,10 @@ TEST(Safetensors, WriterIsAtomicAndLeavesNoTempFiles) {
   int files = 0;
   for (auto& e : std::filesystem::directory_iterator(dir.path())) (void)e, ++files;
   EXPECT_EQ(files, 1);
-  EXPECT_TRUE(torch::equal(io::SafetensorsFile::open(dir.file("a.safetensors"))->get("x"), torch::ones({2})));
-  EXPECT_THROW(io::save_safetensors("/nonexistent-dir/a.safetensors", {{"x", torch::ones({1})}}), IoError);
+  EXPECT_TRUE(torch::equal(io::SafetensorsFile::open(dir.file("a.safetensors"))->get("x"),
+                           torch::ones({2})));
+  EXPECT_THROW(io::save_safetensors("/nonexistent-dir/a.safetensors", {{"x", torch::ones({1})}}),
+               IoError);
 }
 
 // Thousands of random mutations of a valid file: every one must either load or throw one of
@@ -160,8 +187,11 @@ TEST(Safetensors, WriterIsAtomicAndLeavesNoTempFiles) {
 TEST(Safetensors, FuzzedMutationsNeverCrash) {
   test::TempDir dir;
   auto good = dir.file("good.safetensors");
-  io::save_safetensors(good, {{"a", torch::randn({3, 4})}, {"b", torch::arange(5)},
-                              {"c", torch::ones({2}, torch::kBFloat16)}}, {{"k", "v"}});
+  io::save_safetensors(good,
+                       {{"a", torch::randn({3, 4})},
+                        {"b", torch::arange(5)},
+                        {"c", torch::ones({2}, torch::kBFloat16)}},
+                       {{"k", "v"}});
   std::ifstream in(good, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::mt19937 rng(1234);
@@ -174,10 +204,10 @@ TEST(Safetensors, FuzzedMutationsNeverCrash) {
     for (int e = 0; e < edits; ++e) {
       if (m.empty()) break;
       size_t pos = rng() % m.size();
-      if (kind == 0) m[pos] = static_cast<char>(rng());                      // byte flip
-      if (kind == 1) m.resize(pos);                                          // truncation
-      if (kind == 2 && pos < 8) m[pos] = static_cast<char>(rng());           // header length
-      if (kind == 3) m.insert(pos, 1, "{}[],:\"0123456789"[rng() % 17]);     // JSON junk
+      if (kind == 0) m[pos] = static_cast<char>(rng());                   // byte flip
+      if (kind == 1) m.resize(pos);                                       // truncation
+      if (kind == 2 && pos < 8) m[pos] = static_cast<char>(rng());        // header length
+      if (kind == 3) m.insert(pos, 1, "{}[],:\"0123456789"[rng() % 17]);  // JSON junk
     }
     write_raw(p, m);
     try {

@@ -108,7 +108,7 @@ std::vector<AttentionBenchRow> run_attention_bench(const std::vector<AttentionCa
             snprintf(buf, sizeof buf, "%s %s %s: skipped (%s)", c.name.c_str(), row.dtype.c_str(),
                      row.backend.c_str(), row.note.c_str());
           else
-            snprintf(buf, sizeof buf, "%s %s %s: %.4f s, %.1f GFLOP/s, +%.0f MB", c.name.c_str(),
+            snprintf(buf, sizeof buf, "%s %s %s: %.4f s, %.1f GFLOP/s, +%.0f MiB", c.name.c_str(),
                      row.dtype.c_str(), row.backend.c_str(), row.seconds, row.gflops,
                      row.peak_extra_mb);
           o.log(buf);

@@ -49,7 +49,8 @@ struct PipelineBenchResult {
   double text_encoder_s = 0;  // one forward of `batch` prompts (77 tokens)
   UNetRun unet;
   double vae_decode_s = 0;  // one image
-  double peak_rss_mb = 0;   // process peak while models were built and run (before baseline)
+  // Memory in MiB (2^20 bytes); the JSON keys keep the "_mb" names.
+  double peak_rss_mb = 0;  // process peak while models were built and run (before baseline)
   // Peak RSS during each stage (where the system lets the peak mark be reset; else 0):
   double build_peak_mb = 0, text_encoder_peak_mb = 0, unet_peak_mb = 0, vae_peak_mb = 0;
   double models_rss_mb = 0;  // RSS with the three networks built, before running them

@@ -5,11 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <torch/torch.h>
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
 
 #include "diffuse/errors.h"
 #include "io/atomic_file.h"
@@ -26,9 +28,9 @@ struct DtypeEntry {
   size_t size;
 };
 const DtypeEntry kDtypes[] = {
-    {"F64", torch::kFloat64, 8}, {"F32", torch::kFloat32, 4}, {"F16", torch::kFloat16, 2},
-    {"BF16", torch::kBFloat16, 2}, {"I64", torch::kInt64, 8}, {"I32", torch::kInt32, 4},
-    {"I16", torch::kInt16, 2},   {"I8", torch::kInt8, 1},     {"U8", torch::kUInt8, 1},
+    {"F64", torch::kFloat64, 8},   {"F32", torch::kFloat32, 4}, {"F16", torch::kFloat16, 2},
+    {"BF16", torch::kBFloat16, 2}, {"I64", torch::kInt64, 8},   {"I32", torch::kInt32, 4},
+    {"I16", torch::kInt16, 2},     {"I8", torch::kInt8, 1},     {"U8", torch::kUInt8, 1},
     {"BOOL", torch::kBool, 1},
 };
 
@@ -60,7 +62,8 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) {
 
 torch::Dtype safetensors_dtype(const std::string& name) {
   const DtypeEntry* e = find_dtype(name);
-  if (!e) throw FormatError("unknown safetensors dtype '" + name + "' (known: " + known_dtypes() + ")");
+  if (!e)
+    throw FormatError("unknown safetensors dtype '" + name + "' (known: " + known_dtypes() + ")");
   return e->dtype;
 }
 
@@ -71,13 +74,47 @@ std::string safetensors_dtype_name(torch::Dtype dtype) {
                         c10::toString(c10::ScalarType(dtype)));
 }
 
+namespace {
+
+// Live mappings by start address, so release_mapped_pages only ever touches our own.
+std::mutex g_mappings_mutex;
+std::map<uintptr_t, size_t> g_mappings;
+
+}  // namespace
+
 struct SafetensorsFile::Mapping {
   void* addr = nullptr;
   size_t size = 0;
+  void track() {
+    std::lock_guard<std::mutex> lock(g_mappings_mutex);
+    g_mappings[reinterpret_cast<uintptr_t>(addr)] = size;
+  }
   ~Mapping() {
-    if (addr && addr != MAP_FAILED) ::munmap(addr, size);
+    if (!addr || addr == MAP_FAILED) return;
+    {
+      std::lock_guard<std::mutex> lock(g_mappings_mutex);
+      g_mappings.erase(reinterpret_cast<uintptr_t>(addr));
+    }
+    ::munmap(addr, size);
   }
 };
+
+size_t release_mapped_pages(const torch::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous() || t.nbytes() == 0) return 0;
+  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const uintptr_t end = begin + t.nbytes();
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // Whole pages only: the pages at either end may hold the neighbouring tensors' bytes.
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last <= first) return 0;
+  std::lock_guard<std::mutex> lock(g_mappings_mutex);
+  auto it = g_mappings.upper_bound(begin);
+  if (it == g_mappings.begin()) return 0;
+  --it;
+  if (end > it->first + it->second) return 0;  // not (entirely) inside one of our mappings
+  if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return 0;
+  return last - first;
+}
 
 void parse_safetensors_header(const std::string& header_json, uint64_t data_size,
                               const std::string& where, std::vector<TensorInfo>* infos,
@@ -115,13 +152,16 @@ void parse_safetensors_header(const std::string& header_json, uint64_t data_size
     info.name = name;
     info.dtype = entry["dtype"].get<std::string>();
     const DtypeEntry* dt = find_dtype(info.dtype);
-    if (!dt) throw FormatError(ctx + ": unknown dtype '" + info.dtype + "' (known: " + known_dtypes() + ")");
+    if (!dt)
+      throw FormatError(ctx + ": unknown dtype '" + info.dtype + "' (known: " + known_dtypes() +
+                        ")");
     uint64_t numel = 1;
     for (const auto& d : entry["shape"]) {
       if (!d.is_number_unsigned())
         throw FormatError(ctx + ": shape entries must be non-negative integers");
       uint64_t v = d.get<uint64_t>();
-      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) || mul_overflows(numel, v, &numel))
+      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          mul_overflows(numel, v, &numel))
         throw FormatError(ctx + ": shape is too large");
       info.shape.push_back(static_cast<int64_t>(v));
     }
@@ -184,13 +224,16 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     mapping->addr = nullptr;
     throw IoError("cannot mmap '" + path + "': " + std::strerror(errno));
   }
+  mapping->track();
   const uint8_t* base = static_cast<const uint8_t*>(mapping->addr);
   uint64_t header_size = read_u64_le(base);
   if (header_size > size - 8)
     throw FormatError(path + ": header length " + std::to_string(header_size) +
-                      " is larger than the file (" + std::to_string(size) + " bytes): truncated or not a safetensors file");
+                      " is larger than the file (" + std::to_string(size) +
+                      " bytes): truncated or not a safetensors file");
   if (header_size > kMaxHeaderSize)
-    throw FormatError(path + ": header length " + std::to_string(header_size) + " exceeds the 100 MiB limit");
+    throw FormatError(path + ": header length " + std::to_string(header_size) +
+                      " exceeds the 100 MiB limit");
   std::string header(reinterpret_cast<const char*>(base + 8), header_size);
   std::vector<TensorInfo> infos;
   parse_safetensors_header(header, size - 8 - header_size, path, &infos, &file->metadata_);
@@ -222,11 +265,14 @@ torch::Tensor SafetensorsFile::get(const std::string& name) const {
   if (dt->dtype == torch::kBool) {
     // Any byte other than 0/1 is not a valid bool and is undefined behaviour once read as one.
     for (uint64_t i = 0; i < nbytes; ++i)
-      if (ptr[i] > 1) throw FormatError(path_ + ": tensor '" + name + "' has a BOOL byte that is neither 0 nor 1");
+      if (ptr[i] > 1)
+        throw FormatError(path_ + ": tensor '" + name +
+                          "' has a BOOL byte that is neither 0 nor 1");
   }
   if (reinterpret_cast<uintptr_t>(ptr) % dt->size == 0) {
     auto keep = mapping_;
-    return torch::from_blob(ptr, ti.shape, [keep](void*) mutable { keep.reset(); }, options);
+    return torch::from_blob(
+        ptr, ti.shape, [keep](void*) mutable { keep.reset(); }, options);
   }
   // Misaligned data (legal in the format): copy out instead of handing torch a bad pointer.
   auto t = torch::empty(ti.shape, options);

@@ -62,6 +62,13 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// For a tensor returned by SafetensorsFile::get that viewed the mapped file: gives the
+// whole pages of its bytes back to the OS (they leave the process's RSS; a later read faults
+// them in again from the file, so values written through such a tensor are lost). Loading
+// calls it after copying each weight, so a model converted to another dtype does not hold
+// its file's pages as well. Returns the bytes released (0 for any other tensor).
+size_t release_mapped_pages(const torch::Tensor& t);
+
 // Parses and validates a header against a data section of `data_size` bytes. Exposed for
 // tests; `where` names the source in error messages.
 void parse_safetensors_header(const std::string& header_json, uint64_t data_size,

@@ -5,9 +5,11 @@
 #include <sstream>
 
 #include "diffuse/errors.h"
+#include "io/safetensors.h"
 
 namespace diffuse::nn {
-LoadReport load_state_dict(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& weights,
+LoadReport load_state_dict(torch::nn::Module& module,
+                           const std::map<std::string, torch::Tensor>& weights,
                            const std::string& source, const std::set<std::string>& ignored) {
   torch::NoGradGuard no_grad;
   std::set<std::string> used;
@@ -20,17 +22,20 @@ LoadReport load_state_dict(torch::nn::Module& module, const std::map<std::string
     }
     auto& param = item.value();
     if (param.sizes() != it->second.sizes())
-      throw FormatError(source + ": tensor '" + item.key() + "' has shape " + c10::str(it->second.sizes()) +
-                        ", the model expects " + c10::str(param.sizes()));
+      throw FormatError(source + ": tensor '" + item.key() + "' has shape " +
+                        c10::str(it->second.sizes()) + ", the model expects " +
+                        c10::str(param.sizes()));
     param.copy_(it->second);
+    io::release_mapped_pages(it->second);  // the file's pages, now copied, leave the RSS
     used.insert(item.key());
   }
   for (auto& item : module.named_buffers(/*recurse=*/true)) {
     auto it = weights.find(item.key());
     if (it == weights.end()) continue;
     if (item.value().sizes() != it->second.sizes())
-      throw FormatError(source + ": buffer '" + item.key() + "' has shape " + c10::str(it->second.sizes()) +
-                        ", the model expects " + c10::str(item.value().sizes()));
+      throw FormatError(source + ": buffer '" + item.key() + "' has shape " +
+                        c10::str(it->second.sizes()) + ", the model expects " +
+                        c10::str(item.value().sizes()));
     item.value().copy_(it->second);
     used.insert(item.key());
   }

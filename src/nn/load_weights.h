@@ -15,8 +15,10 @@ struct LoadReport {
 // Every parameter of `module` must be present with the right shape (FormatError naming
 // `source`, the key and both shapes otherwise). Buffers are loaded when present. Keys that the
 // module does not know are returned in the report, except those in `ignored` (e.g.
-// text_model.embeddings.position_ids). Values are converted to the parameter's dtype/device.
-LoadReport load_state_dict(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& weights,
+// text_model.embeddings.position_ids). Values are converted to the parameter's dtype/device;
+// the pages of weights that view a mapped safetensors file are released once copied.
+LoadReport load_state_dict(torch::nn::Module& module,
+                           const std::map<std::string, torch::Tensor>& weights,
                            const std::string& source, const std::set<std::string>& ignored = {});
 
 }  // namespace diffuse::nn

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "bench/arch_configs.h"
 #include "diffuse/errors.h"
 #include "io/atomic_file.h"
 #include "io/json_config.h"
@@ -12,6 +13,7 @@
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
 #include "models/unet2d_condition.h"
+#include "nn/layers.h"
 #include "nn/random_init.h"
 #include "text/bpe_trainer.h"
 
@@ -58,11 +60,20 @@ const char* const kCorpus[] = {
 };
 
 ordered_json text_encoder_config(int64_t vocab_size, int64_t bos, int64_t eos) {
-  return {{"architectures", {"CLIPTextModel"}}, {"model_type", "clip_text_model"},
-          {"hidden_act", "gelu"}, {"hidden_size", 64}, {"intermediate_size", 128},
-          {"num_attention_heads", 4}, {"num_hidden_layers", 2}, {"layer_norm_eps", 1e-5},
-          {"max_position_embeddings", 77}, {"vocab_size", vocab_size}, {"bos_token_id", bos},
-          {"eos_token_id", eos}, {"pad_token_id", eos}, {"projection_dim", 64},
+  return {{"architectures", {"CLIPTextModel"}},
+          {"model_type", "clip_text_model"},
+          {"hidden_act", "gelu"},
+          {"hidden_size", 64},
+          {"intermediate_size", 128},
+          {"num_attention_heads", 4},
+          {"num_hidden_layers", 2},
+          {"layer_norm_eps", 1e-5},
+          {"max_position_embeddings", 77},
+          {"vocab_size", vocab_size},
+          {"bos_token_id", bos},
+          {"eos_token_id", eos},
+          {"pad_token_id", eos},
+          {"projection_dim", 64},
           {"torch_dtype", "float32"}};
 }
 
@@ -90,25 +101,35 @@ ordered_json unet_config() {
 }
 
 ordered_json vae_config() {
-  return {{"_class_name", "AutoencoderKL"},
-          {"act_fn", "silu"},
-          {"block_out_channels", {32, 64, 64, 64}},
-          {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"}},
-          {"in_channels", 3},
-          {"latent_channels", 4},
-          {"layers_per_block", 1},
-          {"norm_num_groups", 8},
-          {"out_channels", 3},
-          {"sample_size", 256},
-          {"scaling_factor", 0.18215},
-          {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"}}};
+  return {
+      {"_class_name", "AutoencoderKL"},
+      {"act_fn", "silu"},
+      {"block_out_channels", {32, 64, 64, 64}},
+      {"down_block_types",
+       {"DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"}},
+      {"in_channels", 3},
+      {"latent_channels", 4},
+      {"layers_per_block", 1},
+      {"norm_num_groups", 8},
+      {"out_channels", 3},
+      {"sample_size", 256},
+      {"scaling_factor", 0.18215},
+      {"up_block_types",
+       {"UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"}}};
 }
 
 ordered_json scheduler_config() {
-  return {{"_class_name", "PNDMScheduler"}, {"beta_end", 0.012}, {"beta_schedule", "scaled_linear"},
-          {"beta_start", 0.00085}, {"clip_sample", false}, {"num_train_timesteps", 1000},
-          {"prediction_type", "epsilon"}, {"set_alpha_to_one", false}, {"skip_prk_steps", true},
-          {"steps_offset", 1}, {"trained_betas", nullptr}};
+  return {{"_class_name", "PNDMScheduler"},
+          {"beta_end", 0.012},
+          {"beta_schedule", "scaled_linear"},
+          {"beta_start", 0.00085},
+          {"clip_sample", false},
+          {"num_train_timesteps", 1000},
+          {"prediction_type", "epsilon"},
+          {"set_alpha_to_one", false},
+          {"skip_prk_steps", true},
+          {"steps_offset", 1},
+          {"trained_betas", nullptr}};
 }
 
 void write_json(const fs::path& path, const ordered_json& j) {
@@ -116,17 +137,25 @@ void write_json(const fs::path& path, const ordered_json& j) {
   io::write_file_atomically(path.string(), [&](std::ostream& out) { out << j.dump(2) << "\n"; });
 }
 
+ordered_json ordered(const nlohmann::json& j) {
+  return ordered_json::parse(j.dump());
+}
+
 void save_module(torch::nn::Module& module, const fs::path& path, bool half) {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& p : module.named_parameters(true))
     tensors.emplace_back(p.key(), half ? p.value().to(torch::kFloat16) : p.value());
-  io::save_safetensors(path.string(), tensors, {{"format", "pt"}, {"made_by", "diffuse create-demo-model"}});
+  io::save_safetensors(path.string(), tensors,
+                       {{"format", "pt"}, {"made_by", "diffuse create-demo-model"}});
 }
 
 }  // namespace
 
 void create_demo_model(const std::string& dir, const DemoModelOptions& options) {
   torch::NoGradGuard no_grad;
+  // Unknown names fail here, before anything is written.
+  const bench::ArchConfigs* arch =
+      options.arch.empty() ? nullptr : &bench::builtin_arch(options.arch);
   fs::path root(dir);
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -135,38 +164,82 @@ void create_demo_model(const std::string& dir, const DemoModelOptions& options) 
   std::vector<std::string> corpus(std::begin(kCorpus), std::end(kCorpus));
   auto vocab = text::train_clip_bpe(corpus, options.num_merges);
   text::save_clip_tokenizer(vocab, (root / "tokenizer").string());
-  auto vocab_size = static_cast<int64_t>(vocab.tokens.size());
+  const auto vocab_size = static_cast<int64_t>(vocab.tokens.size());
+  const int64_t bos = vocab_size - 2, eos = vocab_size - 1;
 
-  auto te_json = text_encoder_config(vocab_size, vocab_size - 2, vocab_size - 1);
+  ordered_json te_json, unet_json, vae_json, sched_json;
+  if (options.arch.empty()) {
+    te_json = text_encoder_config(vocab_size, bos, eos);
+    unet_json = unet_config();
+    vae_json = vae_config();
+    sched_json = scheduler_config();
+  } else {
+    const auto& a = *arch;
+    te_json = ordered(a.text_encoder);
+    unet_json = ordered(a.unet);
+    vae_json = ordered(a.vae);
+    sched_json = ordered(a.scheduler);
+    // The real embedding table (49,408 rows) keeps its size; our tokenizer uses its first rows.
+    te_json["bos_token_id"] = bos;
+    te_json["eos_token_id"] = eos;
+    te_json["pad_token_id"] = eos;
+  }
+  // Full-size models skip LibTorch's default initialisation and take the fast pooled one
+  // (values are random either way); the small demo keeps its original stream of values.
+  auto build = [&](auto make) {
+    if (options.arch.empty()) return make();
+    nn::SkipInitGuard skip_init(torch::kFloat32);
+    return make();
+  };
+  auto init = [&](torch::nn::Module& m, uint64_t seed) {
+    if (options.arch.empty())
+      nn::init_random_weights(m, seed);
+    else
+      nn::init_pooled_random_weights(m, seed);
+  };
+
   write_json(root / "text_encoder" / "config.json", te_json);
-  models::ClipTextModel te(models::ClipTextConfig::from_json(io::JsonConfig(te_json, "demo text_encoder")));
-  nn::init_random_weights(*te, options.seed);
-  save_module(*te, root / "text_encoder" / "model.safetensors", options.half_precision_weights);
-
-  auto unet_json = unet_config();
+  {
+    auto te = build([&] {
+      return models::ClipTextModel(
+          models::ClipTextConfig::from_json(io::JsonConfig(te_json, "demo text_encoder")));
+    });
+    init(*te, options.seed);
+    save_module(*te, root / "text_encoder" / "model.safetensors", options.half_precision_weights);
+  }
   write_json(root / "unet" / "config.json", unet_json);
-  models::UNet2DConditionModel unet(models::UNet2DConditionConfig::from_json(io::JsonConfig(unet_json, "demo unet")));
-  nn::init_random_weights(*unet, options.seed + 1);
-  save_module(*unet, root / "unet" / "diffusion_pytorch_model.safetensors", options.half_precision_weights);
-
-  auto vae_json = vae_config();
+  {
+    auto unet = build([&] {
+      return models::UNet2DConditionModel(
+          models::UNet2DConditionConfig::from_json(io::JsonConfig(unet_json, "demo unet")));
+    });
+    init(*unet, options.seed + 1);
+    save_module(*unet, root / "unet" / "diffusion_pytorch_model.safetensors",
+                options.half_precision_weights);
+  }
   write_json(root / "vae" / "config.json", vae_json);
-  models::AutoencoderKL vae(models::AutoencoderKLConfig::from_json(io::JsonConfig(vae_json, "demo vae")));
-  nn::init_random_weights(*vae, options.seed + 2);
-  save_module(*vae, root / "vae" / "diffusion_pytorch_model.safetensors", options.half_precision_weights);
-
-  write_json(root / "scheduler" / "scheduler_config.json", scheduler_config());
-  write_json(root / "model_index.json",
-             {{"_class_name", "StableDiffusionPipeline"},
-              {"_diffuse_note", "random weights made by `diffuse create-demo-model`; not a trained model"},
-              {"scheduler", {"diffusers", "PNDMScheduler"}},
-              {"text_encoder", {"transformers", "CLIPTextModel"}},
-              {"tokenizer", {"transformers", "CLIPTokenizer"}},
-              {"unet", {"diffusers", "UNet2DConditionModel"}},
-              {"vae", {"diffusers", "AutoencoderKL"}},
-              {"safety_checker", {nullptr, nullptr}},
-              {"feature_extractor", {nullptr, nullptr}},
-              {"requires_safety_checker", false}});
+  {
+    auto vae = build([&] {
+      return models::AutoencoderKL(
+          models::AutoencoderKLConfig::from_json(io::JsonConfig(vae_json, "demo vae")));
+    });
+    init(*vae, options.seed + 2);
+    save_module(*vae, root / "vae" / "diffusion_pytorch_model.safetensors",
+                options.half_precision_weights);
+  }
+  write_json(root / "scheduler" / "scheduler_config.json", sched_json);
+  write_json(
+      root / "model_index.json",
+      {{"_class_name", "StableDiffusionPipeline"},
+       {"_diffuse_note", "random weights made by `diffuse create-demo-model`; not a trained model"},
+       {"scheduler", {"diffusers", sched_json.value("_class_name", "PNDMScheduler")}},
+       {"text_encoder", {"transformers", "CLIPTextModel"}},
+       {"tokenizer", {"transformers", "CLIPTokenizer"}},
+       {"unet", {"diffusers", "UNet2DConditionModel"}},
+       {"vae", {"diffusers", "AutoencoderKL"}},
+       {"safety_checker", {nullptr, nullptr}},
+       {"feature_extractor", {nullptr, nullptr}},
+       {"requires_safety_checker", false}});
 }
 
 }  // namespace diffuse::pipeline

@@ -59,28 +59,84 @@ struct StableDiffusion::Components {
   torch::Device device{torch::kCPU};  // the UNet's; the denoising loop runs here
   torch::Device text_device{torch::kCPU};
   torch::Device vae_device{torch::kCPU};
-  torch::Dtype unet_dtype = torch::kFloat32, text_dtype = torch::kFloat32, vae_dtype = torch::kFloat32;
+  torch::Dtype unet_dtype = torch::kFloat32, text_dtype = torch::kFloat32,
+               vae_dtype = torch::kFloat32;
   std::unique_ptr<text::ClipTokenizer> tokenizer;
-  models::ClipTextModel text_encoder{nullptr};
-  models::UNet2DConditionModel unet{nullptr};
-  models::AutoencoderKL vae{nullptr};
+  ModelSource source;  // weights (file mappings) stay here only with offload
+  bool offload = false;
+  models::ClipTextConfig text_config;
+  models::UNet2DConditionConfig unet_config;
+  models::AutoencoderKLConfig vae_config;
+  models::ClipTextModel text_encoder_module{nullptr};
+  models::UNet2DConditionModel unet_module{nullptr};
+  models::AutoencoderKL vae_module{nullptr};
   io::JsonConfig scheduler_config;
+
+  // Each network is built without LibTorch's random initialisation, in its final dtype, and
+  // then receives its weights (load_state_dict fails on any parameter left out).
+  models::ClipTextModel& text_encoder() {
+    if (!text_encoder_module) {
+      {
+        nn::SkipInitGuard skip_init(text_dtype);
+        text_encoder_module = models::ClipTextModel(text_config);
+      }
+      nn::load_state_dict(*text_encoder_module, source.text_encoder_weights,
+                          source.path + " (text_encoder)", {"text_model.embeddings.position_ids"});
+      text_encoder_module->to(text_device, text_dtype);
+      text_encoder_module->eval();
+    }
+    return text_encoder_module;
+  }
+  models::UNet2DConditionModel& unet() {
+    if (!unet_module) {
+      {
+        nn::SkipInitGuard skip_init(unet_dtype);
+        unet_module = models::UNet2DConditionModel(unet_config);
+      }
+      nn::load_state_dict(*unet_module, source.unet_weights, source.path + " (unet)");
+      unet_module->to(device, unet_dtype);
+      unet_module->eval();
+    }
+    return unet_module;
+  }
+  models::AutoencoderKL& vae() {
+    if (!vae_module) {
+      {
+        nn::SkipInitGuard skip_init(vae_dtype);
+        vae_module = models::AutoencoderKL(vae_config);
+      }
+      nn::load_state_dict(*vae_module, source.vae_weights, source.path + " (vae)");
+      vae_module->to(vae_device, vae_dtype);
+      vae_module->eval();
+    }
+    return vae_module;
+  }
+  // With offload, frees a network after its stage (and the allocator's cached blocks).
+  template <typename M>
+  void done_with(M& module, const torch::Device& where) {
+    if (!offload) return;
+    module = M(nullptr);
+    device::empty_cache(where);
+  }
 };
 
 void validate_generation_config(const GenerationConfig& c, bool image2image) {
   if (c.prompts.empty()) throw InvalidArgument("no prompt given (prompts is empty)");
-  if (!c.negative_prompts.empty() && c.negative_prompts.size() != 1 && c.negative_prompts.size() != c.prompts.size())
+  if (!c.negative_prompts.empty() && c.negative_prompts.size() != 1 &&
+      c.negative_prompts.size() != c.prompts.size())
     throw InvalidArgument("negative prompts: got " + std::to_string(c.negative_prompts.size()) +
-                          ", expected none, one, or one per prompt (" + std::to_string(c.prompts.size()) + ")");
+                          ", expected none, one, or one per prompt (" +
+                          std::to_string(c.prompts.size()) + ")");
   if (c.steps < 1) throw InvalidArgument("steps must be >= 1, got " + std::to_string(c.steps));
   if (c.images_per_prompt < 1)
-    throw InvalidArgument("images per prompt must be >= 1, got " + std::to_string(c.images_per_prompt));
+    throw InvalidArgument("images per prompt must be >= 1, got " +
+                          std::to_string(c.images_per_prompt));
   if (c.width < 0 || c.height < 0 || c.width % 8 != 0 || c.height % 8 != 0)
-    throw InvalidArgument("width and height must be positive multiples of 8, got " + std::to_string(c.width) +
-                          "x" + std::to_string(c.height));
+    throw InvalidArgument("width and height must be positive multiples of 8, got " +
+                          std::to_string(c.width) + "x" + std::to_string(c.height));
   if (c.width > 8192 || c.height > 8192)
-    throw InvalidArgument("width/height above 8192 are not supported, got " + std::to_string(c.width) + "x" +
-                          std::to_string(c.height));
+    throw InvalidArgument("width/height above 8192 are not supported, got " +
+                          std::to_string(c.width) + "x" + std::to_string(c.height));
   if (!(c.guidance_scale >= 0)) throw InvalidArgument("guidance scale must be >= 0");
   if (image2image && !(c.strength > 0 && c.strength <= 1))
     throw InvalidArgument("strength must be in (0, 1], got " + std::to_string(c.strength));
@@ -93,54 +149,40 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   c_->device = device::resolve_device(options.device);
   // Per-component placement: empty = the UNet's device (not "auto" again, which could differ
   // from an explicit --device).
-  c_->text_device = options.text_encoder_device.empty() ? c_->device
-                                                        : device::resolve_device(options.text_encoder_device);
-  c_->vae_device = options.vae_device.empty() ? c_->device : device::resolve_device(options.vae_device);
+  c_->text_device = options.text_encoder_device.empty()
+                        ? c_->device
+                        : device::resolve_device(options.text_encoder_device);
+  c_->vae_device =
+      options.vae_device.empty() ? c_->device : device::resolve_device(options.vae_device);
   for (const auto& d : {c_->device, c_->text_device, c_->vae_device}) device::prepare_device(d);
   c_->unet_dtype = device::resolve_dtype(options.dtype, c_->device, "unet");
   c_->text_dtype = device::resolve_dtype(options.dtype, c_->text_device, "text_encoder");
   c_->vae_dtype = device::resolve_dtype(options.vae_dtype, c_->vae_device, "vae");
   nn::register_npu_attention_backend();
-  nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(options.attention, c_->device));
+  nn::set_default_attention_backend(
+      nn::attention_backend_from_flag_or_env(options.attention, c_->device));
 
   ModelSourceOptions so;
   so.config_dir = options.config_dir;
   so.v_prediction = options.v_prediction;
-  ModelSource src = open_model_source(path, so);
-
-  c_->tokenizer = std::make_unique<text::ClipTokenizer>(text::ClipTokenizer::from_folder(src.tokenizer_dir));
-  // Each network is built without LibTorch's random initialisation, in its final dtype, and
-  // then receives its weights (load_state_dict fails on any parameter left out).
-  {
-    nn::SkipInitGuard skip_init(c_->text_dtype);
-    c_->text_encoder = models::ClipTextModel(models::ClipTextConfig::from_json(src.text_encoder_config));
-  }
-  nn::load_state_dict(*c_->text_encoder, src.text_encoder_weights, src.path + " (text_encoder)",
-                      {"text_model.embeddings.position_ids"});
-  c_->text_encoder->to(c_->text_device, c_->text_dtype);
-  c_->text_encoder->eval();
-
-  {
-    nn::SkipInitGuard skip_init(c_->unet_dtype);
-    c_->unet = models::UNet2DConditionModel(models::UNet2DConditionConfig::from_json(src.unet_config));
-  }
-  nn::load_state_dict(*c_->unet, src.unet_weights, src.path + " (unet)");
-  c_->unet->to(c_->device, c_->unet_dtype);
-  c_->unet->eval();
-
-  {
-    nn::SkipInitGuard skip_init(c_->vae_dtype);
-    c_->vae = models::AutoencoderKL(models::AutoencoderKLConfig::from_json(src.vae_config));
-  }
-  nn::load_state_dict(*c_->vae, src.vae_weights, src.path + " (vae)");
-  c_->vae->to(c_->vae_device, c_->vae_dtype);
-  c_->vae->eval();
-
+  c_->source = open_model_source(path, so);
+  auto& src = c_->source;
+  c_->tokenizer =
+      std::make_unique<text::ClipTokenizer>(text::ClipTokenizer::from_folder(src.tokenizer_dir));
+  c_->text_config = models::ClipTextConfig::from_json(src.text_encoder_config);
+  c_->unet_config = models::UNet2DConditionConfig::from_json(src.unet_config);
+  c_->vae_config = models::AutoencoderKLConfig::from_json(src.vae_config);
   c_->scheduler_config = src.scheduler_config;
-  // Weights now live in the modules; drop the file mappings.
-  src.unet_weights.clear();
-  src.vae_weights.clear();
-  src.text_encoder_weights.clear();
+  c_->offload = options.offload;
+  if (!c_->offload) {
+    c_->text_encoder();
+    c_->unet();
+    c_->vae();
+    // Weights now live in the modules; drop the file mappings.
+    src.unet_weights.clear();
+    src.vae_weights.clear();
+    src.text_encoder_weights.clear();
+  }
 
   info_.model = path;
   info_.device = device::device_name(c_->device);
@@ -149,11 +191,12 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   info_.unet_dtype = device::dtype_name(c_->unet_dtype);
   info_.text_encoder_dtype = device::dtype_name(c_->text_dtype);
   info_.vae_dtype = device::dtype_name(c_->vae_dtype);
+  info_.offload = c_->offload;
   info_.attention = nn::attention_backend_name(nn::default_attention_backend());
   info_.scheduler = c_->scheduler_config.get<std::string>("_class_name", "PNDMScheduler");
   info_.prediction_type = c_->scheduler_config.get<std::string>("prediction_type", "epsilon");
   // sample_size is the latent size the model was trained at: [s] or [h, w]; 64 if absent.
-  const auto& ss = c_->unet->config().sample_size;
+  const auto& ss = c_->unet_config.sample_size;
   int64_t sh = ss.empty() ? 64 : ss[0], sw = ss.empty() ? 64 : ss.back();
   info_.default_width = static_cast<int>(sw * vae_scale_factor());
   info_.default_height = static_cast<int>(sh * vae_scale_factor());
@@ -162,20 +205,23 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
 
 StableDiffusion::~StableDiffusion() = default;
 
-std::unique_ptr<schedulers::Scheduler> StableDiffusion::make_scheduler(const GenerationConfig& config) const {
-  auto scheduler = config.scheduler.empty() ? schedulers::make_scheduler(c_->scheduler_config)
-                                            : schedulers::make_scheduler(config.scheduler, c_->scheduler_config);
+std::unique_ptr<schedulers::Scheduler> StableDiffusion::make_scheduler(
+    const GenerationConfig& config) const {
+  auto scheduler = config.scheduler.empty()
+                       ? schedulers::make_scheduler(c_->scheduler_config)
+                       : schedulers::make_scheduler(config.scheduler, c_->scheduler_config);
   scheduler->set_timesteps(config.steps);
   scheduler->set_eta(config.eta);
   return scheduler;
 }
 
-PromptEmbeddings StableDiffusion::encode_for_run(const GenerationConfig& config, uint64_t seed, double t0,
-                                                StageTimings* timings) {
+PromptEmbeddings StableDiffusion::encode_for_run(const GenerationConfig& config, uint64_t seed,
+                                                 double t0, StageTimings* timings) {
   seed_devices(seed);
   device::reset_peak_memory(c_->text_device);
   auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt,
                               /*guidance=*/config.guidance_scale > 1.0);
+  c_->done_with(c_->text_encoder_module, c_->text_device);
   timings->text_encode_s = now_s() - t0;
   record_memory(timings, "text_encode", c_->text_device);
   return embeds;
@@ -184,10 +230,12 @@ PromptEmbeddings StableDiffusion::encode_for_run(const GenerationConfig& config,
 void StableDiffusion::seed_devices(uint64_t seed) const {
   // The pipeline's own noise comes from the CPU generator; device generators are seeded so
   // that operators sampling on the device are reproducible as well.
-  for (const auto& d : {c_->device, c_->text_device, c_->vae_device}) device::seed_device_generator(d, seed);
+  for (const auto& d : {c_->device, c_->text_device, c_->vae_device})
+    device::seed_device_generator(d, seed);
 }
 
-void StableDiffusion::record_memory(StageTimings* timings, const char* stage, const torch::Device& where) {
+void StableDiffusion::record_memory(StageTimings* timings, const char* stage,
+                                    const torch::Device& where) {
   auto m = device::device_memory(where);
   StageMemory s;
   s.stage = stage;
@@ -206,7 +254,8 @@ torch::Tensor StableDiffusion::draw_noise(c10::IntArrayRef shape, at::Generator&
   if (!noise_) return cpu_randn(shape, gen);
   auto t = noise_(shape);
   if (!t.defined() || t.sizes() != shape)
-    throw InvalidArgument("noise source returned a tensor of the wrong shape (expected " + c10::str(shape) + ")");
+    throw InvalidArgument("noise source returned a tensor of the wrong shape (expected " +
+                          c10::str(shape) + ")");
   return t.to(torch::kFloat32);
 }
 
@@ -216,14 +265,19 @@ void StableDiffusion::set_scheduler_config(const nlohmann::json& config) {
   info_.prediction_type = c_->scheduler_config.get<std::string>("prediction_type", "epsilon");
 }
 
-int StableDiffusion::vae_scale_factor() const { return static_cast<int>(c_->vae->config().spatial_factor()); }
+int StableDiffusion::vae_scale_factor() const {
+  return static_cast<int>(c_->vae_config.spatial_factor());
+}
 
-int64_t StableDiffusion::latent_channels() const { return c_->unet->config().in_channels; }
+int64_t StableDiffusion::latent_channels() const {
+  return c_->unet_config.in_channels;
+}
 
 PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& prompts,
                                                 const std::vector<std::string>& negative_prompts,
                                                 int images_per_prompt, bool guidance) {
-  auto encode = [&](const std::vector<std::string>& texts, std::vector<bool>* truncated, const char* name) {
+  auto encode = [&](const std::vector<std::string>& texts, std::vector<bool>* truncated,
+                    const char* name) {
     auto batch = c_->tokenizer->encode_padded(texts);
     int64_t n = static_cast<int64_t>(batch.input_ids.size());
     int64_t len = n ? static_cast<int64_t>(batch.input_ids[0].size()) : 0;
@@ -232,7 +286,7 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
       for (int64_t j = 0; j < len; ++j) ids[i][j] = batch.input_ids[i][j];
     trace(name, ids);
     if (truncated) *truncated = batch.truncated;
-    auto out = c_->text_encoder->forward(ids.to(c_->text_device)).last_hidden_state;
+    auto out = c_->text_encoder()->forward(ids.to(c_->text_device)).last_hidden_state;
     return out;
   };
   PromptEmbeddings e;
@@ -241,21 +295,25 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
   for (size_t i = 0; i < e.truncated.size(); ++i)
     if (e.truncated[i])
       e.warnings.push_back("prompt " + std::to_string(i + 1) + " is longer than " + limit +
-                           " tokens and was truncated (the text encoder sees only the first " + limit + ")");
+                           " tokens and was truncated (the text encoder sees only the first " +
+                           limit + ")");
   trace("prompt_embeds", pos);
   // Each prompt's copies stay adjacent, as diffusers' repeat + view does.
   e.positive = pos.repeat_interleave(images_per_prompt, 0);
   if (guidance) {
     std::vector<std::string> neg;
-    if (negative_prompts.empty()) neg.assign(prompts.size(), "");
-    else if (negative_prompts.size() == 1) neg.assign(prompts.size(), negative_prompts[0]);
-    else neg = negative_prompts;
+    if (negative_prompts.empty())
+      neg.assign(prompts.size(), "");
+    else if (negative_prompts.size() == 1)
+      neg.assign(prompts.size(), negative_prompts[0]);
+    else
+      neg = negative_prompts;
     std::vector<bool> neg_truncated;
     auto n = encode(neg, &neg_truncated, "negative_text_input_ids");
     for (size_t i = 0; i < neg_truncated.size(); ++i)
       if (neg_truncated[i])
-        e.warnings.push_back("negative prompt " + std::to_string(i + 1) + " is longer than " + limit +
-                             " tokens and was truncated");
+        e.warnings.push_back("negative prompt " + std::to_string(i + 1) + " is longer than " +
+                             limit + " tokens and was truncated");
     trace("negative_prompt_embeds", n);
     e.negative = n.repeat_interleave(images_per_prompt, 0);
   }
@@ -263,17 +321,18 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
 }
 
 torch::Tensor StableDiffusion::decode_latents(const torch::Tensor& latents) {
-  const auto& vc = c_->vae->config();
-  auto z = latents.to(c_->vae_device, torch::kFloat32) / vc.scaling_factor + vc.shift_factor.value_or(0.0);
-  auto img = c_->vae->decode(z.to(c_->vae_dtype)).to(torch::kFloat32);
+  const auto& vc = c_->vae_config;
+  auto z = latents.to(c_->vae_device, torch::kFloat32) / vc.scaling_factor +
+           vc.shift_factor.value_or(0.0);
+  auto img = c_->vae()->decode(z.to(c_->vae_dtype)).to(torch::kFloat32);
+  c_->done_with(c_->vae_module, c_->vae_device);
   return (img / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().to(torch::kCPU);
 }
 
-GenerationResult StableDiffusion::denoise_and_decode(const GenerationConfig& config, const PromptEmbeddings& embeds,
-                                                     torch::Tensor latents, const torch::Tensor& timesteps,
-                                                     schedulers::Scheduler& scheduler, at::Generator& gen,
-                                                     const StepCallback& on_step, StageTimings timings,
-                                                     uint64_t seed) {
+GenerationResult StableDiffusion::denoise_and_decode(
+    const GenerationConfig& config, const PromptEmbeddings& embeds, torch::Tensor latents,
+    const torch::Tensor& timesteps, schedulers::Scheduler& scheduler, at::Generator& gen,
+    const StepCallback& on_step, StageTimings timings, uint64_t seed) {
   double start = now_s();
   device::reset_peak_memory(c_->device);
   bool guidance = embeds.negative.defined();
@@ -289,7 +348,8 @@ GenerationResult StableDiffusion::denoise_and_decode(const GenerationConfig& con
     trace("step." + std::to_string(i) + ".t", t);
     trace("step." + std::to_string(i) + ".unet_timestep", t);
     trace("step." + std::to_string(i) + ".unet_input", model_input);
-    auto noise_pred = c_->unet->forward(model_input.to(c_->unet_dtype), t, cond).to(torch::kFloat32);
+    auto noise_pred =
+        c_->unet()->forward(model_input.to(c_->unet_dtype), t, cond).to(torch::kFloat32);
     trace("step." + std::to_string(i) + ".noise_pred_raw", noise_pred);
     if (guidance) {
       auto chunks = noise_pred.chunk(2);
@@ -297,8 +357,10 @@ GenerationResult StableDiffusion::denoise_and_decode(const GenerationConfig& con
     }
     schedulers::StepNoise step_noise;
     if (scheduler.is_stochastic()) {
-      step_noise = noise_ ? schedulers::StepNoise::from_tensor(draw_noise(latents.sizes(), gen).to(c_->device))
-                          : schedulers::StepNoise::from_generator(gen);
+      step_noise =
+          noise_
+              ? schedulers::StepNoise::from_tensor(draw_noise(latents.sizes(), gen).to(c_->device))
+              : schedulers::StepNoise::from_generator(gen);
     }
     latents = scheduler.step(noise_pred, t, latents, step_noise).prev_sample;
     trace("step." + std::to_string(i) + ".latents", latents);
@@ -310,12 +372,14 @@ GenerationResult StableDiffusion::denoise_and_decode(const GenerationConfig& con
       ev.timestep = t.item<double>();
       ev.elapsed_s = now_s() - start;
       ev.latents = &latents;
-      if (!on_step(ev)) throw Cancelled("cancelled by the step callback at step " + std::to_string(i + 1) + "/" +
-                                        std::to_string(n));
+      if (!on_step(ev))
+        throw Cancelled("cancelled by the step callback at step " + std::to_string(i + 1) + "/" +
+                        std::to_string(n));
     }
   }
   timings.denoise_s = now_s() - start;
   record_memory(&timings, "denoise", c_->device);
+  c_->done_with(c_->unet_module, c_->device);
   device::empty_cache(c_->device);  // the UNet's freed activations, before the decoder's peak
   trace("latents_out", latents);
   double d0 = now_s();
@@ -333,7 +397,8 @@ GenerationResult StableDiffusion::denoise_and_decode(const GenerationConfig& con
   return result;
 }
 
-GenerationResult StableDiffusion::text2image(const GenerationConfig& config, const StepCallback& on_step) {
+GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
+                                             const StepCallback& on_step) {
   validate_generation_config(config, false);
   torch::InferenceMode guard;
   double t0 = now_s();
@@ -345,12 +410,14 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config, con
   int width = config.width ? config.width : info_.default_width;
   int height = config.height ? config.height : info_.default_height;
   int64_t n = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
-  std::vector<int64_t> shape{n, latent_channels(), height / vae_scale_factor(), width / vae_scale_factor()};
+  std::vector<int64_t> shape{n, latent_channels(), height / vae_scale_factor(),
+                             width / vae_scale_factor()};
   torch::Tensor latents;
   if (config.latents.defined()) {
     if (config.latents.sizes() != c10::IntArrayRef(shape))
-      throw InvalidArgument("given latents have shape " + c10::str(config.latents.sizes()) + ", expected " +
-                            c10::str(c10::IntArrayRef(shape)) + " for this batch and size");
+      throw InvalidArgument("given latents have shape " + c10::str(config.latents.sizes()) +
+                            ", expected " + c10::str(c10::IntArrayRef(shape)) +
+                            " for this batch and size");
     latents = config.latents.to(torch::kFloat32);
   } else {
   }
@@ -358,14 +425,15 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config, con
   if (!latents.defined()) latents = cpu_randn(shape, gen);
   trace("initial_latents", latents);
   latents = latents * scheduler->init_noise_sigma();
-  auto result =
-      denoise_and_decode(config, embeds, latents, scheduler->timesteps(), *scheduler, gen, on_step, timings, seed);
+  auto result = denoise_and_decode(config, embeds, latents, scheduler->timesteps(), *scheduler, gen,
+                                   on_step, timings, seed);
   result.timings.total_s = now_s() - t0;
   result.warnings = embeds.warnings;
   return result;
 }
 
-GenerationResult StableDiffusion::image2image(const GenerationConfig& config, const torch::Tensor& init,
+GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
+                                              const torch::Tensor& init,
                                               const StepCallback& on_step) {
   validate_generation_config(config, true);
   torch::InferenceMode guard;
@@ -375,12 +443,13 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config, co
   if (init.dim() != 4 || init.size(1) != 3)
     throw InvalidArgument("init image must be [B, 3, H, W], got " + c10::str(init.sizes()));
   if (init.size(0) != 1 && init.size(0) != batch && batch % init.size(0) != 0)
-    throw InvalidArgument("init image batch " + std::to_string(init.size(0)) + " does not divide the prompt batch " +
-                          std::to_string(batch));
+    throw InvalidArgument("init image batch " + std::to_string(init.size(0)) +
+                          " does not divide the prompt batch " + std::to_string(batch));
   int sf = vae_scale_factor();
   if (init.size(2) % sf != 0 || init.size(3) % sf != 0)
-    throw InvalidArgument("init image size " + std::to_string(init.size(3)) + "x" + std::to_string(init.size(2)) +
-                          " is not a multiple of " + std::to_string(sf));
+    throw InvalidArgument("init image size " + std::to_string(init.size(3)) + "x" +
+                          std::to_string(init.size(2)) + " is not a multiple of " +
+                          std::to_string(sf));
   uint64_t seed = config.seed.value_or(random_seed());
   auto embeds = encode_for_run(config, seed, t0, &timings);
 
@@ -391,7 +460,8 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config, co
   int64_t begin = static_cast<int64_t>(t_start) * scheduler->order();
   auto all = scheduler->timesteps();
   if (begin >= all.size(0))
-    throw InvalidArgument("strength " + std::to_string(config.strength) + " with " + std::to_string(config.steps) +
+    throw InvalidArgument("strength " + std::to_string(config.strength) + " with " +
+                          std::to_string(config.steps) +
                           " steps leaves no denoising step; raise strength or steps");
   auto timesteps = all.slice(0, begin);
   scheduler->set_begin_index(begin);
@@ -404,23 +474,26 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config, co
   // image would take different kernels, and give different bits, on different devices.
   auto image = (init.to(torch::kFloat32).contiguous() * 2 - 1);
   trace("image_preprocessed", image);
-  auto dist = c_->vae->encode(image.to(c_->vae_device, c_->vae_dtype));
+  auto dist = c_->vae()->encode(image.to(c_->vae_device, c_->vae_dtype));
+  c_->done_with(c_->vae_module, c_->vae_device);
   auto mean = dist.mean.to(torch::kFloat32), std = dist.std.to(torch::kFloat32);
   trace("posterior_mean", mean);
   trace("posterior_std", std);
   auto posterior_noise = draw_noise(mean.sizes(), gen).to(c_->vae_device);
-  const auto& vc = c_->vae->config();
-  auto init_latents = (mean + std * posterior_noise - vc.shift_factor.value_or(0.0)) * vc.scaling_factor;
+  const auto& vc = c_->vae_config;
+  auto init_latents =
+      (mean + std * posterior_noise - vc.shift_factor.value_or(0.0)) * vc.scaling_factor;
   init_latents = init_latents.to(c_->device);
-  if (init_latents.size(0) != batch) init_latents = init_latents.repeat({batch / init_latents.size(0), 1, 1, 1});
+  if (init_latents.size(0) != batch)
+    init_latents = init_latents.repeat({batch / init_latents.size(0), 1, 1, 1});
   trace("init_latents", init_latents);
   timings.vae_encode_s = now_s() - e0;
   record_memory(&timings, "vae_encode", c_->vae_device);
   torch::Tensor noise;
   if (config.noise.defined()) {
     if (config.noise.sizes() != init_latents.sizes())
-      throw InvalidArgument("given noise has shape " + c10::str(config.noise.sizes()) + ", expected " +
-                            c10::str(init_latents.sizes()));
+      throw InvalidArgument("given noise has shape " + c10::str(config.noise.sizes()) +
+                            ", expected " + c10::str(init_latents.sizes()));
     noise = config.noise.to(c_->device, torch::kFloat32);
   } else {
     noise = draw_noise(init_latents.sizes(), gen).to(c_->device);
@@ -429,7 +502,8 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config, co
   trace("latent_timestep", latent_timestep);
   auto latents = scheduler->add_noise(init_latents, noise, latent_timestep);
   trace("noised_latents", latents);
-  auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step, timings, seed);
+  auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step,
+                                   timings, seed);
   result.timings.total_s = now_s() - t0;
   result.warnings = embeds.warnings;
   return result;
