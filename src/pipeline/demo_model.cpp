@@ -149,6 +149,28 @@ void save_module(torch::nn::Module& module, const fs::path& path, bool half) {
                        {{"format", "pt"}, {"made_by", "diffuse create-demo-model"}});
 }
 
+// Writes one network's config.json and seeded random weights. Full-size models skip
+// LibTorch's default initialisation and take the fast pooled one (values are random either
+// way); the small demo keeps its original stream of values.
+template <typename Model, typename Config>
+void write_component(const fs::path& root, const char* folder, const ordered_json& config,
+                     const char* weights_file, uint64_t seed, const DemoModelOptions& options) {
+  write_json(root / folder / "config.json", config);
+  const auto parsed = Config::from_json(io::JsonConfig(config, std::string("demo ") + folder));
+  Model model{nullptr};
+  if (options.arch.empty()) {
+    model = Model(parsed);
+    nn::init_random_weights(*model, seed);
+  } else {
+    {
+      nn::SkipInitGuard skip_init(torch::kFloat32);
+      model = Model(parsed);
+    }
+    nn::init_pooled_random_weights(*model, seed);
+  }
+  save_module(*model, root / folder / weights_file, options.half_precision_weights);
+}
+
 }  // namespace
 
 void create_demo_model(const std::string& dir, const DemoModelOptions& options) {
@@ -184,49 +206,12 @@ void create_demo_model(const std::string& dir, const DemoModelOptions& options) 
     te_json["eos_token_id"] = eos;
     te_json["pad_token_id"] = eos;
   }
-  // Full-size models skip LibTorch's default initialisation and take the fast pooled one
-  // (values are random either way); the small demo keeps its original stream of values.
-  auto build = [&](auto make) {
-    if (options.arch.empty()) return make();
-    nn::SkipInitGuard skip_init(torch::kFloat32);
-    return make();
-  };
-  auto init = [&](torch::nn::Module& m, uint64_t seed) {
-    if (options.arch.empty())
-      nn::init_random_weights(m, seed);
-    else
-      nn::init_pooled_random_weights(m, seed);
-  };
-
-  write_json(root / "text_encoder" / "config.json", te_json);
-  {
-    auto te = build([&] {
-      return models::ClipTextModel(
-          models::ClipTextConfig::from_json(io::JsonConfig(te_json, "demo text_encoder")));
-    });
-    init(*te, options.seed);
-    save_module(*te, root / "text_encoder" / "model.safetensors", options.half_precision_weights);
-  }
-  write_json(root / "unet" / "config.json", unet_json);
-  {
-    auto unet = build([&] {
-      return models::UNet2DConditionModel(
-          models::UNet2DConditionConfig::from_json(io::JsonConfig(unet_json, "demo unet")));
-    });
-    init(*unet, options.seed + 1);
-    save_module(*unet, root / "unet" / "diffusion_pytorch_model.safetensors",
-                options.half_precision_weights);
-  }
-  write_json(root / "vae" / "config.json", vae_json);
-  {
-    auto vae = build([&] {
-      return models::AutoencoderKL(
-          models::AutoencoderKLConfig::from_json(io::JsonConfig(vae_json, "demo vae")));
-    });
-    init(*vae, options.seed + 2);
-    save_module(*vae, root / "vae" / "diffusion_pytorch_model.safetensors",
-                options.half_precision_weights);
-  }
+  write_component<models::ClipTextModel, models::ClipTextConfig>(
+      root, "text_encoder", te_json, "model.safetensors", options.seed, options);
+  write_component<models::UNet2DConditionModel, models::UNet2DConditionConfig>(
+      root, "unet", unet_json, "diffusion_pytorch_model.safetensors", options.seed + 1, options);
+  write_component<models::AutoencoderKL, models::AutoencoderKLConfig>(
+      root, "vae", vae_json, "diffusion_pytorch_model.safetensors", options.seed + 2, options);
   write_json(root / "scheduler" / "scheduler_config.json", sched_json);
   write_json(
       root / "model_index.json",

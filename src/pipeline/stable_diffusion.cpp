@@ -74,42 +74,29 @@ struct StableDiffusion::Components {
 
   // Each network is built without LibTorch's random initialisation, in its final dtype, and
   // then receives its weights (load_state_dict fails on any parameter left out).
-  models::ClipTextModel& text_encoder() {
-    if (!text_encoder_module) {
-      {
-        nn::SkipInitGuard skip_init(text_dtype);
-        text_encoder_module = models::ClipTextModel(text_config);
-      }
-      nn::load_state_dict(*text_encoder_module, source.text_encoder_weights,
-                          source.path + " (text_encoder)", {"text_model.embeddings.position_ids"});
-      text_encoder_module->to(text_device, text_dtype);
-      text_encoder_module->eval();
+  template <typename M, typename Config>
+  M& loaded(M& slot, const Config& config, const std::map<std::string, torch::Tensor>& weights,
+            const char* component, const torch::Device& where, torch::Dtype dtype,
+            const std::set<std::string>& ignored = {}) {
+    if (slot) return slot;
+    {
+      nn::SkipInitGuard skip_init(dtype);
+      slot = M(config);
     }
-    return text_encoder_module;
+    nn::load_state_dict(*slot, weights, source.path + " (" + component + ")", ignored);
+    slot->to(where, dtype);
+    slot->eval();
+    return slot;
+  }
+  models::ClipTextModel& text_encoder() {
+    return loaded(text_encoder_module, text_config, source.text_encoder_weights, "text_encoder",
+                  text_device, text_dtype, {"text_model.embeddings.position_ids"});
   }
   models::UNet2DConditionModel& unet() {
-    if (!unet_module) {
-      {
-        nn::SkipInitGuard skip_init(unet_dtype);
-        unet_module = models::UNet2DConditionModel(unet_config);
-      }
-      nn::load_state_dict(*unet_module, source.unet_weights, source.path + " (unet)");
-      unet_module->to(device, unet_dtype);
-      unet_module->eval();
-    }
-    return unet_module;
+    return loaded(unet_module, unet_config, source.unet_weights, "unet", device, unet_dtype);
   }
   models::AutoencoderKL& vae() {
-    if (!vae_module) {
-      {
-        nn::SkipInitGuard skip_init(vae_dtype);
-        vae_module = models::AutoencoderKL(vae_config);
-      }
-      nn::load_state_dict(*vae_module, source.vae_weights, source.path + " (vae)");
-      vae_module->to(vae_device, vae_dtype);
-      vae_module->eval();
-    }
-    return vae_module;
+    return loaded(vae_module, vae_config, source.vae_weights, "vae", vae_device, vae_dtype);
   }
   // With offload, frees a network after its stage (and the allocator's cached blocks).
   template <typename M>
