@@ -154,34 +154,6 @@ TEST(ResnetBlock2D, ReusesOnlyAMovedInInputAndComputesTheSame) {
   }
 }
 
-TEST(Upsample2D, PhaseConvEqualsUpsampleThenConv) {
-  torch::NoGradGuard no_grad;
-  nn::Upsample2D up(24, /*use_conv=*/true, 16);
-  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-    for (auto format : {torch::MemoryFormat::Contiguous, torch::MemoryFormat::ChannelsLast}) {
-      up->to(dtype);
-      auto x = bf16_randn({2, 24, 5, 7}, 0.0, 1.0, 6).to(dtype).contiguous(format);
-      // float64 reference: nearest 2x, then the 3x3 conv with the module's own weights.
-      auto ref = torch::conv2d(torch::upsample_nearest2d(x.to(torch::kFloat64), {10, 14}),
-                               up->conv->weight.to(torch::kFloat64),
-                               up->conv->bias.to(torch::kFloat64), 1, 1);
-      auto got = up(x.clone(format));  // channels-last takes the phase convs
-      ASSERT_EQ(got.sizes(), ref.sizes());
-      EXPECT_EQ(got.scalar_type(), dtype);
-      EXPECT_EQ(got.is_contiguous(torch::MemoryFormat::ChannelsLast) && !got.is_contiguous(),
-                format == torch::MemoryFormat::ChannelsLast);
-      const double tol = dtype == torch::kFloat32 ? 1e-5 : 0.05;  // bf16: summed taps rounded once
-      EXPECT_LE((got.to(torch::kFloat64) - ref).abs().max().item<double>(), tol)
-          << dtype << " " << format;
-    }
-  }
-  // Other sizes (the UNet upsamples to an odd skip size) take the plain upsample + conv.
-  up->to(torch::kFloat32);
-  auto x = torch::randn({1, 24, 5, 7});
-  auto ref = up->conv(torch::upsample_nearest2d(x, {11, 15}));
-  EXPECT_TRUE(up(x, std::vector<int64_t>{11, 15}).equal(ref));
-}
-
 TEST(FusedOps, Bf16LayerNormAndModules) {
   torch::NoGradGuard no_grad;
   auto x = bf16_randn({3, 5, 320}, 10.0, 0.5, 2);

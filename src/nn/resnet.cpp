@@ -92,48 +92,10 @@ Upsample2DImpl::Upsample2DImpl(int64_t channels, bool use_conv, int64_t out_chan
   if (use_conv) conv = register_module("conv", conv2d(channels, out_channels, 3, 1, 1));
 }
 
-namespace {
-
-// Taps of the 3x3 kernel seen by one output phase along one axis, summed in float32 into 2:
-// output row 2i (even) reads upsampled rows 2i-1, 2i, 2i+1 = input rows i-1, i, i, so its taps
-// are {w0, w1 + w2} on input rows i-1, i; row 2i+1 reads input rows i, i, i+1: {w0 + w1, w2}
-// on rows i, i+1. The same holds for columns.
-torch::Tensor phase_taps(const torch::Tensor& w, int64_t dim, int64_t phase) {
-  auto t = [&](int64_t k) { return w.narrow(dim, k, 1); };
-  return phase == 0 ? torch::cat({t(0), t(1) + t(2)}, dim) : torch::cat({t(0) + t(1), t(2)}, dim);
-}
-
-}  // namespace
-
-torch::Tensor Upsample2DImpl::upsample_conv_by_phases(const torch::Tensor& x) {
-  const auto wf = conv->weight.to(torch::kFloat32);
-  const int64_t B = x.size(0), H = x.size(2), W = x.size(3), O = wf.size(0);
-  // out[b, o, i, a, j, c] = output pixel (2i + a, 2j + c), stored channels-last.
-  auto out = torch::empty({B, H, 2, W, 2, O}, x.options()).permute({0, 5, 1, 2, 3, 4});
-  // One phase at a time, so that only a quarter of the output is ever held twice.
-  for (int64_t a = 0; a < 2; ++a) {
-    const auto rows = phase_taps(wf, 2, a);
-    for (int64_t c = 0; c < 2; ++c) {
-      const auto kernel = phase_taps(rows, 3, c).to(conv->weight.scalar_type());
-      // With padding 1, output (i, j) of the 2x2 conv covers input rows i-1..i and columns
-      // j-1..j: the even phase of output row i is row i, the odd phase row i + 1.
-      auto y = torch::conv2d(x, kernel, conv->bias, 1, 1);
-      out.select(5, c).select(3, a).copy_(y.slice(2, a, a + H).slice(3, c, c + W));
-    }
-  }
-  return out.permute({0, 2, 3, 4, 5, 1}).reshape({B, 2 * H, 2 * W, O}).permute({0, 3, 1, 2});
-}
-
 torch::Tensor Upsample2DImpl::forward(torch::Tensor x,
                                       std::optional<std::vector<int64_t>> output_size) {
   std::vector<int64_t> size =
       output_size ? *output_size : std::vector<int64_t>{x.size(2) * 2, x.size(3) * 2};
-  // Channels-last only (the CPU bf16 VAE): SD's 512x512 decode 6.4 -> 5.7 s, same peak. In
-  // NCHW the phase interleaving is a strided scatter and the UNet step measured 3 % slower.
-  const bool channels_last =
-      x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(torch::MemoryFormat::ChannelsLast);
-  if (conv && channels_last && size[0] == 2 * x.size(2) && size[1] == 2 * x.size(3))
-    return upsample_conv_by_phases(x);
   torch::Tensor h;
   // Older CUDA builds lack bf16 nearest upsampling; diffusers round-trips through float32
   // there. Nearest copies values exactly, so this is a no-op numerically.

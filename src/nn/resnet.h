@@ -59,11 +59,6 @@ struct Downsample2DImpl : torch::nn::Module {
 TORCH_MODULE(Downsample2D);
 
 // Nearest-neighbour 2x upsampling (or to `output_size`), then an optional 3x3 conv ("conv").
-// For channels-last input, an exact 2x upsample followed by the 3x3 conv is computed without
-// the upsampled tensor:
-// each of the four output phases (even/odd row, even/odd column) is a 2x2 conv of the input
-// whose taps are sums of the 3x3 taps, so the conv does 4/9 of the multiply-adds and the
-// 4x-sized upsampled activation never exists.
 struct Upsample2DImpl : torch::nn::Module {
   Upsample2DImpl(int64_t channels, bool use_conv, int64_t out_channels);
   // `x` by value: a moved-in input is freed before the conv.
@@ -72,9 +67,6 @@ struct Upsample2DImpl : torch::nn::Module {
 
   int64_t channels;
   torch::nn::Conv2d conv{nullptr};
-
- private:
-  torch::Tensor upsample_conv_by_phases(const torch::Tensor& x);
 };
 TORCH_MODULE(Upsample2D);
 
