@@ -122,13 +122,14 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
   if (o.text_encoder)
     std::cout << "  text encoder (batch " << r.batch << ")   " << f("%8.3f s", r.text_encoder_s)
               << "\n";
-  std::cout << "  unet step (batch " << r.batch << ")      " << f("%8.3f s", step) << "  ("
-            << f("%.3f steps/s", step > 0 ? 1 / step : 0) << ", "
-            << f("%.1f GFLOP", r.unet_flops.total() / 1e9) << " = conv "
-            << f("%.1f", r.unet_flops.conv / 1e9) << " + matmul "
-            << f("%.1f", r.unet_flops.matmul / 1e9) << " + attention "
-            << f("%.1f", r.unet_flops.attention / 1e9) << ", "
-            << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0) << ")\n";
+  if (o.unet)
+    std::cout << "  unet step (batch " << r.batch << ")      " << f("%8.3f s", step) << "  ("
+              << f("%.3f steps/s", step > 0 ? 1 / step : 0) << ", "
+              << f("%.1f GFLOP", r.unet_flops.total() / 1e9) << " = conv "
+              << f("%.1f", r.unet_flops.conv / 1e9) << " + matmul "
+              << f("%.1f", r.unet_flops.matmul / 1e9) << " + attention "
+              << f("%.1f", r.unet_flops.attention / 1e9) << ", "
+              << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0) << ")\n";
   if (o.vae) std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "\n";
   std::cout << "  peak RSS                " << f("%8.0f MiB", r.peak_rss_mb)
             << "  (models built: " << f("%.0f MiB", r.models_rss_mb) << "; peaks: build "
