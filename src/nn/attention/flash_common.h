@@ -6,9 +6,13 @@
 #include <cstring>
 
 #include "nn/attention/flash_kernel.h"
+#include "nn/kernels/vec_math.h"
 
 namespace diffuse::nn::flash {
 namespace {
+
+using vec::bf16_to_float;
+using vec::float_to_bf16;
 
 constexpr float kNegInf = -__builtin_inff();
 
@@ -23,22 +27,6 @@ inline int64_t max_i64(int64_t a, int64_t b) {
 }
 inline float max_f(float a, float b) {
   return a > b ? a : b;
-}
-
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// Round to nearest even, as c10::BFloat16 does; NaN stays a (quiet) NaN.
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
 }
 
 // Element `index` of row `token` of (batch b, head h) of a strided [B, H, N, D] tensor.

@@ -17,16 +17,10 @@ constexpr int64_t kLanes = 16;
 
 // The target's native float vector as a GCC/Clang vector type (wider types would be lowered
 // through memory). Tiles are kLanes = 16 floats wide, i.e. kVecs vectors.
-#if defined(__AVX512F__)
-constexpr int kVecBytes = 64;
-#elif defined(__AVX__)
-constexpr int kVecBytes = 32;
-#else
-constexpr int kVecBytes = 16;
-#endif
-typedef float VecF __attribute__((vector_size(kVecBytes)));
-typedef int32_t VecI __attribute__((vector_size(kVecBytes)));
-constexpr int64_t kWidth = kVecBytes / 4;
+using vec::expv;
+using vec::splat;
+using vec::VecF;
+constexpr int64_t kWidth = vec::kVecWidth;
 constexpr int64_t kVecs = kLanes / kWidth;
 
 inline VecF loadv(const float* p) {
@@ -36,31 +30,6 @@ inline VecF loadv(const float* p) {
 }
 inline void storev(float* p, VecF v) {
   std::memcpy(p, &v, sizeof v);
-}
-inline VecF splat(float x) {
-  return VecF{} + x;
-}
-
-// exp(x) for x <= ~0 to ~2 ulp: Cephes' polynomial on [-ln2/2, ln2/2], 2^n built in the
-// exponent bits. x below -87 flushes to ~1e-38.
-inline VecF expv(VecF x) {
-  x = x < -87.0f ? splat(-87.0f) : x;
-  const VecF y = x * 1.44269504088896341f + 0.5f;
-  VecF n = __builtin_convertvector(__builtin_convertvector(y, VecI), VecF);
-  n = n > y ? n - 1.0f : n;  // truncation -> floor
-  VecF r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  VecF p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const VecI bits = (__builtin_convertvector(n, VecI) + 127) << 23;
-  VecF scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
 }
 
 inline float exp1(float x) {

@@ -5,26 +5,19 @@
 #include <cstring>
 
 #include "nn/kernels/cpu_kernels.h"
+#include "nn/kernels/vec_math.h"
 
 namespace diffuse::nn::kernels {
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kBytes = 64;
-#elif defined(__AVX__)
-constexpr int kBytes = 32;
-#else
-constexpr int kBytes = 16;
-#endif
-constexpr int64_t W = kBytes / 4;  // floats per vector
-typedef float VecF __attribute__((vector_size(kBytes)));
-typedef int32_t VecI __attribute__((vector_size(kBytes)));
-typedef uint32_t VecU __attribute__((vector_size(kBytes)));
-typedef uint16_t VecH __attribute__((vector_size(kBytes / 2)));
-
-inline VecF splat(float x) {
-  return VecF{} + x;
-}
+using vec::bf16_to_float;
+using vec::expv;
+using vec::float_to_bf16;
+using vec::splat;
+using vec::VecF;
+using vec::VecH;
+using vec::VecU;
+constexpr int64_t W = vec::kVecWidth;  // floats per vector
 
 inline VecF load_bf16(const uint16_t* p) {
   VecH h;
@@ -43,42 +36,6 @@ inline void store_bf16(uint16_t* p, VecF f) {
   r = f != f ? VecU{} + 0x7fc0u : r;
   VecH h = __builtin_convertvector(r, VecH);
   std::memcpy(p, &h, sizeof h);
-}
-
-inline float bf16_scalar(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline uint16_t to_bf16_scalar(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// exp(x) to ~2 ulp for x in [-87, 88] (clamped outside).
-inline VecF expv(VecF x) {
-  x = x < -87.0f ? splat(-87.0f) : x;
-  x = x > 88.0f ? splat(88.0f) : x;
-  const VecF y = x * 1.44269504088896341f + 0.5f;
-  VecF n = __builtin_convertvector(__builtin_convertvector(y, VecI), VecF);
-  n = n > y ? n - 1.0f : n;
-  VecF r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  VecF p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const VecI bits = (__builtin_convertvector(n, VecI) + 127) << 23;
-  VecF scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
 }
 
 inline VecF silu(VecF y) {
@@ -130,7 +87,7 @@ void moments(const uint16_t* x, int64_t n, double* mean_out, double* var_out) {
   }
   // Shifted sums (by the first value) in float32 lanes over blocks of 4096, totals in double:
   // no cancellation when the mean is large, little rounding for long groups.
-  const float shift = bf16_scalar(x[0]);
+  const float shift = bf16_to_float(x[0]);
   double s1 = 0, s2 = 0;
   constexpr int64_t kBlock = 4096;
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
@@ -144,7 +101,7 @@ void moments(const uint16_t* x, int64_t n, double* mean_out, double* var_out) {
     }
     float t1 = hsum(a1), t2 = hsum(a2);
     for (; i < end; ++i) {
-      const float d = bf16_scalar(x[i]) - shift;
+      const float d = bf16_to_float(x[i]) - shift;
       t1 += d;
       t2 += d * d;
     }
@@ -186,10 +143,10 @@ void layer_norm_row(const uint16_t* x, int64_t d, const float* w, const float* b
     store_bf16(y + i, v);
   }
   for (; i < d; ++i) {
-    float v = (bf16_scalar(x[i]) - m) * rstd;
+    float v = (bf16_to_float(x[i]) - m) * rstd;
     if (w) v *= w[i];
     if (b) v += b[i];
-    y[i] = to_bf16_scalar(v);
+    y[i] = float_to_bf16(v);
   }
 }
 
@@ -205,8 +162,8 @@ void geglu(const uint16_t* a, const uint16_t* g, int64_t n, uint16_t* y) {
   }
 }
 
-void channel_sums(const uint16_t* x, int64_t pixels, int64_t C, const float* shift, float* scratch, double* s1,
-                  double* s2) {
+void channel_sums(const uint16_t* x, int64_t pixels, int64_t C, const float* shift, float* scratch,
+                  double* s1, double* s2) {
   float* a1 = scratch;
   float* a2 = scratch + C;
   constexpr int64_t kBlock = 512;
@@ -228,7 +185,7 @@ void channel_sums(const uint16_t* x, int64_t pixels, int64_t C, const float* shi
         std::memcpy(a2 + c, &v2, sizeof v2);
       }
       for (; c < C; ++c) {
-        const float d = bf16_scalar(row[c]) - shift[c];
+        const float d = bf16_to_float(row[c]) - shift[c];
         a1[c] += d;
         a2[c] += d * d;
       }
@@ -240,8 +197,8 @@ void channel_sums(const uint16_t* x, int64_t pixels, int64_t C, const float* shi
   }
 }
 
-void channel_scale_shift(const uint16_t* x, int64_t pixels, int64_t C, const float* scale, const float* shift,
-                         bool act, uint16_t* y) {
+void channel_scale_shift(const uint16_t* x, int64_t pixels, int64_t C, const float* scale,
+                         const float* shift, bool act, uint16_t* y) {
   for (int64_t p = 0; p < pixels; ++p) {
     const uint16_t* in = x + p * C;
     uint16_t* out = y + p * C;
@@ -254,15 +211,16 @@ void channel_scale_shift(const uint16_t* x, int64_t pixels, int64_t C, const flo
       store_bf16(out + c, act ? silu(v) : v);
     }
     for (; c < C; ++c) {
-      float v = bf16_scalar(in[c]) * scale[c] + shift[c];
+      float v = bf16_to_float(in[c]) * scale[c] + shift[c];
       if (act) v = v / (1.0f + __builtin_expf(-v));
-      out[c] = to_bf16_scalar(v);
+      out[c] = float_to_bf16(v);
     }
   }
 }
 
-const CpuKernels kKernels = {CPU_KERNELS_NAME, moments,      scale_shift,        layer_norm_row,
-                             geglu,            channel_sums, channel_scale_shift};
+const CpuKernels kKernels = {CPU_KERNELS_NAME,   moments, scale_shift,
+                             layer_norm_row,     geglu,   channel_sums,
+                             channel_scale_shift};
 
 }  // namespace
 
