@@ -27,6 +27,7 @@ constexpr int64_t kRows = 6;         // query rows per register tile
 constexpr int64_t kBlockRows = 48;   // query rows per task (a multiple of kRows)
 constexpr int64_t kBlockKeys = 256;  // keys per online-softmax block (a multiple of 64)
 constexpr int64_t kLanes = 16;
+static_assert(kLanes == kF32PackLanes, "the float32 kernel reads the shared packing");
 
 inline __mmask16 tail_mask(int64_t n) {
   return static_cast<__mmask16>((1u << n) - 1u);
@@ -139,36 +140,6 @@ inline float softmax_row(const float* s, int64_t len, int64_t visible, float sca
 }
 
 // ---- float32 kernel: K packed as float [D][nkp], V as float [Nk][dp] ----------------------
-
-struct F32Layout {
-  int64_t nkp, dp;
-  explicit F32Layout(const Problem& p)
-      : nkp(round_up(p.nk, kLanes)), dp(round_up(p.head_dim, kLanes)) {}
-};
-
-inline float load_elem(const Problem& p, const void* base, int64_t index) {
-  return p.bf16 ? bf16_to_float(static_cast<const uint16_t*>(base)[index])
-                : static_cast<const float*>(base)[index];
-}
-
-int64_t f32_packed_bytes(const Problem& p) {
-  F32Layout l(p);
-  return aligned_bytes<float>(p.head_dim * l.nkp) + aligned_bytes<float>(p.nk * l.dp);
-}
-
-void f32_pack(const Problem& p, int64_t b, int64_t h, void* packed) {
-  F32Layout l(p);
-  Arena arena{static_cast<uint8_t*>(packed)};
-  float* kp = arena.take<float>(p.head_dim * l.nkp);
-  float* vp = arena.take<float>(p.nk * l.dp);
-  std::memset(kp, 0, sizeof(float) * p.head_dim * l.nkp);
-  std::memset(vp, 0, sizeof(float) * p.nk * l.dp);
-  for (int64_t j = 0; j < p.nk; ++j) {
-    const int64_t ko = offset(p.k_stride, b, h, j), vo = offset(p.v_stride, b, h, j);
-    for (int64_t d = 0; d < p.head_dim; ++d) kp[d * l.nkp + j] = load_elem(p, p.k, ko + d);
-    for (int64_t d = 0; d < p.head_dim; ++d) vp[j * l.dp + d] = load_elem(p, p.v, vo + d);
-  }
-}
 
 int64_t f32_scratch_bytes(const Problem& p) {
   F32Layout l(p);

@@ -3,8 +3,7 @@
 // flash_kernel_portable.cpp (baseline ISA) and flash_kernel_avx2.cpp (-mavx2 -mfma), each
 // of which defines FLASH_KERNEL_NAME and FLASH_KERNEL_GETTER first.
 //
-// Per (batch, head), K is packed transposed as float [D][Nk rounded up to 16] and V as float
-// [Nk][D rounded up to 16] (zero padding), so both inner products run over contiguous memory.
+// K and V are packed as float32 by f32_pack (flash_common.h).
 #include "nn/attention/flash_common.h"
 
 namespace diffuse::nn::flash {
@@ -14,6 +13,7 @@ constexpr int64_t kRows = 4;         // query rows per micro-tile
 constexpr int64_t kBlockRows = 48;   // query rows per task (a multiple of kRows)
 constexpr int64_t kBlockKeys = 256;  // keys per block of the online softmax
 constexpr int64_t kLanes = 16;
+static_assert(kLanes == kF32PackLanes, "the kernel reads the shared packing");
 
 // The target's native float vector as a GCC/Clang vector type (wider types would be lowered
 // through memory). Tiles are kLanes = 16 floats wide, i.e. kVecs vectors.
@@ -36,40 +36,8 @@ inline float exp1(float x) {
   return expv(splat(x))[0];
 }
 
-struct Layout {
-  int64_t nkp, dp;
-  explicit Layout(const Problem& p)
-      : nkp(round_up(p.nk, kLanes)), dp(round_up(p.head_dim, kLanes)) {}
-};
-
-inline float load_elem(const Problem& p, const void* base, int64_t index) {
-  return p.bf16 ? bf16_to_float(static_cast<const uint16_t*>(base)[index])
-                : static_cast<const float*>(base)[index];
-}
-
-int64_t packed_bytes(const Problem& p) {
-  Layout l(p);
-  return aligned_bytes<float>(p.head_dim * l.nkp) + aligned_bytes<float>(p.nk * l.dp);
-}
-
-void pack(const Problem& p, int64_t b, int64_t h, void* packed) {
-  Layout l(p);
-  Arena arena{static_cast<uint8_t*>(packed)};
-  float* kp = arena.take<float>(p.head_dim * l.nkp);
-  float* vp = arena.take<float>(p.nk * l.dp);
-  const int64_t D = p.head_dim;
-  for (int64_t d = 0; d < D; ++d)
-    for (int64_t j = p.nk; j < l.nkp; ++j) kp[d * l.nkp + j] = 0.0f;
-  for (int64_t j = 0; j < p.nk; ++j) {
-    const int64_t ko = offset(p.k_stride, b, h, j), vo = offset(p.v_stride, b, h, j);
-    for (int64_t d = 0; d < D; ++d) kp[d * l.nkp + j] = load_elem(p, p.k, ko + d);
-    for (int64_t d = 0; d < D; ++d) vp[j * l.dp + d] = load_elem(p, p.v, vo + d);
-    for (int64_t d = D; d < l.dp; ++d) vp[j * l.dp + d] = 0.0f;
-  }
-}
-
 int64_t scratch_bytes(const Problem& p) {
-  Layout l(p);
+  F32Layout l(p);
   return aligned_bytes<float>(kBlockRows * p.head_dim) + aligned_bytes<float>(kBlockRows * l.dp) +
          aligned_bytes<float>(kRows * kBlockKeys) + 2 * aligned_bytes<float>(kBlockRows) +
          aligned_bytes<float>(kRows);
@@ -146,7 +114,7 @@ float softmax_row(float* s, int64_t len, int64_t visible, float scale, float& m,
 
 void attend(const Problem& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
             const void* packed, void* scratch) {
-  Layout lay(p);
+  F32Layout lay(p);
   const int64_t D = p.head_dim, rows = row_end - row_begin;
   Arena in{static_cast<uint8_t*>(const_cast<void*>(packed))};
   const float* kp = in.take<float>(D * lay.nkp);
@@ -194,7 +162,8 @@ void attend(const Problem& p, int64_t b, int64_t h, int64_t row_begin, int64_t r
   }
 }
 
-const Kernel kKernel = {FLASH_KERNEL_NAME, kBlockRows, packed_bytes, pack, scratch_bytes, attend};
+const Kernel kKernel = {FLASH_KERNEL_NAME, kBlockRows,    f32_packed_bytes,
+                        f32_pack,          scratch_bytes, attend};
 
 }  // namespace
 
