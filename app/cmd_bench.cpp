@@ -232,6 +232,7 @@ Command add_bench_command(CLI::App& app) {
   prec->add_option("--attention", pf->attention, "Attention backend under test")
       ->capture_default_str();
   prec->add_flag("--json", *pjson, "Print one JSON object on stdout");
+  const auto demo_quality = add_bench_demo_quality(app);
   app.require_subcommand(0, 1);
 
   auto dtypes_for = [](const std::string& spec, const torch::Device& device) {
@@ -245,7 +246,8 @@ Command add_bench_command(CLI::App& app) {
     return out;
   };
 
-  return [o, as_json, att, af, roof, rf, prec, pf, pjson, dtypes_for]() {
+  return [o, as_json, att, af, roof, rf, prec, pf, pjson, dtypes_for, demo_quality]() {
+    if (demo_quality.first->parsed()) return demo_quality.second();
     if (prec->parsed()) {
       auto po = *pf;
       if (!*pjson) po.log = [](const std::string& line) { std::cerr << line << "\n"; };

@@ -14,16 +14,16 @@ Command add_create_demo_command(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("-o,--out", o->out, "Folder to write the demo model into")->required();
   app.add_option("--seed", o->seed, "Seed of the random weights")->capture_default_str();
-  app.add_option(
-      "--arch", o->arch,
-      "Full-size architecture instead of the small demo: sd2.1-base|sd2.1|sd1.5 "
-      "(real configs, random F16 weights, ~2.6 GB; for measuring loading and whole runs)");
+  app.add_option("--arch", o->arch,
+                 "Architecture: sd2.1-base|sd2.1|sd1.5 (real configs, random F16 weights, "
+                 "~2.6 GB; for measuring loading and whole runs)")
+      ->required();
   return [o]() {
     pipeline::DemoModelOptions options;
     options.seed = o->seed;
     options.arch = o->arch;
     pipeline::create_demo_model(o->out, options);
-    std::cout << "wrote demo model (random weights) to " << o->out << "\n";
+    std::cout << "wrote " + o->arch + " model (random weights) to " << o->out << "\n";
     return 0;
   };
 }

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <utility>
 
 namespace diffuse::app {
 
@@ -15,5 +16,8 @@ Command add_img2img_command(CLI::App& app);
 Command add_create_demo_command(CLI::App& app);
 Command add_doctor_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
+Command add_train_demo_command(CLI::App& app);
+// `bench demo-quality`, registered on the bench sub-app: the sub-app and its runner.
+std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench);
 
 }  // namespace diffuse::app

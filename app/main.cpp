@@ -7,7 +7,7 @@
 #include "diffuse/errors.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"diffuse: Stable Diffusion inference on CPU, CUDA and Ascend NPU"};
+  CLI::App app{"diffuse: diffusion image models on CPU, CUDA and Ascend NPU"};
   app.require_subcommand(1);
   bool show_version = false;
   app.add_flag("--version", show_version, "Print the version and exit");
@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   };
   add("txt2img", "Generate images from a prompt", diffuse::app::add_txt2img_command);
   add("img2img", "Transform an image guided by a prompt", diffuse::app::add_img2img_command);
-  add("create-demo-model", "Write the small random-weight demo model", diffuse::app::add_create_demo_command);
+  add("train-demo", "Train the demo model (shapes world) from scratch", diffuse::app::add_train_demo_command);
+  add("create-demo-model", "Write a full-size random-weight model (for benchmarks)", diffuse::app::add_create_demo_command);
   add("verify", "Compare the engine with a golden reference set", diffuse::app::add_verify_command);
   add("doctor", "Check libtorch, BLAS, CPU features and every device", diffuse::app::add_doctor_command);
   add("bench", "Benchmark pipeline stages, attention backends (bench attention) or the roofline", diffuse::app::add_bench_command);

@@ -134,7 +134,12 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   // Visible to profilers and to bench::FlopCounter, whatever kernel runs below.
   RECORD_FUNCTION("diffuse::attention", std::vector<c10::IValue>({q, k, v}));
   const AttentionCall call = make_call(q, options);
-  const AttentionBackend b = select(q, k, v, options, call);
+  AttentionBackend b = select(q, k, v, options, call);
+  // The flash kernel has no backward: while autograd records (training), math computes the
+  // same attention differentiably.
+  if (b == AttentionBackend::kFlash && torch::GradMode::is_enabled() &&
+      (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    b = AttentionBackend::kMath;
   std::string why = unsupported_reason(b, q, k, v, call);
   if (!why.empty())
     throw InvalidArgument(std::string("attention backend '") + attention_backend_name(b) +

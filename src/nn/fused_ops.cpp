@@ -16,6 +16,15 @@
 namespace diffuse::nn {
 namespace {
 
+// The fused kernels have no backward: while autograd records (training the demo model), the
+// ops take LibTorch's differentiable path instead.
+bool grad_wanted(std::initializer_list<torch::Tensor> tensors) {
+  if (!torch::GradMode::is_enabled()) return false;
+  for (const auto& t : tensors)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
 bool fused_cpu_bf16(const torch::Tensor& x) {
   return x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous();
 }
@@ -117,18 +126,19 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
   if (x.dim() < 2 || groups <= 0 || x.size(1) % groups != 0)
     throw InvalidArgument("group_norm: input " + c10::str(x.sizes()) + " cannot be split into " +
                           std::to_string(groups) + " groups");
-  if (fused_cpu_bf16_channels_last(x)) {
+  const bool grad = grad_wanted({x, weight, bias});
+  if (!grad && fused_cpu_bf16_channels_last(x)) {
     auto w = as_float(weight), b = as_float(bias);
     return group_norm_channels_last(x, groups, w.defined() ? w.data_ptr<float>() : nullptr,
                                     b.defined() ? b.data_ptr<float>() : nullptr, eps, silu,
                                     overwrite_input);
   }
-  if (!fused_cpu_bf16(x)) {
+  if (grad || !fused_cpu_bf16(x)) {
     const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
     auto xf = upcast ? x.to(torch::kFloat32) : x;
     auto y = torch::group_norm(xf, groups, upcast ? as_float(weight) : weight,
                                upcast ? as_float(bias) : bias, eps);
-    if (silu) torch::silu_(y);
+    if (silu) y = grad ? torch::silu(y) : torch::silu_(y);
     return upcast ? y.to(x.scalar_type()) : y;
   }
   const int64_t B = x.size(0), C = x.size(1), per_channel = x.numel() / std::max<int64_t>(B * C, 1);
@@ -164,7 +174,7 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
                          const torch::Tensor& bias, double eps) {
   RECORD_FUNCTION("diffuse::layer_norm", std::vector<c10::IValue>({x}));
   const int64_t D = x.size(-1);
-  if (!fused_cpu_bf16(x)) {
+  if (grad_wanted({x, weight, bias}) || !fused_cpu_bf16(x)) {
     const bool upcast = x.device().is_cpu() && x.scalar_type() != torch::kFloat32;
     auto xf = upcast ? x.to(torch::kFloat32) : x;
     auto y = torch::layer_norm(xf, {D}, upcast ? as_float(weight) : weight,
@@ -193,7 +203,7 @@ torch::Tensor geglu(const torch::Tensor& h) {
   const int64_t F = h.size(-1) / 2;
   if (h.size(-1) % 2 != 0)
     throw InvalidArgument("geglu: last dimension " + std::to_string(h.size(-1)) + " is odd");
-  if (!fused_cpu_bf16(h)) {
+  if (grad_wanted({h}) || !fused_cpu_bf16(h)) {
     auto parts = h.chunk(2, -1);
     return parts[0] * torch::gelu(parts[1]);
   }

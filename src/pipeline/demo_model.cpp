@@ -7,9 +7,8 @@
 
 #include "bench/arch_configs.h"
 #include "diffuse/errors.h"
-#include "io/atomic_file.h"
 #include "io/json_config.h"
-#include "io/safetensors.h"
+#include "pipeline/component_writer.h"
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
 #include "models/unet2d_condition.h"
@@ -59,116 +58,25 @@ const char* const kCorpus[] = {
     "best quality, masterpiece, ultra realistic, 8k resolution, sharp, detailed",
 };
 
-ordered_json text_encoder_config(int64_t vocab_size, int64_t bos, int64_t eos) {
-  return {{"architectures", {"CLIPTextModel"}},
-          {"model_type", "clip_text_model"},
-          {"hidden_act", "gelu"},
-          {"hidden_size", 64},
-          {"intermediate_size", 128},
-          {"num_attention_heads", 4},
-          {"num_hidden_layers", 2},
-          {"layer_norm_eps", 1e-5},
-          {"max_position_embeddings", 77},
-          {"vocab_size", vocab_size},
-          {"bos_token_id", bos},
-          {"eos_token_id", eos},
-          {"pad_token_id", eos},
-          {"projection_dim", 64},
-          {"torch_dtype", "float32"}};
-}
-
-ordered_json unet_config() {
-  return {{"_class_name", "UNet2DConditionModel"},
-          {"act_fn", "silu"},
-          {"attention_head_dim", {2, 4, 4}},
-          {"block_out_channels", {32, 64, 64}},
-          {"center_input_sample", false},
-          {"cross_attention_dim", 64},
-          {"down_block_types", {"CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"}},
-          {"downsample_padding", 1},
-          {"flip_sin_to_cos", true},
-          {"freq_shift", 0},
-          {"in_channels", 4},
-          {"layers_per_block", 1},
-          {"mid_block_scale_factor", 1},
-          {"norm_eps", 1e-5},
-          {"norm_num_groups", 8},
-          {"out_channels", 4},
-          {"sample_size", 32},
-          {"up_block_types", {"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"}},
-          {"upcast_attention", false},
-          {"use_linear_projection", true}};
-}
-
-ordered_json vae_config() {
-  return {
-      {"_class_name", "AutoencoderKL"},
-      {"act_fn", "silu"},
-      {"block_out_channels", {32, 64, 64, 64}},
-      {"down_block_types",
-       {"DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"}},
-      {"in_channels", 3},
-      {"latent_channels", 4},
-      {"layers_per_block", 1},
-      {"norm_num_groups", 8},
-      {"out_channels", 3},
-      {"sample_size", 256},
-      {"scaling_factor", 0.18215},
-      {"up_block_types",
-       {"UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"}}};
-}
-
-ordered_json scheduler_config() {
-  return {{"_class_name", "PNDMScheduler"},
-          {"beta_end", 0.012},
-          {"beta_schedule", "scaled_linear"},
-          {"beta_start", 0.00085},
-          {"clip_sample", false},
-          {"num_train_timesteps", 1000},
-          {"prediction_type", "epsilon"},
-          {"set_alpha_to_one", false},
-          {"skip_prk_steps", true},
-          {"steps_offset", 1},
-          {"trained_betas", nullptr}};
-}
-
-void write_json(const fs::path& path, const ordered_json& j) {
-  fs::create_directories(path.parent_path());
-  io::write_file_atomically(path.string(), [&](std::ostream& out) { out << j.dump(2) << "\n"; });
-}
-
 ordered_json ordered(const nlohmann::json& j) {
   return ordered_json::parse(j.dump());
 }
 
-void save_module(torch::nn::Module& module, const fs::path& path, bool half) {
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  for (const auto& p : module.named_parameters(true))
-    tensors.emplace_back(p.key(), half ? p.value().to(torch::kFloat16) : p.value());
-  io::save_safetensors(path.string(), tensors,
-                       {{"format", "pt"}, {"made_by", "diffuse create-demo-model"}});
-}
-
-// Writes one network's config.json and seeded random weights. Full-size models skip
-// LibTorch's default initialisation and take the fast pooled one (values are random either
-// way); the small demo keeps its original stream of values.
+// Writes one network's config.json and seeded random weights. LibTorch's default
+// initialisation is skipped for the fast pooled one (values are random either way).
 template <typename Model, typename Config>
 void write_component(const fs::path& root, const char* folder, const ordered_json& config,
                      const char* weights_file, uint64_t seed, const DemoModelOptions& options) {
-  write_json(root / folder / "config.json", config);
-  const auto parsed = Config::from_json(io::JsonConfig(config, std::string("demo ") + folder));
+  write_json_file(root / folder / "config.json", config);
+  const auto parsed = Config::from_json(io::JsonConfig(config, std::string("random ") + folder));
   Model model{nullptr};
-  if (options.arch.empty()) {
+  {
+    nn::SkipInitGuard skip_init(torch::kFloat32);
     model = Model(parsed);
-    nn::init_random_weights(*model, seed);
-  } else {
-    {
-      nn::SkipInitGuard skip_init(torch::kFloat32);
-      model = Model(parsed);
-    }
-    nn::init_pooled_random_weights(*model, seed);
   }
-  save_module(*model, root / folder / weights_file, options.half_precision_weights);
+  nn::init_pooled_random_weights(*model, seed);
+  save_module_weights(*model, root / folder / weights_file, options.half_precision_weights,
+                      "diffuse create-demo-model");
 }
 
 }  // namespace
@@ -176,8 +84,10 @@ void write_component(const fs::path& root, const char* folder, const ordered_jso
 void create_demo_model(const std::string& dir, const DemoModelOptions& options) {
   torch::NoGradGuard no_grad;
   // Unknown names fail here, before anything is written.
-  const bench::ArchConfigs* arch =
-      options.arch.empty() ? nullptr : &bench::builtin_arch(options.arch);
+  if (options.arch.empty())
+    throw InvalidArgument("create-demo-model needs --arch (sd2.1-base|sd2.1|sd1.5); the trained "
+                          "demo model is made by `diffuse train-demo`");
+  const bench::ArchConfigs& a = bench::builtin_arch(options.arch);
   fs::path root(dir);
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -189,34 +99,23 @@ void create_demo_model(const std::string& dir, const DemoModelOptions& options) 
   const auto vocab_size = static_cast<int64_t>(vocab.tokens.size());
   const int64_t bos = vocab_size - 2, eos = vocab_size - 1;
 
-  ordered_json te_json, unet_json, vae_json, sched_json;
-  if (options.arch.empty()) {
-    te_json = text_encoder_config(vocab_size, bos, eos);
-    unet_json = unet_config();
-    vae_json = vae_config();
-    sched_json = scheduler_config();
-  } else {
-    const auto& a = *arch;
-    te_json = ordered(a.text_encoder);
-    unet_json = ordered(a.unet);
-    vae_json = ordered(a.vae);
-    sched_json = ordered(a.scheduler);
-    // The real embedding table (49,408 rows) keeps its size; our tokenizer uses its first rows.
-    te_json["bos_token_id"] = bos;
-    te_json["eos_token_id"] = eos;
-    te_json["pad_token_id"] = eos;
-  }
+  ordered_json te_json = ordered(a.text_encoder), unet_json = ordered(a.unet),
+               vae_json = ordered(a.vae), sched_json = ordered(a.scheduler);
+  // The real embedding table (49,408 rows) keeps its size; our tokenizer uses its first rows.
+  te_json["bos_token_id"] = bos;
+  te_json["eos_token_id"] = eos;
+  te_json["pad_token_id"] = eos;
   write_component<models::ClipTextModel, models::ClipTextConfig>(
       root, "text_encoder", te_json, "model.safetensors", options.seed, options);
   write_component<models::UNet2DConditionModel, models::UNet2DConditionConfig>(
       root, "unet", unet_json, "diffusion_pytorch_model.safetensors", options.seed + 1, options);
   write_component<models::AutoencoderKL, models::AutoencoderKLConfig>(
       root, "vae", vae_json, "diffusion_pytorch_model.safetensors", options.seed + 2, options);
-  write_json(root / "scheduler" / "scheduler_config.json", sched_json);
-  write_json(
+  write_json_file(root / "scheduler" / "scheduler_config.json", sched_json);
+  write_json_file(
       root / "model_index.json",
       {{"_class_name", "StableDiffusionPipeline"},
-       {"_diffuse_note", "random weights made by `diffuse create-demo-model`; not a trained model"},
+       {"_diffuse_note", "random weights made by `diffuse create-demo-model --arch`; for benchmarks, not a trained model"},
        {"scheduler", {"diffusers", sched_json.value("_class_name", "PNDMScheduler")}},
        {"text_encoder", {"transformers", "CLIPTextModel"}},
        {"tokenizer", {"transformers", "CLIPTokenizer"}},

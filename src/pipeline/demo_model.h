@@ -1,9 +1,8 @@
-// Makes the small demo model kept in the repository: a Stable-Diffusion-shaped pipeline folder
-// (diffusers layout) with seeded random weights and a tokenizer vocabulary learned by this
-// project's own BPE trainer. It exercises every stage end to end; it is not trained.
-// With `arch` set to a built-in architecture (bench/arch_configs.h: sd2.1-base, sd2.1, sd1.5)
-// the folder has that model's real configs and sizes instead, so loading and whole runs can
-// be measured at full size without downloading a model.
+// Makes a full-size model folder (diffusers layout) with seeded random weights for a built-in
+// architecture (bench/arch_configs.h: sd2.1-base, sd2.1, sd1.5) and a tokenizer vocabulary
+// learned by this project's own BPE trainer, so loading and whole runs can be measured at real
+// size without downloading a model. (The demo model that draws pictures is trained by
+// train/demo_trainer.h.)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,7 +13,7 @@ struct DemoModelOptions {
   uint64_t seed = 20261122;
   int num_merges = 1000;               // BPE merges learned from the built-in corpus
   bool half_precision_weights = true;  // store F16 to keep the folder small
-  std::string arch;                    // empty: the small demo model
+  std::string arch;                    // required: sd2.1-base|sd2.1|sd1.5
 };
 
 // Writes a complete diffusers folder into `dir` (created if needed; existing files replaced).

@@ -1,0 +1,43 @@
+// `diffuse bench demo-quality`: how well a demo-world model (models/demo, made by
+// `diffuse train-demo`) draws what it is asked. Generates each held-out prompt (never trained
+// on verbatim) with several seeds, scores every image with the scene scorer, and checks
+// image-to-image: a rendered scene with a changed background colour in the prompt.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "train/scene_scorer.h"
+
+namespace diffuse::bench {
+
+struct DemoQualityOptions {
+  std::string model = "models/demo";
+  int prompts = 50;  // the first N held-out prompts
+  int seeds = 4;     // seeds 0..seeds-1 per prompt
+  int steps = 20;
+  double guidance_scale = 7.5;
+  std::string device = "auto";
+  std::string dtype = "auto";
+  int img2img_cases = 20;   // rendered scenes whose background the prompt changes
+  double strength = 0.6;
+  std::string save_dir;     // when set, every generated image is written there as PNG
+  std::function<void(const std::string&)> log;
+};
+
+struct DemoQualityRow {
+  std::string prompt;
+  uint64_t seed = 0;
+  train::SceneScore score;
+};
+
+struct DemoQualityResult {
+  train::QualityTally txt2img;
+  train::QualityTally img2img;  // background = the new colour; objects = kept in place
+  std::vector<DemoQualityRow> rows;
+  double seconds = 0;
+};
+
+DemoQualityResult run_demo_quality(const DemoQualityOptions& options);
+
+}  // namespace diffuse::bench
