@@ -1,4 +1,5 @@
-// `diffuse bench demo-quality`: scores of the demo model on held-out prompts (bench/demo_quality.h).
+// `diffuse bench demo-quality`: scores of the demo model on held-out prompts
+// (bench/demo_quality.h).
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -63,14 +64,14 @@ std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench) {
                 << "\n";
       return 0;
     }
-    std::printf("txt2img: %d images (%d prompts x %d seeds), %d objects\n", t.images,
-                opts.prompts, opts.seeds, t.objects);
+    std::printf("txt2img: %d images (%d prompts x %d seeds), %d objects\n", t.images, opts.prompts,
+                opts.seeds, t.objects);
     std::printf("  background        %5.1f %%\n", 100 * t.background_accuracy());
     std::printf("  colour + position %5.1f %%\n", 100 * t.colour_position_accuracy());
     std::printf("  shape             %5.1f %%\n", 100 * t.shape_accuracy());
     if (i.images > 0) {
-      std::printf("img2img (blue -> green background, strength %.2f): %d images\n",
-                  opts.strength, i.images);
+      std::printf("img2img (blue -> green background, strength %.2f): %d images\n", opts.strength,
+                  i.images);
       std::printf("  new background    %5.1f %%\n", 100 * i.background_accuracy());
       std::printf("  objects kept      %5.1f %% (colour + position)\n",
                   100 * i.colour_position_accuracy());

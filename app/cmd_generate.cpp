@@ -1,6 +1,8 @@
 // `diffuse txt2img` and `diffuse img2img`: flags -> GenerationConfig -> PNG files.
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 #include "commands.h"
 #include "device/device.h"
 #include "diffuse/pipeline.h"
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "nn/attention.h"
 #include "pipeline/stable_diffusion.h"
@@ -198,9 +201,19 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     device::resolve_dtype(f.vae_dtype, dev, "vae");
     nn::parse_attention_backend(f.attention);
   }
-  auto out_dir = fs::path(f.out).parent_path();
-  if (!out_dir.empty() && !fs::is_directory(out_dir))
-    throw IoError("output folder '" + out_dir.string() + "' does not exist");
+  {
+    // The output is checked before the (slow) load: PNG only, and never a path whose final
+    // rename would destroy a directory, device, FIFO or socket.
+    std::string ext = fs::path(f.out).extension().string();
+    std::transform(ext.begin(), ext.end(), ext.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (!f.out.empty() && ext != ".png")
+      throw InvalidArgument("-o/--out '" + f.out + "': only PNG output is supported (use a .png name)");
+    const size_t total = g.prompts.size() * static_cast<size_t>(g.images_per_prompt) *
+                         static_cast<size_t>(std::max(f.batch_count, 1));
+    for (size_t i = 0; i < std::max<size_t>(total, 1); ++i)
+      io::check_output_path(output_path(f.out, i, total), "output");
+  }
   Image init;
   if (img2img) init = read_png(f.init_image);
   if (!f.latents_file.empty()) g.latents = read_tensor_file(f.latents_file, "latents");

@@ -70,15 +70,13 @@ Command add_train_demo_command(CLI::App& app) {
                  "Time budget of the whole run; the step counts follow from it unless given")
       ->capture_default_str();
   app.add_option("--seed", t.seed, "Seed of weights, scenes and noise")->capture_default_str();
-  app.add_option("--vae-steps", t.vae_steps,
-                 "Autoencoder steps (0 = 30 % of the time budget)")
+  app.add_option("--vae-steps", t.vae_steps, "Autoencoder steps (0 = 30 % of the time budget)")
       ->capture_default_str();
   app.add_option("--unet-steps", t.unet_steps, "UNet steps (0 = the rest of the time budget)")
       ->capture_default_str();
   app.add_option("--resolution", t.resolution, "Training image size")->capture_default_str();
   app.add_option("--vae-batch", t.vae_batch, "Images per autoencoder step")->capture_default_str();
-  app.add_option("--vae-crop", t.vae_crop, "Autoencoder training crop size")
-      ->capture_default_str();
+  app.add_option("--vae-crop", t.vae_crop, "Autoencoder training crop size")->capture_default_str();
   app.add_option("--unet-batch", t.unet_batch, "Latents per UNet step")->capture_default_str();
   app.add_option("--dataset", t.dataset_size, "Scenes encoded for the UNet stage")
       ->capture_default_str();
@@ -101,10 +99,9 @@ Command add_train_demo_command(CLI::App& app) {
     }
     std::signal(SIGINT, previous_int);
     std::signal(SIGTERM, previous_term);
-    std::cout << "wrote the trained demo model to " << o->train.out << " ("
-              << report.parameters << " parameters; autoencoder " << report.vae_steps
-              << " steps, UNet " << report.unet_steps << " steps; "
-              << format_seconds(report.total_s) << ")\n"
+    std::cout << "wrote the trained demo model to " << o->train.out << " (" << report.parameters
+              << " parameters; autoencoder " << report.vae_steps << " steps, UNet "
+              << report.unet_steps << " steps; " << format_seconds(report.total_s) << ")\n"
               << "to repeat this run exactly: see " << o->train.out << "/training.json\n";
     return 0;
   };

@@ -1,6 +1,7 @@
 // The `diffuse` binary as a user runs it: golden pipeline cases end to end through the CLI
 // (PNG output), and bad input giving one clear line, a non-zero exit and no output file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 
@@ -201,11 +202,13 @@ TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
        "does not exist"},
       {{"verify", "--golden", dir.file("nothing")}, "cases.json"},
       {{"create-demo-model", "--arch", "sd9", "--out", dir.file("model")}, "sd2.1-base"},
+      {{"train-demo", "--out", dir.path().string(), "--minutes", "1"}, "--force"},
+      {{"train-demo", "--out", dir.file("m"), "--precision", "fp8"}, "--precision"},
   };
   for (const auto& c : cases) {
     auto args = c.args;
     if (std::find(args.begin(), args.end(), "-o") == args.end() && args[0] != "verify" &&
-        args[0] != "create-demo-model")
+        args[0] != "create-demo-model" && args[0] != "train-demo")
       args.insert(args.end(), {"-o", dir.file("out.png")});
     auto r = run_cli(args, dir);
     EXPECT_NE(r.exit_code, 0) << c.needle;
@@ -218,6 +221,28 @@ TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
     auto name = e.path().filename().string();
     EXPECT_TRUE(name == "notpng.png" || name == "stderr.txt") << name;
   }
+}
+
+TEST(Cli, RefusesOutputsThatAreNotNewOrRegularPngFiles) {
+  test::TempDir dir;
+  const auto model = test::golden_model_dir();
+  std::filesystem::create_directory(dir.path() / "folder.png");
+  ASSERT_EQ(::mkfifo(dir.file("fifo.png").c_str(), 0600), 0);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "empty"},
+      {dir.file("folder.png"), "is a directory"},
+      {dir.file("fifo.png"), "is a named pipe"},
+      {dir.file("out.jpg"), "only PNG output"},
+      {dir.file("missing/out.png"), "does not exist"},
+  };
+  for (const auto& [out, needle] : cases) {
+    auto r = run_cli({"txt2img", "-m", model, "-p", "x", "--steps", "1", "-o", out}, dir);
+    EXPECT_NE(r.exit_code, 0) << out;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << out << " -> " << r.err;
+  }
+  EXPECT_TRUE(std::filesystem::is_directory(dir.path() / "folder.png"));
+  EXPECT_TRUE(std::filesystem::is_fifo(dir.path() / "fifo.png"));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.jpg")));
 }
 
 TEST(Cli, VerifyJsonReportsEveryCase) {

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "diffuse/errors.h"
@@ -16,6 +17,17 @@ Image gradient(int w, int h) {
   img.rgb.resize(static_cast<size_t>(w) * h * 3);
   for (size_t i = 0; i < img.rgb.size(); ++i) img.rgb[i] = static_cast<uint8_t>(i * 7);
   return img;
+}
+
+TEST(Png, WritesANameAtTheFileSystemLimit) {
+  // 250 + ".png" = 254 characters: legal, although the temporary name must be shortened.
+  test::TempDir dir;
+  const std::string name = std::string(250, 'a') + ".png";
+  write_png(dir.file(name), gradient(4, 3));
+  EXPECT_EQ(read_png(dir.file(name)).width, 4);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()),
+                          std::filesystem::directory_iterator()),
+            1);
 }
 
 TEST(Png, RoundTripsPixelsAndText) {

@@ -32,16 +32,24 @@ TEST(Scene, CaptionsOfSampledScenesParseBackToTheSameScene) {
       EXPECT_EQ(spec->objects[k].colour, s.objects[k].colour) << text;
       EXPECT_EQ(spec->objects[k].region, s.objects[k].region) << text;
     }
-    EXPECT_EQ(caption(*spec), caption(spec_of(s, true))) << text;
+    // Size words are said or left out at random, never wrong.
+    const auto sized = spec_of(s, true);
+    for (size_t k = 0; k < s.objects.size(); ++k)
+      EXPECT_TRUE(spec->objects[k].size == SizeWord::kNone ||
+                  spec->objects[k].size == sized.objects[k].size)
+          << text;
+    EXPECT_EQ(caption(*parse_caption(caption(sized))), caption(sized));
   }
   EXPECT_EQ(object_counts, (std::set<size_t>{1, 2}));
 }
 
 TEST(Scene, ParsingIgnoresCaseSpacesAndATrailingPeriod) {
-  const auto a = parse_caption("a red circle on the left and a blue square on the right on a "
-                               "yellow background");
-  const auto b = parse_caption("  A Red   CIRCLE on the left AND a blue square on the right on "
-                               "a Yellow background. ");
+  const auto a = parse_caption(
+      "a red circle on the left and a blue square on the right on a "
+      "yellow background");
+  const auto b = parse_caption(
+      "  A Red   CIRCLE on the left AND a blue square on the right on "
+      "a Yellow background. ");
   ASSERT_TRUE(a);
   ASSERT_TRUE(b);
   EXPECT_EQ(caption(*a), caption(*b));
@@ -49,8 +57,9 @@ TEST(Scene, ParsingIgnoresCaseSpacesAndATrailingPeriod) {
   ASSERT_TRUE(c);
   EXPECT_EQ(c->objects[0].size, SizeWord::kLarge);
   EXPECT_EQ(c->objects[0].region, Region::kCenter);
-  EXPECT_TRUE(parse_caption("an orange square at the top and a small white circle at the "
-                            "bottom on a purple background"));
+  EXPECT_TRUE(
+      parse_caption("an orange square at the top and a small white circle at the "
+                    "bottom on a purple background"));
 }
 
 TEST(Scene, RejectsCaptionsOutsideTheWorldWithAReason) {
@@ -83,10 +92,18 @@ TEST(Scene, ObjectsLieInTheirRegionAndInsideTheImage) {
       EXPECT_GE(o.cy - h, 0.0);
       EXPECT_LE(o.cy + h, 1.0);
       switch (o.region) {
-        case Region::kLeft: EXPECT_LT(o.cx, 0.5); break;
-        case Region::kRight: EXPECT_GT(o.cx, 0.5); break;
-        case Region::kTop: EXPECT_LT(o.cy, 0.5); break;
-        case Region::kBottom: EXPECT_GT(o.cy, 0.5); break;
+        case Region::kLeft:
+          EXPECT_LT(o.cx, 0.5);
+          break;
+        case Region::kRight:
+          EXPECT_GT(o.cx, 0.5);
+          break;
+        case Region::kTop:
+          EXPECT_LT(o.cy, 0.5);
+          break;
+        case Region::kBottom:
+          EXPECT_GT(o.cy, 0.5);
+          break;
         case Region::kCenter:
           EXPECT_GT(o.cx, 1.0 / 3);
           EXPECT_LT(o.cx, 2.0 / 3);
@@ -108,12 +125,13 @@ TEST(Scene, RendersExactPaletteColoursWithAntiAliasedEdges) {
     const uint8_t* p = &img.rgb[(y * 64 + x) * 3];
     return Rgb{p[0], p[1], p[2]};
   };
-  EXPECT_EQ(px(0, 0).r, 240);  // yellow corner
+  EXPECT_EQ(px(0, 0).r, 240);    // yellow corner
   EXPECT_EQ(px(32, 32).b, 220);  // blue centre
   int blends = 0;
   for (int x = 0; x < 64; ++x) {
     const Rgb c = px(x, 32);
-    const bool pure = (c.r == 240 && c.g == 210 && c.b == 40) || (c.r == 40 && c.g == 80 && c.b == 220);
+    const bool pure =
+        (c.r == 240 && c.g == 210 && c.b == 40) || (c.r == 40 && c.g == 80 && c.b == 220);
     blends += !pure;
   }
   EXPECT_GE(blends, 1);  // edge pixels mix the two colours

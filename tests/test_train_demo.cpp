@@ -85,8 +85,8 @@ TEST(TrainDemo, Bf16NormsAreDifferentiable) {
 
 TEST(TrainDemo, TheDemoUNetTrainsOnAFixedBatch) {
   torch::manual_seed(0);
-  auto unet = models::UNet2DConditionModel(models::UNet2DConditionConfig::from_json(
-      io::JsonConfig(demo_unet_config(8), "demo unet")));
+  auto unet = models::UNet2DConditionModel(
+      models::UNet2DConditionConfig::from_json(io::JsonConfig(demo_unet_config(8), "demo unet")));
   unet->train();
   torch::optim::Adam opt(unet->parameters(), torch::optim::AdamOptions(1e-3));
   auto x = torch::randn({2, 4, 8, 8}), target = torch::randn({2, 4, 8, 8});
@@ -111,10 +111,10 @@ TEST(TrainDemo, WritesAFolderThatThePipelineLoadsAndIsDeterministic) {
   EXPECT_EQ(report.vae_steps, 2);
   EXPECT_EQ(report.unet_steps, 3);
   EXPECT_GT(report.scaling_factor, 0);
-  for (const char* f : {"model_index.json", "training.json", "scheduler/scheduler_config.json",
-                        "tokenizer/vocab.json", "text_encoder/model.safetensors",
-                        "unet/diffusion_pytorch_model.safetensors",
-                        "vae/diffusion_pytorch_model.safetensors"})
+  for (const char* f :
+       {"model_index.json", "training.json", "scheduler/scheduler_config.json",
+        "tokenizer/vocab.json", "text_encoder/model.safetensors",
+        "unet/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.safetensors"})
     EXPECT_TRUE(fs::exists(fs::path(a.out) / f)) << f;
   EXPECT_EQ(read_bytes(fs::path(a.out) / "unet/diffusion_pytorch_model.safetensors"),
             read_bytes(fs::path(b.out) / "unet/diffusion_pytorch_model.safetensors"));

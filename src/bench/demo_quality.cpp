@@ -98,8 +98,7 @@ DemoQualityResult run_demo_quality(const DemoQualityOptions& o) {
             std::to_string(result.img2img.colour_position_ok) + "/" +
             std::to_string(result.img2img.objects));
   }
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }
 

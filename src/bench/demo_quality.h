@@ -19,9 +19,9 @@ struct DemoQualityOptions {
   double guidance_scale = 7.5;
   std::string device = "auto";
   std::string dtype = "auto";
-  int img2img_cases = 20;   // rendered scenes whose background the prompt changes
+  int img2img_cases = 20;  // rendered scenes whose background the prompt changes
   double strength = 0.6;
-  std::string save_dir;     // when set, every generated image is written there as PNG
+  std::string save_dir;  // when set, every generated image is written there as PNG
   std::function<void(const std::string&)> log;
 };
 

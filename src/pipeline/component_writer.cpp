@@ -12,6 +12,20 @@ void write_json_file(const std::filesystem::path& path, const nlohmann::ordered_
   io::write_file_atomically(path.string(), [&](std::ostream& out) { out << j.dump(2) << "\n"; });
 }
 
+nlohmann::ordered_json stable_diffusion_model_index(const std::string& scheduler_class,
+                                                    const std::string& note) {
+  return {{"_class_name", "StableDiffusionPipeline"},
+          {"_diffuse_note", note},
+          {"scheduler", {"diffusers", scheduler_class}},
+          {"text_encoder", {"transformers", "CLIPTextModel"}},
+          {"tokenizer", {"transformers", "CLIPTokenizer"}},
+          {"unet", {"diffusers", "UNet2DConditionModel"}},
+          {"vae", {"diffusers", "AutoencoderKL"}},
+          {"safety_checker", {nullptr, nullptr}},
+          {"feature_extractor", {nullptr, nullptr}},
+          {"requires_safety_checker", false}};
+}
+
 void save_module_weights(torch::nn::Module& module, const std::filesystem::path& path, bool half,
                          const std::string& made_by) {
   torch::NoGradGuard no_grad;

@@ -112,18 +112,11 @@ void create_demo_model(const std::string& dir, const DemoModelOptions& options) 
   write_component<models::AutoencoderKL, models::AutoencoderKLConfig>(
       root, "vae", vae_json, "diffusion_pytorch_model.safetensors", options.seed + 2, options);
   write_json_file(root / "scheduler" / "scheduler_config.json", sched_json);
-  write_json_file(
-      root / "model_index.json",
-      {{"_class_name", "StableDiffusionPipeline"},
-       {"_diffuse_note", "random weights made by `diffuse create-demo-model --arch`; for benchmarks, not a trained model"},
-       {"scheduler", {"diffusers", sched_json.value("_class_name", "PNDMScheduler")}},
-       {"text_encoder", {"transformers", "CLIPTextModel"}},
-       {"tokenizer", {"transformers", "CLIPTokenizer"}},
-       {"unet", {"diffusers", "UNet2DConditionModel"}},
-       {"vae", {"diffusers", "AutoencoderKL"}},
-       {"safety_checker", {nullptr, nullptr}},
-       {"feature_extractor", {nullptr, nullptr}},
-       {"requires_safety_checker", false}});
+  write_json_file(root / "model_index.json",
+                  stable_diffusion_model_index(
+                      sched_json.value("_class_name", "PNDMScheduler"),
+                      "random weights made by `diffuse create-demo-model --arch`; for "
+                      "benchmarks, not a trained model"));
 }
 
 }  // namespace diffuse::pipeline

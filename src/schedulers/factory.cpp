@@ -9,6 +9,10 @@
 #include "schedulers/dpm_solver_multistep.h"
 #include "schedulers/euler_ancestral_discrete.h"
 #include "schedulers/euler_discrete.h"
+#include "schedulers/flow_match_euler_discrete.h"
+#include "schedulers/flow_match_flash_euler.h"
+#include "schedulers/flow_match_lcm.h"
+#include "schedulers/flow_unipc_multistep.h"
 #include "schedulers/lms_discrete.h"
 #include "schedulers/pndm.h"
 #include "schedulers/scheduler.h"
@@ -44,15 +48,36 @@ const std::vector<Entry>& entries() {
   return table;
 }
 
+const std::vector<Entry>& flow_entries() {
+  static const std::vector<Entry> table = {
+      {"flow_euler", "FlowMatchEulerDiscreteScheduler", build<FlowMatchEulerDiscreteScheduler>,
+       nlohmann::json::object()},
+      {"flow_lcm", "FlowMatchLCMScheduler", build<FlowMatchLCMScheduler>, nlohmann::json::object()},
+      {"flash_flow_euler", "FlashFlowMatchEulerDiscreteScheduler",
+       build<FlashFlowMatchEulerDiscreteScheduler>, nlohmann::json::object()},
+      // diffusers' UniPC in its flow mode (the only one implemented), e.g. from a flow-matching
+      // Euler config.
+      {"unipc_flow",
+       "UniPCMultistepScheduler",
+       build<UniPCMultistepScheduler>,
+       {{"use_flow_sigmas", true}, {"prediction_type", "flow_prediction"}}},
+      {"flow_unipc", "FlowUniPCMultistepScheduler", build<FlowUniPCMultistepScheduler>,
+       nlohmann::json::object()},
+  };
+  return table;
+}
+
 const Entry* find(const std::string& name, bool* by_short_name) {
-  for (const auto& e : entries()) {
-    if (name == e.name) {
-      *by_short_name = true;
-      return &e;
-    }
-    if (name == e.class_name) {
-      *by_short_name = false;
-      return &e;
+  for (const auto* table : {&entries(), &flow_entries()}) {
+    for (const auto& e : *table) {
+      if (name == e.name) {
+        *by_short_name = true;
+        return &e;
+      }
+      if (name == e.class_name) {
+        *by_short_name = false;
+        return &e;
+      }
     }
   }
   return nullptr;
@@ -60,8 +85,9 @@ const Entry* find(const std::string& name, bool* by_short_name) {
 
 std::string known_names() {
   std::string s;
-  for (const auto& e : entries())
-    s += std::string(s.empty() ? "" : ", ") + e.name + " (" + e.class_name + ")";
+  for (const auto* table : {&entries(), &flow_entries()})
+    for (const auto& e : *table)
+      s += std::string(s.empty() ? "" : ", ") + e.name + " (" + e.class_name + ")";
   return s;
 }
 
@@ -100,6 +126,12 @@ std::unique_ptr<Scheduler> make_scheduler(const std::string& name,
 std::vector<std::string> scheduler_names() {
   std::vector<std::string> out;
   for (const auto& e : entries()) out.push_back(e.name);
+  return out;
+}
+
+std::vector<std::string> flow_scheduler_names() {
+  std::vector<std::string> out;
+  for (const auto& e : flow_entries()) out.push_back(e.name);
   return out;
 }
 

@@ -15,6 +15,9 @@ Scheduler::Scheduler(std::string source, torch::Tensor alphas_cumprod)
       num_train_timesteps_(alphas_cumprod.size(0)),
       alphas_cumprod_(std::move(alphas_cumprod)) {}
 
+Scheduler::Scheduler(std::string source, int64_t num_train_timesteps)
+    : source_(std::move(source)), num_train_timesteps_(num_train_timesteps) {}
+
 void Scheduler::check_num_inference_steps(int n) const {
   if (n < 1 || n > num_train_timesteps_) {
     throw InvalidArgument(std::string(class_name()) + ": num_inference_steps must be in [1, " +

@@ -1,13 +1,16 @@
 // The Scheduler interface: one class per diffusers scheduler (DDIM, PNDM, Euler, Euler
-// ancestral, DPM-Solver++ multistep, LMS), each built from a scheduler_config.json exactly like
-// diffusers' `from_config` (unknown keys ignored, missing keys take that class's defaults) and
-// matching diffusers 0.30.3 numerically.
+// ancestral, DPM-Solver++ multistep, LMS, and the flow-matching Euler / LCM / HiDream flash
+// Euler / UniPC), each built from a scheduler_config.json exactly like diffusers' `from_config`
+// (unknown keys ignored, missing keys take that class's defaults) and matching diffusers 0.30.3
+// (flow matching: 0.34.0 and HiDream's hi_diffusers) numerically.
 //
 // Usage (as the diffusers pipelines do):
 //   auto s = make_scheduler(config);  s->set_timesteps(steps);
 //   latents *= s->init_noise_sigma();
 //   for (t : s->timesteps()) { x = s->scale_model_input(latents, t); ...;
 //                               latents = s->step(model_out, t, latents).prev_sample; }
+// Flow-matching pipelines with resolution-dependent shifting call s->set_shift_mu(mu) (or
+// set_shift) before set_timesteps (diffusers' set_timesteps(steps, mu=mu)).
 // Per-step state (PNDM's ets, DPM's model outputs, LMS derivatives, the step index) lives in
 // the object; set_timesteps resets it. Schedules stay on the CPU; step/add_noise/
 // scale_model_input work on any device and any latent shape and return tensors on the
@@ -60,13 +63,14 @@ class Scheduler {
   // num_inference_steps < 1 or > num_train_timesteps (or too few for PNDM's Runge-Kutta warm-up).
   virtual void set_timesteps(int num_inference_steps) = 0;
 
-  // The schedule (CPU): int64 for DDIM/PNDM/DPM, float32 for the Euler family and LMS.
-  // Empty until set_timesteps.
+  // The schedule (CPU): int64 for DDIM/PNDM/DPM, float32 for the Euler family, LMS and flow
+  // matching. Empty until set_timesteps.
   const torch::Tensor& timesteps() const { return timesteps_; }
   // float32 sigmas (CPU) of sigma-based schedulers (num_inference_steps + 1 entries), else
   // undefined.
   const torch::Tensor& sigmas() const { return sigmas_; }
-  // float32 [num_train_timesteps], exactly as diffusers computes it.
+  // float32 [num_train_timesteps], exactly as diffusers computes it; undefined for the
+  // flow-matching schedulers, which have no alphas.
   const torch::Tensor& alphas_cumprod() const { return alphas_cumprod_; }
 
   // Factor for the initial noise (diffusers' init_noise_sigma).
@@ -103,12 +107,24 @@ class Scheduler {
   // diffusers pipelines, which pass eta only to schedulers whose step accepts it.
   virtual void set_eta(double eta) {}
 
+  // The `mu` that diffusers' flow-matching set_timesteps(n, mu=mu) takes (the pipelines compute
+  // it from the image sequence length): kept for every later set_timesteps. Used by schedulers
+  // with use_dynamic_shifting (InvalidArgument from set_timesteps if they have none); ignored
+  // by all others, as diffusers ignores it when dynamic shifting is off.
+  virtual void set_shift_mu(std::optional<double> mu) {}
+  // A static shift that replaces the config's for later set_timesteps calls (diffusers'
+  // flow-matching set_shift, hi_diffusers' set_timesteps(n, shift=...)); nullopt restores the
+  // config's. Ignored by schedulers without a static shift.
+  virtual void set_shift(std::optional<double> shift) {}
+
   // Whether step() draws noise (Euler ancestral, DDIM with eta > 0, SDE variants), so the
   // pipeline knows to hand it a generator or recorded noise.
   virtual bool is_stochastic() const { return false; }
 
  protected:
   Scheduler(std::string source, torch::Tensor alphas_cumprod);
+  // For schedulers without alphas (flow matching): alphas_cumprod() stays undefined.
+  Scheduler(std::string source, int64_t num_train_timesteps);
 
   // InvalidArgument unless 1 <= n <= num_train_timesteps.
   void check_num_inference_steps(int n) const;
@@ -147,13 +163,20 @@ class Scheduler {
 // Builds the scheduler named by the config's "_class_name". ConfigError naming the file and
 // key for an unknown class or bad values.
 std::unique_ptr<Scheduler> make_scheduler(const io::JsonConfig& config);
-// Builds scheduler `name` (ddim|pndm|euler|euler_a|dpmpp_2m|lms, or a diffusers class name)
+// Builds scheduler `name` (ddim|pndm|euler|euler_a|dpmpp_2m|lms, a flow-matching short name
+// flow_euler|flow_lcm|flash_flow_euler|unipc_flow|flow_unipc, or a diffusers / hi_diffusers
+// class name)
 // from another scheduler's config, like diffusers' `NewClass.from_config(old.config)`: keys
 // the new class does not know are ignored, missing ones take its defaults. "dpmpp_2m" also
-// selects algorithm_type dpmsolver++ with solver_order 2. ConfigError for an unknown name.
+// selects algorithm_type dpmsolver++ with solver_order 2, "unipc_flow" use_flow_sigmas with
+// prediction_type flow_prediction. ConfigError for an unknown name.
 std::unique_ptr<Scheduler> make_scheduler(const std::string& name,
                                           const io::JsonConfig& base_config);
-// The short names accepted by make_scheduler.
+// The short names of the noise-prediction (DDPM-family) schedulers that Stable Diffusion models
+// can use.
 std::vector<std::string> scheduler_names();
+// The short names of the flow-matching schedulers (HiDream, Flux, SD3 models), kept apart
+// because they do not fit models trained on a DDPM noise schedule.
+std::vector<std::string> flow_scheduler_names();
 
 }  // namespace diffuse::schedulers

@@ -14,6 +14,5 @@ nlohmann::ordered_json demo_vae_config(int resolution);
 nlohmann::ordered_json demo_unet_config(int latent_size);
 nlohmann::ordered_json demo_text_encoder_config(int64_t vocab_size, int64_t bos, int64_t eos);
 nlohmann::ordered_json demo_scheduler_config();
-nlohmann::ordered_json demo_model_index();
 
 }  // namespace diffuse::train

@@ -2,8 +2,8 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
-#include <torch/torch.h>
 #include <malloc.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -50,8 +50,9 @@ class StagedFolder {
       if (!fs::is_directory(out_))
         throw InvalidArgument("train-demo: '" + out + "' exists and is not a folder");
       if (!fs::is_empty(out_, ec) && !force)
-        throw InvalidArgument("train-demo: '" + out +
-                              "' is not empty; choose another folder or pass --force to replace it");
+        throw InvalidArgument(
+            "train-demo: '" + out +
+            "' is not empty; choose another folder or pass --force to replace it");
     }
     fs::path abs = fs::absolute(out_).lexically_normal();
     if (abs.filename().empty()) abs = abs.parent_path();
@@ -79,7 +80,8 @@ class StagedFolder {
       old = out_.parent_path() /
             ("." + out_.filename().string() + ".old-" + std::to_string(::getpid()));
       fs::rename(out_, old, ec);
-      if (ec) throw IoError("train-demo: cannot move '" + out_.string() + "' aside: " + ec.message());
+      if (ec)
+        throw IoError("train-demo: cannot move '" + out_.string() + "' aside: " + ec.message());
     }
     fs::rename(staging_, out_, ec);
     if (ec) {
@@ -164,7 +166,8 @@ int64_t run_stage(const char* stage, int64_t fixed_steps, double budget_s, StepF
   Clock::time_point timing_start = t0;
   double running = 0;
   for (int64_t i = 0; i < total; ++i) {
-    if (cancel && cancel->load()) throw Cancelled("train-demo: interrupted; no model folder was written");
+    if (cancel && cancel->load())
+      throw Cancelled("train-demo: interrupted; no model folder was written");
     if (fixed_steps == 0 && i == 2) timing_start = Clock::now();
     const double loss = step(i, fixed_steps > 0 ? total : std::numeric_limits<int64_t>::max());
     if (!std::isfinite(loss))
@@ -342,8 +345,8 @@ TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progre
       opt.step();
       return loss.item<double>();
     };
-    report.vae_steps = run_stage("vae", o.vae_steps, 0.3 * budget_s, step, on_progress, cancel,
-                                 report.vae_loss);
+    report.vae_steps =
+        run_stage("vae", o.vae_steps, 0.3 * budget_s, step, on_progress, cancel, report.vae_loss);
     vae->eval();
     report.vae_s = seconds_since(t0);
   }
@@ -357,7 +360,8 @@ TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progre
     constexpr int64_t kChunk = 128;
     std::vector<torch::Tensor> parts;
     for (int64_t done = 0; done < o.dataset_size; done += kChunk) {
-      if (cancel && cancel->load()) throw Cancelled("train-demo: interrupted; no model folder was written");
+      if (cancel && cancel->load())
+        throw Cancelled("train-demo: interrupted; no model folder was written");
       const int n = static_cast<int>(std::min(kChunk, o.dataset_size - done));
       auto batch = source.next(n);
       AutocastGuard autocast(bf16);
@@ -388,8 +392,8 @@ TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progre
     std::vector<torch::Tensor> params = unet->parameters();
     for (const auto& p : text_encoder->parameters()) params.push_back(p);
     constexpr double kBaseLr = 4e-4;
-    torch::optim::AdamW opt(params,
-                            torch::optim::AdamWOptions(kBaseLr).betas({0.9, 0.99}).weight_decay(0.01));
+    torch::optim::AdamW opt(
+        params, torch::optim::AdamWOptions(kBaseLr).betas({0.9, 0.99}).weight_decay(0.01));
     schedulers::SchedulerConfig sched(io::JsonConfig(sched_json, "demo scheduler"));
     const auto alphas_cumprod =
         schedulers::alphas_cumprod_from_betas(sched.betas("linear", 0.0001, 0.02, false));
@@ -408,8 +412,7 @@ TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progre
       const auto tokens = tokenizer.encode_padded(captions, max_tokens);
       std::vector<int64_t> flat;
       for (const auto& row : tokens.input_ids) flat.insert(flat.end(), row.begin(), row.end());
-      const auto input_ids =
-          torch::tensor(flat, torch::kLong).view({o.unet_batch, max_tokens});
+      const auto input_ids = torch::tensor(flat, torch::kLong).view({o.unet_batch, max_tokens});
       const auto t = at::randint(T, {o.unet_batch}, gen, torch::kLong);
       const auto noise = at::randn(x0.sizes(), gen);
       const auto ab = alphas_cumprod.index_select(0, t).view({-1, 1, 1, 1});
@@ -432,14 +435,15 @@ TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progre
     };
     // Whatever the first two stages left of the budget, less a little for writing.
     const double remaining = std::max(1.0, 0.98 * budget_s - seconds_since(t_start));
-    report.unet_steps = run_stage("unet", o.unet_steps, remaining, step, on_progress, cancel,
-                                  report.unet_loss);
+    report.unet_steps =
+        run_stage("unet", o.unet_steps, remaining, step, on_progress, cancel, report.unet_loss);
     ema.copy_to_params();
     unet->eval();
     text_encoder->eval();
     report.unet_s = seconds_since(t0);
   }
-  if (cancel && cancel->load()) throw Cancelled("train-demo: interrupted; no model folder was written");
+  if (cancel && cancel->load())
+    throw Cancelled("train-demo: interrupted; no model folder was written");
 
   // The folder.
   auto vae_out = vae_json;
@@ -456,25 +460,35 @@ TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progre
   pipeline::save_module_weights(*text_encoder, root / "text_encoder" / "model.safetensors",
                                 o.half_precision_weights, made_by);
   pipeline::write_json_file(root / "scheduler" / "scheduler_config.json", sched_json);
-  pipeline::write_json_file(root / "model_index.json", demo_model_index());
+  pipeline::write_json_file(
+      root / "model_index.json",
+      pipeline::stable_diffusion_model_index(
+          sched_json.value("_class_name", "PNDMScheduler"),
+          "trained from scratch by `diffuse train-demo` on the demo world (see training.json)"));
   report.total_s = seconds_since(t_start);
   ordered_json record = {
       {"command", "diffuse train-demo --seed " + std::to_string(o.seed) + " --vae-steps " +
                       std::to_string(report.vae_steps) + " --unet-steps " +
                       std::to_string(report.unet_steps) + " --resolution " +
-                      std::to_string(o.resolution) + " --vae-batch " +
-                      std::to_string(o.vae_batch) + " --vae-crop " + std::to_string(o.vae_crop) + " --unet-batch " +
+                      std::to_string(o.resolution) + " --vae-batch " + std::to_string(o.vae_batch) +
+                      " --vae-crop " + std::to_string(o.vae_crop) + " --unet-batch " +
                       std::to_string(o.unet_batch) + " --dataset " +
-                      std::to_string(o.dataset_size) + " --precision " +
-                      (bf16 ? "bf16" : "fp32")},
+                      std::to_string(o.dataset_size) + " --precision " + (bf16 ? "bf16" : "fp32")},
       {"seed", o.seed},
       {"precision", bf16 ? "bf16" : "fp32"},
       {"resolution", o.resolution},
-      {"vae", {{"steps", report.vae_steps}, {"batch", o.vae_batch}, {"crop", o.vae_crop}, {"final_loss", report.vae_loss},
-               {"seconds", report.vae_s}}},
+      {"vae",
+       {{"steps", report.vae_steps},
+        {"batch", o.vae_batch},
+        {"crop", o.vae_crop},
+        {"final_loss", report.vae_loss},
+        {"seconds", report.vae_s}}},
       {"dataset", {{"scenes", o.dataset_size}, {"seconds", report.encode_s}}},
-      {"unet", {{"steps", report.unet_steps}, {"batch", o.unet_batch},
-                {"final_loss", report.unet_loss}, {"seconds", report.unet_s}}},
+      {"unet",
+       {{"steps", report.unet_steps},
+        {"batch", o.unet_batch},
+        {"final_loss", report.unet_loss},
+        {"seconds", report.unet_s}}},
       {"scaling_factor", report.scaling_factor},
       {"parameters", report.parameters},
       {"threads", at::get_num_threads()},

@@ -12,15 +12,15 @@
 namespace diffuse::train {
 
 struct TrainDemoOptions {
-  std::string out;        // the model folder to write
-  bool force = false;     // replace an existing non-empty folder
+  std::string out;     // the model folder to write
+  bool force = false;  // replace an existing non-empty folder
   uint64_t seed = 1;
   double minutes = 60;    // time budget for the whole run (used when the step counts are 0)
   int64_t vae_steps = 0;  // 0: as many as the VAE's share of the budget allows
   int64_t unet_steps = 0;
-  int resolution = 128;   // training images are resolution x resolution
+  int resolution = 128;  // training images are resolution x resolution
   int vae_batch = 16;
-  int vae_crop = 64;      // the autoencoder trains on random crops of this size
+  int vae_crop = 64;  // the autoencoder trains on random crops of this size
   int unet_batch = 32;
   int64_t dataset_size = 16384;  // scenes pre-encoded for the UNet stage
   bool half_precision_weights = true;
@@ -34,9 +34,9 @@ struct TrainProgress {
   std::string stage;  // "vae", "encode", "unet"
   int64_t step = 0;   // 1-based, done so far
   int64_t total = 0;
-  double loss = 0;    // running mean of recent steps
+  double loss = 0;  // running mean of recent steps
   double stage_elapsed_s = 0;
-  double eta_s = 0;   // for the stage
+  double eta_s = 0;  // for the stage
 };
 using TrainCallback = std::function<void(const TrainProgress&)>;
 

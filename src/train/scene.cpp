@@ -8,9 +8,9 @@
 namespace diffuse::train {
 namespace {
 
-constexpr Rgb kPalette[kNumColours] = {{220, 40, 40},   {40, 170, 60},  {40, 80, 220},
-                                       {240, 210, 40},  {245, 245, 245}, {20, 20, 20},
-                                       {245, 140, 30},  {140, 60, 190}};
+constexpr Rgb kPalette[kNumColours] = {{220, 40, 40},  {40, 170, 60},   {40, 80, 220},
+                                       {240, 210, 40}, {245, 245, 245}, {20, 20, 20},
+                                       {245, 140, 30}, {140, 60, 190}};
 constexpr const char* kColourNames[kNumColours] = {"red",   "green", "blue",   "yellow",
                                                    "white", "black", "orange", "purple"};
 constexpr const char* kShapeNames[kNumShapes] = {"circle", "square", "triangle"};
@@ -110,9 +110,12 @@ bool covers(const SceneObject& o, double px, double py, double width, double hei
 
 std::string object_words(const SceneSpec::Object& o) {
   std::string words = "a ";
-  if (o.size == SizeWord::kSmall) words += "small ";
-  else if (o.size == SizeWord::kLarge) words += "large ";
-  else if (o.colour == Colour::kOrange) words = "an ";
+  if (o.size == SizeWord::kSmall)
+    words += "small ";
+  else if (o.size == SizeWord::kLarge)
+    words += "large ";
+  else if (o.colour == Colour::kOrange)
+    words = "an ";
   return words + colour_name(o.colour) + " " + shape_name(o.shape);
 }
 
@@ -158,13 +161,15 @@ class CaptionReader {
       const bool left_right = *region == Region::kLeft && *region2 == Region::kRight;
       const bool top_bottom = *region == Region::kTop && *region2 == Region::kBottom;
       if (!left_right && !top_bottom) {
-        why = "two objects must be 'X on the left and Y on the right' or 'X at the top and Y at "
-              "the bottom'";
+        why =
+            "two objects must be 'X on the left and Y on the right' or 'X at the top and Y at "
+            "the bottom'";
         return std::nullopt;
       }
       spec.objects.push_back(*second);
     }
-    if (!(accept("on") && (accept("a") || accept("an")))) return fail(why, "'on a <colour> background'");
+    if (!(accept("on") && (accept("a") || accept("an"))))
+      return fail(why, "'on a <colour> background'");
     auto bg = colour();
     if (!bg) return fail(why, "a background colour");
     if (!accept("background")) return fail(why, "'background'");
@@ -206,8 +211,10 @@ class CaptionReader {
       return std::nullopt;
     }
     SceneSpec::Object o{};
-    if (accept("small")) o.size = SizeWord::kSmall;
-    else if (accept("large")) o.size = SizeWord::kLarge;
+    if (accept("small"))
+      o.size = SizeWord::kSmall;
+    else if (accept("large"))
+      o.size = SizeWord::kLarge;
     auto c = colour();
     if (!c) {
       fail(why, "a colour (red, green, blue, yellow, white, black, orange, purple)");
@@ -377,8 +384,7 @@ Image render_scene(const Scene& scene, int width, int height) {
           acc[2] += c.b;
         }
       uint8_t* p = &img.rgb[(static_cast<size_t>(y) * width + x) * 3];
-      for (int k = 0; k < 3; ++k)
-        p[k] = static_cast<uint8_t>(std::lround(acc[k] / (kSub * kSub)));
+      for (int k = 0; k < 3; ++k) p[k] = static_cast<uint8_t>(std::lround(acc[k] / (kSub * kSub)));
     }
   return img;
 }

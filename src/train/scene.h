@@ -44,7 +44,7 @@ struct SceneObject {
   Shape shape = Shape::kCircle;
   Colour colour = Colour::kRed;
   Region region = Region::kCenter;
-  double size = 0.3;  // circle diameter / square side / triangle base and height, in widths
+  double size = 0.3;          // circle diameter / square side / triangle base and height, in widths
   double cx = 0.5, cy = 0.5;  // centre, in fractions of the width and height
 };
 
