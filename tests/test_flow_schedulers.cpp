@@ -12,6 +12,7 @@
 #include <set>
 
 #include "diffuse/errors.h"
+#include "golden_case_check.h"
 #include "io/json_config.h"
 #include "schedulers/flow_match.h"
 #include "schedulers/scheduler.h"
@@ -74,21 +75,11 @@ TEST_P(FlowSchedulerCaseTest, MatchesReference) {
   auto set = verify::GoldenSet::load(dir);
   const auto* c = set.find(GetParam());
   ASSERT_NE(c, nullptr);
-  auto result = verify::run_case(set, *c, verify::VerifyOptions{});
-  for (const auto& d : result.details) std::cout << "  " << d << "\n";
-  std::cout << "  max_abs_err=" << result.max_abs_err << "\n";
-  EXPECT_TRUE(result.passed) << result.reason;
-}
-
-std::string sanitize(const ::testing::TestParamInfo<std::string>& info) {
-  std::string s = info.param;
-  for (auto& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
+  test::expect_golden_case_passes(set, *c);
 }
 
 INSTANTIATE_TEST_SUITE_P(FlowSchedulerGolden, FlowSchedulerCaseTest,
-                         ::testing::ValuesIn(flow_case_names()), sanitize);
+                         ::testing::ValuesIn(flow_case_names()), test::case_param_name);
 
 io::JsonConfig config(const std::string& cls, nlohmann::json extra = nlohmann::json::object()) {
   extra["_class_name"] = cls;

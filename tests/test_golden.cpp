@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "golden_case_check.h"
 #include "test_util.h"
 #include "verify/verify.h"
 
@@ -29,20 +30,11 @@ TEST_P(GoldenCaseTest, MatchesReference) {
   auto supported = verify::supported_components();
   if (std::find(supported.begin(), supported.end(), c->component) == supported.end())
     GTEST_SKIP() << "component '" << c->component << "' has no runner yet";
-  auto result = verify::run_case(set, *c, verify::VerifyOptions{});
-  for (const auto& d : result.details) std::cout << "  " << d << "\n";
-  std::cout << "  max_abs_err=" << result.max_abs_err << "\n";
-  EXPECT_TRUE(result.passed) << result.reason;
+  test::expect_golden_case_passes(set, *c);
 }
 
-std::string sanitize(const ::testing::TestParamInfo<std::string>& info) {
-  std::string s = info.param;
-  for (auto& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-}
-
-INSTANTIATE_TEST_SUITE_P(Golden, GoldenCaseTest, ::testing::ValuesIn(case_names()), sanitize);
+INSTANTIATE_TEST_SUITE_P(Golden, GoldenCaseTest, ::testing::ValuesIn(case_names()),
+                         test::case_param_name);
 
 TEST(GoldenSet, LoadsAndListsCases) {
   auto set = verify::GoldenSet::load(test::golden_dir());
