@@ -57,6 +57,14 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json(const io::JsonConfig& cfg) {
   return c;
 }
 
+torch::Tensor AutoencoderKLConfig::to_latents(const torch::Tensor& z) const {
+  return (z - shift_factor.value_or(0.0)) * scaling_factor;
+}
+
+torch::Tensor AutoencoderKLConfig::from_latents(const torch::Tensor& latents) const {
+  return latents / scaling_factor + shift_factor.value_or(0.0);
+}
+
 int64_t AutoencoderKLConfig::spatial_factor() const {
   return int64_t{1} << (block_out_channels.size() - 1);
 }

@@ -40,6 +40,10 @@ struct AutoencoderKLConfig {
   static AutoencoderKLConfig from_json(const io::JsonConfig& cfg);
   // Image pixels per latent pixel along each axis: 2^(number of blocks - 1).
   int64_t spatial_factor() const;
+  // The latents a denoiser works on from the VAE's z and back: latents = (z - shift) * scale
+  // (shift 0 without shift_factor, as SD's VAEs; the Flux-style VAEs of HiDream have one).
+  torch::Tensor to_latents(const torch::Tensor& z) const;
+  torch::Tensor from_latents(const torch::Tensor& latents) const;
 };
 
 // DiagonalGaussianDistribution: mean and logvar are the channel halves of the moments,

@@ -198,6 +198,21 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
   return y;
 }
 
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  RECORD_FUNCTION("diffuse::rms_norm", std::vector<c10::IValue>({x}));
+  const int64_t D = x.size(-1);
+  if (weight.defined() && (weight.dim() != 1 || weight.size(0) != D))
+    throw InvalidArgument("rms_norm: weight of shape " + c10::str(weight.sizes()) +
+                          " for inputs whose last dimension is " + std::to_string(D));
+  // float32 statistics and scaling, one rounding to x's dtype at the end (torch.nn.RMSNorm in
+  // float32; for bf16 it keeps the mean of squares from being summed in bf16).
+  const bool upcast = x.scalar_type() != torch::kFloat32 && x.scalar_type() != torch::kFloat64;
+  auto xf = upcast ? x.to(torch::kFloat32) : x;
+  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  if (weight.defined()) y = y * weight.to(xf.scalar_type());
+  return upcast ? y.to(x.scalar_type()) : y;
+}
+
 torch::Tensor geglu(const torch::Tensor& h) {
   RECORD_FUNCTION("diffuse::geglu", std::vector<c10::IValue>({h}));
   const int64_t F = h.size(-1) / 2;
@@ -240,6 +255,10 @@ torch::Tensor to_compute_layout(const torch::Tensor& x) {
 torch::Tensor GroupNormImpl::group_norm(const torch::Tensor& x, bool silu, bool overwrite_input) {
   return nn::group_norm(x, options.num_groups(), weight, bias, options.eps(), silu,
                         overwrite_input);
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
 }
 
 torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {

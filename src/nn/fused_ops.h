@@ -21,6 +21,11 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
                          const torch::Tensor& bias, double eps);
 
+// RMSNorm over the last dimension: x * rsqrt(mean(x^2) + eps) * weight (weight [D] or
+// undefined), statistics in float32 for every input dtype; the result has x's dtype.
+// torch.nn.RMSNorm / HiDream's q/k norms; T5LayerNorm and LlamaRMSNorm are the same formula.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
 // h [..., 2F] -> h[..., :F] * gelu(h[..., F:]) with the exact (erf) GELU (diffusers' GEGLU).
 torch::Tensor geglu(const torch::Tensor& h);
 
@@ -54,5 +59,15 @@ struct LayerNormImpl : torch::nn::LayerNormImpl {
   torch::Tensor forward(const torch::Tensor& x);
 };
 TORCH_MODULE(LayerNorm);
+
+// torch.nn.RMSNorm(dim, eps) with its parameter `weight` (ones at construction).
+struct RMSNormImpl : torch::nn::Module {
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x) { return rms_norm(x, weight, eps); }
+
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
 
 }  // namespace diffuse::nn

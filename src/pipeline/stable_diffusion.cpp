@@ -309,8 +309,7 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
 
 torch::Tensor StableDiffusion::decode_latents(const torch::Tensor& latents) {
   const auto& vc = c_->vae_config;
-  auto z = latents.to(c_->vae_device, torch::kFloat32) / vc.scaling_factor +
-           vc.shift_factor.value_or(0.0);
+  auto z = vc.from_latents(latents.to(c_->vae_device, torch::kFloat32));
   auto img = c_->vae()->decode(z.to(c_->vae_dtype)).to(torch::kFloat32);
   c_->done_with(c_->vae_module, c_->vae_device);
   return (img / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().to(torch::kCPU);
@@ -468,8 +467,7 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   trace("posterior_std", std);
   auto posterior_noise = draw_noise(mean.sizes(), gen).to(c_->vae_device);
   const auto& vc = c_->vae_config;
-  auto init_latents =
-      (mean + std * posterior_noise - vc.shift_factor.value_or(0.0)) * vc.scaling_factor;
+  auto init_latents = vc.to_latents(mean + std * posterior_noise);
   init_latents = init_latents.to(c_->device);
   if (init_latents.size(0) != batch)
     init_latents = init_latents.repeat({batch / init_latents.size(0), 1, 1, 1});

@@ -14,6 +14,9 @@ CaseResult verify_text_encoder(const GoldenSet& set, const GoldenCase& c, const 
 CaseResult verify_tokenizer(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 // UNet2DConditionModel forward (inputs sample, timestep, encoder_hidden_states; output out).
 CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
+// HiDreamImageTransformer2DModel forward (inputs x, timesteps, t5, llama, pooled; output out).
+CaseResult verify_transformer(const GoldenSet& set, const GoldenCase& c,
+                              const VerifyOptions& options);
 // AutoencoderKL encode (input x; outputs mean, logvar, std) and/or decode (input z; output sample).
 CaseResult verify_vae(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);

@@ -21,6 +21,7 @@ const std::vector<RunnerEntry> kRunners = {
     {"text_encoder", verify_text_encoder},
     {"tokenizer", verify_tokenizer},
     {"unet", verify_unet},
+    {"transformer", verify_transformer},
     {"vae", verify_vae},
     {"scheduler", verify_scheduler},
     {"pipeline", verify_pipeline},

@@ -1,0 +1,33 @@
+// Golden runner for component "transformer": HiDreamImageTransformer2DModel forward on the
+// case's x, timesteps, t5, llama and pooled (params.max_seq overrides the config's, as
+// HiDream-E1 does; params.component picks another folder, default "transformer"); compares
+// "out" and every captured "inter.*".
+#include <torch/torch.h>
+
+#include "io/model_folder.h"
+#include "models/hidream_transformer.h"
+#include "verify/compare_intermediates.h"
+#include "verify/runners.h"
+
+namespace diffuse::verify {
+
+CaseResult verify_transformer(const GoldenSet& set, const GoldenCase& c,
+                              const VerifyOptions& options) {
+  auto folder = io::ModelFolder::open(set.model_dir());
+  const std::string component = c.params.value("component", std::string("transformer"));
+  auto model = models::load_hidream_transformer(folder, options.device, torch::kFloat32, component);
+  CaseTensors tensors(c.file);
+  models::HiDreamForwardOptions fwd;
+  fwd.max_seq = c.params.value("max_seq", int64_t{0});
+  models::Intermediates captured;
+  auto out = model->forward(tensors.get("x").to(options.device), tensors.get("timesteps"),
+                            tensors.get("t5"), tensors.get("llama"), tensors.get("pooled"), fwd,
+                            &captured);
+  const double atol = c.tol("atol", 1e-4), rtol = c.tol("rtol", 0.0);
+  CaseResult result;
+  result.add("out", compare("out", out, tensors.get("out"), atol, rtol));
+  compare_intermediates(result, tensors, captured, atol, rtol);
+  return result;
+}
+
+}  // namespace diffuse::verify
