@@ -25,14 +25,7 @@ namespace {
 using schedulers::make_scheduler;
 using schedulers::Scheduler;
 using schedulers::StepNoise;
-
-// $DIFFUSE_HIDREAM_GOLDEN_DIR, else the hidream-tiny set next to the default golden set.
-std::string hidream_golden_dir() {
-  if (const char* env = std::getenv("DIFFUSE_HIDREAM_GOLDEN_DIR"); env && *env) return env;
-  std::filesystem::path p(DIFFUSE_DEFAULT_GOLDEN_DIR);
-  if (!p.has_filename()) p = p.parent_path();
-  return (p.parent_path() / "hidream-tiny").string();
-}
+using test::hidream_golden_dir;
 
 // The diffusers class names behind the flow-matching short names.
 std::set<std::string> flow_classes() {

@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -10,10 +11,23 @@
 namespace diffuse::test {
 
 // The golden set under test: $DIFFUSE_GOLDEN_DIR or the shared sd21-tiny set.
-inline std::string golden_dir() { return verify::golden_dir_from_env(DIFFUSE_DEFAULT_GOLDEN_DIR); }
+inline std::string golden_dir() {
+  return verify::golden_dir_from_env(DIFFUSE_DEFAULT_GOLDEN_DIR);
+}
+
+// The HiDream golden set: $DIFFUSE_HIDREAM_GOLDEN_DIR, else the hidream-tiny set next to the
+// default golden set.
+inline std::string hidream_golden_dir() {
+  if (const char* env = std::getenv("DIFFUSE_HIDREAM_GOLDEN_DIR"); env && *env) return env;
+  std::filesystem::path p(DIFFUSE_DEFAULT_GOLDEN_DIR);
+  if (!p.has_filename()) p = p.parent_path();
+  return (p.parent_path() / "hidream-tiny").string();
+}
 
 // The golden set's diffusers model folder.
-inline std::string golden_model_dir() { return verify::GoldenSet::load(golden_dir()).model_dir(); }
+inline std::string golden_model_dir() {
+  return verify::GoldenSet::load(golden_dir()).model_dir();
+}
 
 // Runs `f`, which must throw E; returns the message (and records a failure if nothing or
 // something else was thrown).
