@@ -10,6 +10,7 @@
 
 #include "bench/arch_configs.h"
 #include "bench/attention_bench.h"
+#include "bench/hidream_block_bench.h"
 #include "bench/pipeline_bench.h"
 #include "bench/precision_bench.h"
 #include "bench/roofline.h"
@@ -158,7 +159,9 @@ Command add_bench_command(CLI::App& app) {
   auto as_json = std::make_shared<bool>(false);
   std::string archs;
   for (const auto& n : bench::builtin_arch_names()) archs += (archs.empty() ? "" : "|") + n;
-  app.add_option("--arch", o->arch, "Built-in architecture with random weights: " + archs)
+  app.add_option("--arch", o->arch,
+                 "Built-in architecture with random weights: " + archs +
+                     "|hidream-i1 (one dual- and one single-stream block at full size)")
       ->capture_default_str();
   app.add_option("-m,--model", o->model,
                  "Benchmark a real model (diffusers folder or single file) instead");
@@ -342,6 +345,7 @@ Command add_bench_command(CLI::App& app) {
         std::cout << json{{"threads", at::get_num_threads()}, {"rooflines", all}}.dump(2) << "\n";
       return 0;
     }
+    if (bench::is_hidream_arch(o->arch)) return run_hidream_block_bench(*o, *as_json);
     return run_pipeline(*o, *as_json);
   };
 }

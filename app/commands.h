@@ -3,6 +3,8 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "bench/pipeline_bench.h"
+
 #include <functional>
 #include <utility>
 
@@ -17,6 +19,8 @@ Command add_create_demo_command(CLI::App& app);
 Command add_doctor_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_train_demo_command(CLI::App& app);
+// `bench --arch hidream-i1`: the HiDream block benchmark with the bench command's options.
+int run_hidream_block_bench(const bench::PipelineBenchOptions& options, bool as_json);
 // `bench demo-quality`, registered on the bench sub-app: the sub-app and its runner.
 std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench);
 

@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "bench/bench_util.h"
+
 #include "bench/memory_probe.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
@@ -12,15 +14,6 @@
 #include "nn/attention/flash.h"
 
 namespace diffuse::bench {
-namespace {
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
 std::vector<AttentionCase> attention_cases(const std::string& set) {
   std::vector<AttentionCase> out;
   if (set == "table" || set == "all") {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "bench/arch_configs.h"
+#include "bench/bench_util.h"
 #include "bench/memory_probe.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
@@ -22,27 +23,6 @@
 
 namespace diffuse::bench {
 namespace {
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-void sync(const torch::Device& d) {
-  if (d.is_cuda()) torch::cuda::synchronize();
-}
-
-double params_m(torch::nn::Module& m) {
-  double n = 0;
-  for (const auto& p : m.parameters()) n += static_cast<double>(p.numel());
-  return n / 1e6;
-}
-
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  snprintf(buf, sizeof buf, f, x);
-  return buf;
-}
 
 // Configs and (for a real model) weights of the three networks.
 struct Source {
@@ -101,7 +81,7 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
   for (int i = 0; i < o.warmup; ++i) {
     double t0 = now_s();
     unet->forward(sample, t, context);
-    sync(device);
+    sync_device(device);
     if (o.log) o.log("unet warm-up step: " + fmt("%.3f s", now_s() - t0));
   }
   for (int i = 0; i < o.steps; ++i) {
@@ -110,7 +90,7 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
     if (flops && i == 0) counter.emplace();
     double t0 = now_s();
     unet->forward(sample, t, context);
-    sync(device);
+    sync_device(device);
     if (counter) *flops = counter->counts();
     run.step_s.push_back(now_s() - t0);
     if (o.log)
@@ -127,27 +107,11 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
   return run;
 }
 
-double mb(int64_t bytes) {
-  return static_cast<double>(bytes) / (1 << 20);
-}
-
-// Peak RSS of one stage: resets the kernel's mark before, reads it after, and keeps the
-// process-wide maximum in `overall`.
-class StagePeak {
- public:
-  explicit StagePeak(double* overall) : overall_(overall), reset_(reset_peak_rss()) {}
-  double finish() {
-    const double peak = mb(peak_rss_bytes());
-    *overall_ = std::max(*overall_, peak);
-    return reset_ ? peak : 0.0;
-  }
-
- private:
-  double* overall_;
-  bool reset_;
-};
-
 }  // namespace
+
+void sync_device(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
 
 PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   if (o.steps < 1) throw InvalidArgument("--steps must be >= 1, got " + std::to_string(o.steps));
@@ -235,10 +199,10 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
                               gen, torch::TensorOptions().dtype(torch::kInt64))
                    .to(device);
     text->forward(ids);  // warm-up
-    sync(device);
+    sync_device(device);
     double s0 = now_s();
     text->forward(ids);
-    sync(device);
+    sync_device(device);
     r.text_encoder_s = now_s() - s0;
     r.text_encoder_peak_mb = peak.finish();
     if (o.log)
@@ -262,7 +226,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
                  .to(device, vae_dtype);
     double s0 = now_s();
     vae->decode(z);
-    sync(device);
+    sync_device(device);
     r.vae_decode_s = now_s() - s0;
     r.vae_peak_mb = peak.finish();
     if (o.log) o.log("vae decode (1 image): " + fmt("%.3f s", r.vae_decode_s));

@@ -24,8 +24,8 @@ std::vector<PrecisionRow> run_precision_bench(const PrecisionOptions& o) {
     test.dtype = o.dtype;
     test.vae_dtype = o.vae_dtype;
     test.attention = o.attention;
-    auto a =
-        verify::replay_pipeline_case(set, c, set.model_dir(), ref).result.images_float.to(torch::kFloat64);
+    auto a = verify::replay_pipeline_case(set, c, set.model_dir(), ref)
+                 .result.images_float.to(torch::kFloat64);
     auto b = verify::replay_pipeline_case(set, c, set.model_dir(), test)
                  .result.images_float.to(torch::kFloat64);
     PrecisionRow row;

@@ -4,16 +4,13 @@
 
 #include <chrono>
 
+#include "bench/bench_util.h"
+
 #include "device/cpu_threads.h"
 #include "device/device.h"
 
 namespace diffuse::bench {
 namespace {
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // Best time of `fn` over calls filling at least min_seconds (at least 2 calls), after a warm-up.
 template <typename Fn>

@@ -14,7 +14,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // Layers whose output is added to a residual stream.
 double gain_for(const std::string& module_name) {
-  for (const char* r : {"conv2", "to_out.0", "ff.net.2", "proj_out", "fc2", "out_proj"})
+  for (const char* r :
+       {"conv2", "to_out.0", "ff.net.2", "proj_out", "fc2", "out_proj", "to_out", "to_out_t", ".w2"})
     if (ends_with(module_name, r)) return 0.5;
   if (ends_with(module_name, "decoder.conv_out")) return 0.6;
   return 1.0;

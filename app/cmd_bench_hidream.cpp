@@ -1,0 +1,55 @@
+// `diffuse bench --arch hidream-i1`: prints the HiDream block benchmark (see
+// bench/hidream_block_bench.h) as text or JSON.
+#include <cstdio>
+#include <iostream>
+
+#include "bench/hidream_block_bench.h"
+#include "commands.h"
+
+namespace diffuse::app {
+namespace {
+
+void print_block(const char* name, const bench::BlockTiming& t) {
+  std::printf(
+      "  %-20s %7.0fM params  %8.1f GFLOP (attention %6.1f)  best %7.3f s  mean %7.3f s"
+      "  %6.1f GFLOP/s  %5.0f%% of roofline (%.2fx)  peak %7.0f MiB\n",
+      name, t.params_m, t.flops.total() / 1e9, t.flops.attention / 1e9, t.best_s, t.mean_s,
+      t.flops.total() / 1e9 / t.best_s, 100 * t.roofline_fraction,
+      t.roofline_fraction > 0 ? 1 / t.roofline_fraction : 0.0, t.peak_mb);
+}
+
+}  // namespace
+
+int run_hidream_block_bench(const bench::PipelineBenchOptions& p, bool as_json) {
+  bench::HiDreamBlockBenchOptions o;
+  o.device = p.device;
+  o.dtype = p.dtype;
+  o.attention = p.attention;
+  if (p.width > 0) o.width = p.width;
+  if (p.height > 0) o.height = p.height;
+  o.batch = p.batch;
+  o.repeat = p.steps;
+  o.roofline = p.roofline;
+  o.seed = p.seed;
+  if (!as_json) o.log = [](const std::string& line) { std::cerr << line << "\n"; };
+  const auto r = bench::run_hidream_block_bench(o);
+  if (as_json) {
+    std::cout << bench::to_json(r).dump(2) << "\n";
+    return 0;
+  }
+  std::printf(
+      "hidream-i1 blocks at %dx%d (%d image + %d text tokens), batch %d, %s, %s "
+      "attention, %d threads on %s\n",
+      r.width, r.height, r.image_tokens, r.text_tokens, r.batch, r.dtype.c_str(),
+      r.attention.c_str(), r.threads, r.device.c_str());
+  if (r.roofline) std::printf("  roofline: matmul %.1f GFLOP/s\n", r.roofline->matmul_gflops);
+  print_block("dual-stream block", r.dual);
+  print_block("single-stream block", r.single);
+  std::printf("  one denoising step (%d dual + %d single blocks): ~%.1f s per %d-image batch\n",
+              r.num_layers, r.num_single_layers, r.step_estimate_s, r.batch);
+  std::printf("  whole transformer: %.2fB parameters = %.1f GiB in %s\n", r.transformer_params_b,
+              r.transformer_gib, r.dtype.c_str());
+  return 0;
+}
+
+}  // namespace diffuse::app

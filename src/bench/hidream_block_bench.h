@@ -1,0 +1,56 @@
+// `diffuse bench --arch hidream-i1`: the real HiDream-I1 transformer configuration (16
+// dual-stream + 32 single-stream blocks, 20 heads x 128, 4 routed experts top-2 + shared) is
+// too large to build whole on a small machine (17B parameters), so the bench builds ONE block
+// of each kind at full width with random weights, runs it at the pipeline's token counts
+// (1024x1024 -> 4096 image tokens; 128 T5 + 128 + 128 Llama tokens), counts its FLOPs,
+// compares its time with this run's matmul roofline and extrapolates a full denoising step.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/flop_counter.h"
+#include "bench/roofline.h"
+
+namespace diffuse::bench {
+
+// HiDream-ai/HiDream-I1-Full transformer/config.json (as on the hub).
+nlohmann::json hidream_i1_transformer_config();
+bool is_hidream_arch(const std::string& name);  // "hidream-i1"
+
+struct HiDreamBlockBenchOptions {
+  std::string device = "auto", dtype = "auto", attention = "auto";
+  int width = 1024, height = 1024;
+  int batch = 2;          // 2 = one image with classifier-free guidance
+  int text_tokens = 128;  // T5 tokens = Llama tokens (the pipelines' max_sequence_length)
+  int repeat = 2;         // timed runs per block after one warm-up
+  bool roofline = true;
+  uint64_t seed = 0;
+  std::function<void(const std::string&)> log;
+};
+
+struct BlockTiming {
+  double params_m = 0;  // parameters, millions
+  double best_s = 0, mean_s = 0;
+  FlopCounts flops;              // one run
+  double peak_mb = 0;            // peak RSS while it ran (0 where it cannot be reset)
+  double roofline_fraction = 0;  // (flops / matmul roofline) / best_s
+};
+
+struct HiDreamBlockBenchResult {
+  std::string device, dtype, attention;
+  int width = 0, height = 0, batch = 0, image_tokens = 0, text_tokens = 0, threads = 0;
+  int num_layers = 0, num_single_layers = 0;
+  BlockTiming dual, single;
+  double step_estimate_s = 0;       // num_layers * dual + num_single_layers * single
+  double transformer_params_b = 0;  // the whole transformer, billions
+  double transformer_gib = 0;       // its weights in `dtype`
+  std::optional<Roofline> roofline;
+};
+
+HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& options);
+nlohmann::json to_json(const HiDreamBlockBenchResult& r);
+
+}  // namespace diffuse::bench
