@@ -1,6 +1,5 @@
 #include "nn/attention_npu.h"
 
-#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
 
@@ -13,6 +12,7 @@
 #include "device/npu_backend.h"
 
 #include "nn/attention/backends.h"
+#include "nn/npu_op_call.h"
 
 namespace diffuse::nn {
 namespace {
@@ -28,40 +28,7 @@ const char* schema_name(NpuAttentionKernel kernel) {
 }
 
 c10::optional<c10::OperatorHandle> find_op(NpuAttentionKernel kernel) {
-  auto op = c10::Dispatcher::singleton().findSchema({schema_name(kernel), ""});
-  if (op && !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) return c10::nullopt;
-  return op;
-}
-
-// Calls `op` with the arguments named in `named`; every other argument takes its schema
-// default. Built from the schema at run time because torch_npu releases append arguments
-// (prefix, actual_seq_qlen, softmax_layout, sink, ...) to these operators.
-torch::jit::Stack call_by_name(const c10::OperatorHandle& op,
-                               const std::map<std::string, c10::IValue>& named) {
-  const auto& schema = op.schema();
-  torch::jit::Stack stack;
-  size_t used = 0;
-  for (const auto& arg : schema.arguments()) {
-    auto it = named.find(arg.name());
-    if (it != named.end()) {
-      stack.push_back(it->second);
-      ++used;
-    } else if (arg.default_value()) {
-      stack.push_back(*arg.default_value());
-    } else {
-      throw std::runtime_error(std::string(schema.name()) + ": argument '" + arg.name() +
-                               "' has no default and is unknown to diffuse");
-    }
-  }
-  if (used != named.size())
-    throw std::runtime_error(std::string(schema.name()) +
-                             " lacks an argument diffuse passes (schema: " + c10::toString(schema) +
-                             ")");
-  // Inference only: skip autograd, which torch_npu does not register for every fused operator
-  // (npu_prompt_flash_attention is an inference kernel).
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  op.callBoxed(&stack);
-  return stack;
+  return find_npu_op(schema_name(kernel));
 }
 
 torch::Tensor causal_mask(int64_t nq, int64_t nk, const torch::Device& device) {
@@ -86,7 +53,7 @@ torch::Tensor run_fusion(const c10::OperatorHandle& op, const torch::Tensor& q,
   };
   if (causal) a["atten_mask"] = causal_mask(q.size(2), k.size(2), q.device());
   // Outputs: attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, mask length.
-  return call_by_name(op, a).at(0).toTensor();
+  return call_npu_op_by_name(op, a).at(0).toTensor();
 }
 
 torch::Tensor run_prompt_flash(const c10::OperatorHandle& op, const torch::Tensor& q,
@@ -104,7 +71,7 @@ torch::Tensor run_prompt_flash(const c10::OperatorHandle& op, const torch::Tenso
       {"input_layout", std::string("BNSD")},
   };
   if (causal) a["atten_mask"] = causal_mask(q.size(2), k.size(2), q.device());
-  return call_by_name(op, a).at(0).toTensor();
+  return call_npu_op_by_name(op, a).at(0).toTensor();
 }
 
 }  // namespace
@@ -187,7 +154,6 @@ void reset_npu_attention_failures() {
   g_pfa_failed = false;
 }
 
-
 void register_npu_attention_backend() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -202,6 +168,5 @@ void register_npu_attention_backend() {
     register_attention_backend(AttentionBackend::kNpu, hooks);
   });
 }
-
 
 }  // namespace diffuse::nn

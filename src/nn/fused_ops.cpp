@@ -12,6 +12,7 @@
 
 #include "diffuse/errors.h"
 #include "nn/kernels/cpu_features.h"
+#include "nn/npu_fused_ops.h"
 
 namespace diffuse::nn {
 namespace {
@@ -204,6 +205,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   if (weight.defined() && (weight.dim() != 1 || weight.size(0) != D))
     throw InvalidArgument("rms_norm: weight of shape " + c10::str(weight.sizes()) +
                           " for inputs whose last dimension is " + std::to_string(D));
+  if (auto fused = npu_rms_norm(x, weight, eps)) return *fused;
   // float32 statistics and scaling, one rounding to x's dtype at the end (torch.nn.RMSNorm in
   // float32; for bf16 it keeps the mean of squares from being summed in bf16).
   const bool upcast = x.scalar_type() != torch::kFloat32 && x.scalar_type() != torch::kFloat64;

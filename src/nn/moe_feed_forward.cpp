@@ -6,6 +6,7 @@
 
 #include "diffuse/errors.h"
 #include "nn/layers.h"
+#include "nn/npu_fused_ops.h"
 
 namespace diffuse::nn {
 
@@ -55,6 +56,30 @@ MOEFeedForwardSwiGLUImpl::MOEFeedForwardSwiGLUImpl(int64_t dim, int64_t hidden_d
   gate = register_module("gate", MoEGate(dim, num_routed_experts, num_activated_experts));
 }
 
+std::vector<torch::Tensor> MOEFeedForwardSwiGLUImpl::run_experts(
+    const std::vector<int64_t>& experts, const std::vector<torch::Tensor>& inputs) {
+  if (!inputs.empty() && npu_fused_ops_enabled(inputs.front())) {
+    // Each GEMM of the SwiGLU chain as one grouped call over the experts (weights as [K, N]).
+    auto grouped = [&](torch::nn::Linear FeedForwardSwiGLUImpl::*layer,
+                       const std::vector<torch::Tensor>& xs) {
+      std::vector<torch::Tensor> ws;
+      for (auto e : experts) ws.push_back(((*expert_list[e]).*layer)->weight.t());
+      return npu_grouped_matmul(xs, ws);
+    };
+    auto h1 = grouped(&FeedForwardSwiGLUImpl::w1, inputs);
+    auto h3 = h1 ? grouped(&FeedForwardSwiGLUImpl::w3, inputs) : std::nullopt;
+    if (h1 && h3) {
+      std::vector<torch::Tensor> hidden;
+      for (size_t i = 0; i < h1->size(); ++i)
+        hidden.push_back(torch::silu((*h1)[i]).mul_((*h3)[i]));
+      if (auto y = grouped(&FeedForwardSwiGLUImpl::w2, hidden)) return *y;
+    }
+  }
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < inputs.size(); ++i) out.push_back(expert_list[experts[i]](inputs[i]));
+  return out;
+}
+
 torch::Tensor MOEFeedForwardSwiGLUImpl::forward(const torch::Tensor& x_in) {
   const int64_t dim = x_in.size(-1);
   auto x = x_in.reshape({-1, dim});
@@ -69,18 +94,23 @@ torch::Tensor MOEFeedForwardSwiGLUImpl::forward(const torch::Tensor& x_in) {
                     .contiguous();
   auto flat_weights = routing.weights.reshape({-1, 1});
   auto tokens = torch::div(order, k, "floor");
-  auto out = torch::zeros_like(x);
   const int64_t* count = counts.data_ptr<int64_t>();
+  std::vector<int64_t> used;
+  std::vector<torch::Tensor> rows, inputs, weights;
   int64_t start = 0;
   for (size_t e = 0; e < expert_list.size(); ++e) {
     const int64_t n = count[e];
     if (n == 0) continue;
-    auto rows = tokens.narrow(0, start, n);
-    auto y = expert_list[e](x.index_select(0, rows));
-    y.mul_(flat_weights.index_select(0, order.narrow(0, start, n)));
-    out.index_add_(0, rows, y);
+    used.push_back(static_cast<int64_t>(e));
+    rows.push_back(tokens.narrow(0, start, n));
+    inputs.push_back(x.index_select(0, rows.back()));
+    weights.push_back(flat_weights.index_select(0, order.narrow(0, start, n)));
     start += n;
   }
+  auto outputs = run_experts(used, inputs);
+  auto out = torch::zeros_like(x);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    out.index_add_(0, rows[i], outputs[i].mul_(weights[i]));
   out.add_(shared_experts(x));
   return out.view(x_in.sizes());
 }

@@ -53,6 +53,11 @@ struct MOEFeedForwardSwiGLUImpl : torch::nn::Module {
   // path must match (tests only).
   torch::Tensor forward_dense_reference(const torch::Tensor& x);
 
+  // Expert experts[i] on inputs[i], for each i: one grouped GEMM per layer on the npu
+  // (npu_grouped_matmul), one GEMM chain per expert elsewhere.
+  std::vector<torch::Tensor> run_experts(const std::vector<int64_t>& experts,
+                                         const std::vector<torch::Tensor>& inputs);
+
   FeedForwardSwiGLU shared_experts{nullptr};
   torch::nn::ModuleList experts{nullptr};
   std::vector<FeedForwardSwiGLU> expert_list;

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "diffuse/errors.h"
+#include "nn/npu_fused_ops.h"
 
 namespace diffuse::nn {
 
@@ -33,6 +34,12 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTable& table) {
     throw InvalidArgument("apply_rope: x must be [B, N >= " + std::to_string(S) +
                           ", H, D >= " + std::to_string(2 * R) + "], got " + c10::str(x.sizes()));
   const int64_t B = x.size(0), H = x.size(2);
+  if (auto fused =
+          npu_rotary_mul_interleaved(x.narrow(1, 0, S).narrow(3, 0, 2 * R), table.cos, table.sin)) {
+    auto out = x.clone(torch::MemoryFormat::Contiguous);
+    out.narrow(1, 0, S).narrow(3, 0, 2 * R).copy_(*fused);
+    return out;
+  }
   // [B, S, H, R, 2] pairs in float32; cos/sin broadcast over batch and heads.
   auto pairs = x.narrow(1, 0, S).narrow(3, 0, 2 * R).to(torch::kFloat32).reshape({B, S, H, R, 2});
   auto x0 = pairs.select(4, 0), x1 = pairs.select(4, 1);

@@ -68,6 +68,13 @@ SimulatedDeviceState simulated_device_state(c10::DeviceIndex index);
 // wrong call from diffuse gives a wrong answer.
 void register_reference_npu_attention_ops();
 
+// Reference npu_rms_norm, npu_rotary_mul and npu_grouped_matmul (HiDream's fused pieces).
+void register_reference_npu_hidream_ops();
+// Calls of those since the last reset: "npu_rms_norm", "npu_rotary_mul:<mode>",
+// "npu_grouped_matmul".
+int64_t reference_op_calls(const std::string& op);
+void reset_reference_op_calls();
+
 // Makes the reference operators throw after recording the call (a failing kernel).
 void set_reference_ops_fail(bool fail);
 
