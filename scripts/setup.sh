@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev libopenblas0-pthread libicu-dev
+  libtorch-dev libopenblas0-pthread libicu-dev libsentencepiece-dev libpcre2-dev
   nlohmann-json3-dev libcli11-dev libpng-dev libcpp-httplib-dev libgtest-dev
 )
 

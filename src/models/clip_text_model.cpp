@@ -21,18 +21,23 @@ ClipTextConfig ClipTextConfig::from_json(const io::JsonConfig& j) {
   c.layer_norm_eps = j.get<double>("layer_norm_eps", c.layer_norm_eps);
   c.hidden_act = j.get<std::string>("hidden_act", c.hidden_act);
   c.eos_token_id = j.get<int64_t>("eos_token_id", c.eos_token_id);
+  c.projection_dim = j.get<int64_t>("projection_dim", c.projection_dim);
   if (c.hidden_act != "quick_gelu" && c.hidden_act != "gelu" && c.hidden_act != "gelu_new" &&
       c.hidden_act != "gelu_pytorch_tanh")
     j.fail("hidden_act", "unsupported activation '" + c.hidden_act +
                              "' (expected quick_gelu, gelu, gelu_new or gelu_pytorch_tanh)");
-  for (auto [key, v] : {std::pair{"hidden_size", c.hidden_size}, {"num_hidden_layers", c.num_hidden_layers},
+  for (auto [key, v] : {std::pair{"hidden_size", c.hidden_size},
+                        {"num_hidden_layers", c.num_hidden_layers},
                         {"num_attention_heads", c.num_attention_heads},
-                        {"intermediate_size", c.intermediate_size}, {"vocab_size", c.vocab_size},
-                        {"max_position_embeddings", c.max_position_embeddings}})
+                        {"intermediate_size", c.intermediate_size},
+                        {"vocab_size", c.vocab_size},
+                        {"max_position_embeddings", c.max_position_embeddings},
+                        {"projection_dim", c.projection_dim}})
     if (v <= 0) j.fail(key, "must be positive, got " + std::to_string(v));
   if (c.hidden_size % c.num_attention_heads != 0)
     j.fail("num_attention_heads", "hidden_size " + std::to_string(c.hidden_size) +
-                                      " is not divisible by " + std::to_string(c.num_attention_heads));
+                                      " is not divisible by " +
+                                      std::to_string(c.num_attention_heads));
   return c;
 }
 
@@ -62,7 +67,9 @@ ClipAttentionImpl::ClipAttentionImpl(const ClipTextConfig& c) : heads(c.num_atte
 
 torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x) {
   auto B = x.size(0), N = x.size(1), C = x.size(2);
-  auto split = [&](const torch::Tensor& t) { return t.view({B, N, heads, C / heads}).transpose(1, 2); };
+  auto split = [&](const torch::Tensor& t) {
+    return t.view({B, N, heads, C / heads}).transpose(1, 2);
+  };
   nn::AttentionOptions opts;
   opts.causal = true;
   auto o = nn::attention(split(q_proj(x)), split(k_proj(x)), split(v_proj(x)), opts);
@@ -85,9 +92,10 @@ torch::Tensor ClipEncoderLayerImpl::forward(const torch::Tensor& x) {
 }
 
 ClipTextEmbeddingsImpl::ClipTextEmbeddingsImpl(const ClipTextConfig& c) {
-  token_embedding = register_module("token_embedding", nn::make_embedding(c.vocab_size, c.hidden_size));
-  position_embedding =
-      register_module("position_embedding", nn::make_embedding(c.max_position_embeddings, c.hidden_size));
+  token_embedding =
+      register_module("token_embedding", nn::make_embedding(c.vocab_size, c.hidden_size));
+  position_embedding = register_module(
+      "position_embedding", nn::make_embedding(c.max_position_embeddings, c.hidden_size));
 }
 
 torch::Tensor ClipTextEmbeddingsImpl::forward(const torch::Tensor& input_ids) {
@@ -104,14 +112,21 @@ ClipTextTransformerImpl::ClipTextTransformerImpl(const ClipTextConfig& c) {
   embeddings = register_module("embeddings", ClipTextEmbeddings(c));
   encoder = register_module("encoder", ClipEncoder(c));
   final_layer_norm = register_module(
-      "final_layer_norm", nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
+      "final_layer_norm",
+      nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
 }
 
 ClipTextModelImpl::ClipTextModelImpl(const ClipTextConfig& config) : config_(config) {
   text_model = register_module("text_model", ClipTextTransformer(config));
+  if (config.with_projection)
+    text_projection = register_module(
+        "text_projection",
+        nn::make_linear(
+            torch::nn::LinearOptions(config.hidden_size, config.projection_dim).bias(false)));
 }
 
-ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, bool output_hidden_states) {
+ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids,
+                                          bool output_hidden_states) {
   if (input_ids.dim() != 2)
     throw InvalidArgument("text encoder: input_ids must be [batch, tokens], got " +
                           std::to_string(input_ids.dim()) + " dims");
@@ -120,8 +135,10 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, bool o
                           " tokens exceed max_position_embeddings " +
                           std::to_string(config_.max_position_embeddings));
   auto ids = input_ids.to(text_model->embeddings->token_embedding->weight.device(), torch::kInt64);
-  if (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= config_.vocab_size))
-    throw InvalidArgument("text encoder: token id outside [0, " + std::to_string(config_.vocab_size) + ")");
+  if (ids.numel() &&
+      (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= config_.vocab_size))
+    throw InvalidArgument("text encoder: token id outside [0, " +
+                          std::to_string(config_.vocab_size) + ")");
   ClipTextOutput out;
   auto h = text_model->embeddings->forward(ids);
   if (output_hidden_states) out.hidden_states.push_back(h);
@@ -131,15 +148,24 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, bool o
   }
   out.last_hidden_state = text_model->final_layer_norm(h);
   // transformers' rule: old configs (eos_token_id == 2) take the highest id as EOS position.
-  auto eos_pos = config_.eos_token_id == 2 ? ids.argmax(-1) : ids.eq(config_.eos_token_id).to(torch::kInt32).argmax(-1);
+  auto eos_pos = config_.eos_token_id == 2
+                     ? ids.argmax(-1)
+                     : ids.eq(config_.eos_token_id).to(torch::kInt32).argmax(-1);
   out.pooler_output =
       out.last_hidden_state.index({torch::arange(ids.size(0), ids.options()), eos_pos});
+  if (text_projection) out.text_embeds = text_projection(out.pooler_output);
   return out;
 }
 
-ClipTextModel load_clip_text_model(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
-                                   const std::string& component) {
-  auto config = ClipTextConfig::from_json(folder.component_config(component));
+ClipTextModel load_clip_text_model(const io::ModelFolder& folder, torch::Device device,
+                                   torch::Dtype dtype, const std::string& component) {
+  const auto json = folder.component_config(component);
+  auto config = ClipTextConfig::from_json(json);
+  std::string cls = folder.component_class(component);
+  if (cls.empty() && json.has("architectures") && json.json()["architectures"].is_array() &&
+      !json.json()["architectures"].empty() && json.json()["architectures"][0].is_string())
+    cls = json.json()["architectures"][0].get<std::string>();
+  config.with_projection = cls == "CLIPTextModelWithProjection";
   ClipTextModel model{nullptr};
   {
     nn::SkipInitGuard skip_init(dtype);  // every parameter is loaded below

@@ -1,6 +1,8 @@
-// CLIPTextModel (transformers) as the Stable Diffusion pipelines use it: token + position
+// CLIPTextModel and CLIPTextModelWithProjection (transformers) as the Stable Diffusion and
+// HiDream pipelines use them: token + position
 // embeddings, pre-LN transformer layers with a causal mask, final layer norm. Parameter names
-// equal the transformers state-dict keys ("text_model.encoder.layers.0.self_attn.q_proj.weight").
+// equal the transformers state-dict keys ("text_model.encoder.layers.0.self_attn.q_proj.weight",
+// "text_projection.weight"). Position embeddings may be longer than 77 (HiDream's 248).
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -31,6 +33,10 @@ struct ClipTextConfig {
   double layer_norm_eps = 1e-5;
   std::string hidden_act = "quick_gelu";  // quick_gelu | gelu | gelu_new | gelu_pytorch_tanh
   int64_t eos_token_id = 2;
+  // CLIPTextModelWithProjection: text_projection (no bias) maps the pooled state to
+  // projection_dim. Set by the loader from the class name, not by from_json.
+  bool with_projection = false;
+  int64_t projection_dim = 512;
 
   static ClipTextConfig from_json(const io::JsonConfig& config);
 };
@@ -38,6 +44,7 @@ struct ClipTextConfig {
 struct ClipTextOutput {
   torch::Tensor last_hidden_state;           // after final_layer_norm: what SD feeds the UNet
   torch::Tensor pooler_output;               // last_hidden_state at the EOS token
+  torch::Tensor text_embeds;                 // text_projection(pooler_output); with projection only
   std::vector<torch::Tensor> hidden_states;  // embeddings, then each layer (before final norm)
 };
 
@@ -95,14 +102,18 @@ class ClipTextModelImpl : public torch::nn::Module {
   const ClipTextConfig& config() const { return config_; }
 
   ClipTextTransformer text_model{nullptr};
+  torch::nn::Linear text_projection{nullptr};  // CLIPTextModelWithProjection only
 
  private:
   ClipTextConfig config_;
 };
 TORCH_MODULE(ClipTextModel);
 
-// Builds from <folder>/text_encoder (config.json + weights) on `device` in `dtype`.
-ClipTextModel load_clip_text_model(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
+// Builds from <folder>/<component> (config.json + weights) on `device` in `dtype`; a
+// CLIPTextModelWithProjection (by model_index.json's class, else config.json's architectures)
+// gets its text_projection.
+ClipTextModel load_clip_text_model(const io::ModelFolder& folder, torch::Device device,
+                                   torch::Dtype dtype,
                                    const std::string& component = "text_encoder");
 
 }  // namespace diffuse::models

@@ -17,9 +17,9 @@ io::JsonConfig component_config(const io::ModelFolder& folder, const std::string
 }
 
 void load_component_weights(torch::nn::Module& module, const io::ModelFolder& folder,
-                            const std::string& component) {
+                            const std::string& component, const std::set<std::string>& ignored) {
   const std::string source = folder.component_dir(component);
-  auto report = nn::load_state_dict(module, folder.component_weights(component), source);
+  auto report = nn::load_state_dict(module, folder.component_weights(component), source, ignored);
   if (report.unexpected.empty()) return;
   std::string list;
   size_t shown = 0;

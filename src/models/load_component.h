@@ -2,6 +2,7 @@
 #pragma once
 #include <torch/nn/module.h>
 
+#include <set>
 #include <string>
 
 #include "io/json_config.h"
@@ -16,7 +17,10 @@ io::JsonConfig component_config(const io::ModelFolder& folder, const std::string
 // Loads the component's weights into `module` by name. FormatError naming the folder if a
 // parameter is missing or mis-shaped, or if the file has tensors the module does not know
 // (a config that does not match its weights would otherwise run with pieces left out).
+// `ignored`: keys the file may hold that the module deliberately lacks (tied aliases, an
+// unused lm_head).
 void load_component_weights(torch::nn::Module& module, const io::ModelFolder& folder,
-                            const std::string& component);
+                            const std::string& component,
+                            const std::set<std::string>& ignored = {});
 
 }  // namespace diffuse::models

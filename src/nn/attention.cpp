@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "diffuse/errors.h"
 #include "nn/attention/backends.h"
@@ -20,6 +21,7 @@ struct Slot {
   std::atomic<AttentionRunFn> run{nullptr};
   std::atomic<AttentionCheckFn> unsupported{nullptr};
   std::atomic<AttentionDeviceFn> unavailable{nullptr};
+  std::atomic<bool> takes_bias{false};
 };
 
 std::string npu_not_registered(const torch::Device&) {
@@ -30,8 +32,10 @@ std::array<Slot, kBackends>& table() {
   static std::array<Slot, kBackends> slots;
   static const bool init = [] {
     slots[static_cast<size_t>(AttentionBackend::kMath)].run = math_attention;
+    slots[static_cast<size_t>(AttentionBackend::kMath)].takes_bias = true;
     slots[static_cast<size_t>(AttentionBackend::kSdpa)].run = sdpa_attention;
     slots[static_cast<size_t>(AttentionBackend::kSdpa)].unavailable = sdpa_unavailable;
+    slots[static_cast<size_t>(AttentionBackend::kSdpa)].takes_bias = true;
     slots[static_cast<size_t>(AttentionBackend::kFlash)].run = flash_attention;
     slots[static_cast<size_t>(AttentionBackend::kFlash)].unsupported = flash_unsupported;
     slots[static_cast<size_t>(AttentionBackend::kFlash)].unavailable = flash_unavailable;
@@ -52,6 +56,8 @@ std::string unsupported_reason(AttentionBackend b, const torch::Tensor& q, const
                                const torch::Tensor& v, const AttentionCall& call) {
   std::string why = attention_backend_unavailable(b, q.device());
   if (!why.empty()) return why;
+  if (call.bias.defined() && !slot(b).takes_bias.load())
+    return "it takes no additive attention bias";
   AttentionCheckFn check = slot(b).unsupported.load();
   return check ? check(q, k, v, call) : "";
 }
@@ -82,6 +88,7 @@ AttentionCall make_call(const torch::Tensor& q, const AttentionOptions& options)
   call.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   call.causal = options.causal;
   call.upcast = options.upcast;
+  call.bias = options.bias;
   return call;
 }
 
@@ -118,6 +125,42 @@ void check_attention_inputs(const torch::Tensor& q, const torch::Tensor& k,
     throw InvalidArgument("attention: q, k and v have different dtypes");
 }
 
+double attention_mask_value(torch::Dtype dtype) {
+  switch (dtype) {
+    case torch::kFloat64:
+      return std::numeric_limits<double>::lowest();
+    case torch::kHalf:
+      return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
+    case torch::kBFloat16:
+      return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
+    default:
+      return static_cast<double>(std::numeric_limits<float>::lowest());
+  }
+}
+
+torch::Tensor key_padding_bias(const torch::Tensor& mask, torch::Dtype dtype) {
+  if (mask.dim() != 2)
+    throw InvalidArgument("attention mask must be [batch, tokens], got " + c10::str(mask.sizes()));
+  return ((1.0 - mask.to(dtype)) * attention_mask_value(dtype))
+      .view({mask.size(0), 1, 1, mask.size(1)});
+}
+
+void check_attention_bias(const torch::Tensor& q, const torch::Tensor& k,
+                          const torch::Tensor& bias) {
+  if (!bias.defined()) return;
+  const std::vector<int64_t> full = {q.size(0), q.size(1), q.size(2), k.size(2)};
+  bool ok = bias.dim() <= 4 && bias.device() == q.device() && bias.is_floating_point();
+  for (int64_t i = 0; ok && i < bias.dim(); ++i) {
+    const int64_t want = full[static_cast<size_t>(4 - bias.dim() + i)];
+    ok = bias.size(i) == want || bias.size(i) == 1;
+  }
+  if (!ok)
+    throw InvalidArgument("attention: bias " + c10::str(bias.sizes()) + " (" +
+                          c10::toString(bias.scalar_type()) + ", " + bias.device().str() +
+                          ") must be a floating tensor on q's device broadcastable to " +
+                          c10::str(full));
+}
+
 void register_attention_backend(AttentionBackend backend, const AttentionBackendHooks& hooks) {
   if (backend == AttentionBackend::kAuto)
     throw InvalidArgument("cannot register a kernel for 'auto'");
@@ -125,12 +168,14 @@ void register_attention_backend(AttentionBackend backend, const AttentionBackend
   Slot& s = slot(backend);
   s.unsupported = hooks.unsupported;
   s.unavailable = hooks.unavailable;
+  s.takes_bias = hooks.takes_bias;
   s.run = hooks.run;
 }
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionOptions& options) {
   check_attention_inputs(q, k, v);
+  check_attention_bias(q, k, options.bias);
   // Visible to profilers and to bench::FlopCounter, whatever kernel runs below.
   RECORD_FUNCTION("diffuse::attention", std::vector<c10::IValue>({q, k, v}));
   const AttentionCall call = make_call(q, options);

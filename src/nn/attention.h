@@ -22,9 +22,21 @@ struct AttentionOptions {
   bool causal = false;
   // Compute q·k and softmax in float32 even for bf16/fp16 inputs (diffusers' upcast_attention).
   bool upcast = false;
+  // Optional additive bias, broadcastable to [B, H, Nq, Nk], added to the scaled scores before
+  // the softmax (T5's relative position bias, padding masks as large negative values). Only
+  // backends that declare support take it (math, sdpa); `auto` falls back to them, and an
+  // explicitly chosen backend without support raises InvalidArgument.
+  torch::Tensor bias;
   // kAuto: the process-wide default (set_default_attention_backend), itself auto by default.
   AttentionBackend backend = AttentionBackend::kAuto;
 };
+
+// The finite value transformers adds for masked keys (torch.finfo(dtype).min): a key-padding
+// bias is (1 - mask) * this. Finite, so a row whose keys are all masked stays a (uniform)
+// distribution instead of NaN.
+double attention_mask_value(torch::Dtype dtype);
+// [B, N] mask (1 = attend, 0 = padding) -> additive bias [B, 1, 1, N] in `dtype`.
+torch::Tensor key_padding_bias(const torch::Tensor& mask, torch::Dtype dtype);
 
 // q: [B, H, Nq, D], k and v: [B, H, Nk, D]  ->  [B, H, Nq, D], same dtype as q (possibly a
 // non-contiguous view). InvalidArgument on malformed inputs, or when an explicitly chosen

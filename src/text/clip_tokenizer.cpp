@@ -16,18 +16,6 @@ bool is_cached_special_word(const std::string& word) {
   return word == "<|startoftext|>" || word == "<|endoftext|>";
 }
 
-// Python's str.lstrip() / str.rstrip().
-std::u32string lstrip(const std::u32string& s) {
-  size_t i = 0;
-  while (i < s.size() && is_python_space(s[i])) ++i;
-  return s.substr(i);
-}
-std::u32string rstrip(const std::u32string& s) {
-  size_t n = s.size();
-  while (n > 0 && is_python_space(s[n - 1])) --n;
-  return s.substr(0, n);
-}
-
 }  // namespace
 
 int64_t ClipTokenizer::token_to_id(const std::string& token) const {
@@ -91,57 +79,14 @@ void ClipTokenizer::tokenize_segment(const std::u32string& segment,
 std::vector<std::string> ClipTokenizer::tokenize(const std::string& text) const {
   const std::u32string chars = utf8_decode(text);
 
-  // Split off added tokens: at each position the longest added token starting there wins
-  // (transformers' Trie.split), the text between them forms the other pieces.
-  std::vector<std::u32string> pieces;
-  std::vector<int> piece_token;  // index into added_, or -1 for text
-  size_t start = 0;
-  for (size_t i = 0; i < chars.size();) {
-    int best = -1;
-    size_t best_len = 0;
-    for (size_t k = 0; k < added_u32_.size(); ++k) {
-      const auto& tok = added_u32_[k];
-      if (tok.size() > best_len && chars.compare(i, tok.size(), tok) == 0)
-        best = static_cast<int>(k), best_len = tok.size();
-    }
-    if (best < 0) {
-      ++i;
-      continue;
-    }
-    if (i > start) pieces.push_back(chars.substr(start, i - start)), piece_token.push_back(-1);
-    pieces.push_back(added_u32_[static_cast<size_t>(best)]), piece_token.push_back(best);
-    i += best_len;
-    start = i;
-  }
-  if (start < chars.size()) pieces.push_back(chars.substr(start)), piece_token.push_back(-1);
-
-  // Whitespace stripping and single-word gluing around added tokens, in transformers' order.
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    if (piece_token[i] < 0 || pieces[i] != added_u32_[static_cast<size_t>(piece_token[i])])
-      continue;
-    const AddedToken& tok = added_[static_cast<size_t>(piece_token[i])];
-    const bool has_left = i > 0 && !pieces[i - 1].empty();
-    const bool has_right = i + 1 < pieces.size() && !pieces[i + 1].empty();
-    if (tok.rstrip && has_right) pieces[i + 1] = lstrip(pieces[i + 1]);
-    if (tok.lstrip && has_left) pieces[i - 1] = rstrip(pieces[i - 1]);
-    if (tok.single_word && has_left && pieces[i - 1].back() != U' ') {
-      pieces[i - 1] += pieces[i];
-      pieces[i].clear();
-      piece_token[i - 1] = piece_token[i] = -1;
-    } else if (tok.single_word && has_right && pieces[i + 1].front() != U' ') {
-      pieces[i] += pieces[i + 1];
-      pieces[i + 1].clear();
-      piece_token[i] = piece_token[i + 1] = -1;
-    }
-  }
-
+  const auto pieces = split_added_tokens(chars, added_, added_u32_);
   std::vector<std::string> tokens;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    if (pieces[i].empty()) continue;
-    if (piece_token[i] >= 0)
-      tokens.push_back(added_[static_cast<size_t>(piece_token[i])].content);
+  for (const auto& piece : pieces) {
+    if (piece.text.empty()) continue;
+    if (piece.token >= 0)
+      tokens.push_back(added_[static_cast<size_t>(piece.token)].content);
     else
-      tokenize_segment(pieces[i], tokens);
+      tokenize_segment(piece.text, tokens);
   }
   return tokens;
 }
@@ -168,12 +113,7 @@ ClipTokenizer::Batch ClipTokenizer::encode_padded(const std::vector<std::string>
       ids.resize(n);
       ids.back() = eos_id_;  // HF truncates the content, then appends EOS
     }
-    std::vector<int64_t> mask(ids.size(), 1);
-    ids.resize(n, pad_id_);
-    mask.resize(n, 0);
-    batch.input_ids.push_back(std::move(ids));
-    batch.attention_mask.push_back(std::move(mask));
-    batch.truncated.push_back(truncated);
+    batch.push_right_padded(std::move(ids), n, pad_id_, truncated);
   }
   return batch;
 }

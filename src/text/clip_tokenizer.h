@@ -9,6 +9,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "text/added_tokens.h"
+#include "text/token_batch.h"
+
 namespace diffuse::text {
 
 // GPT-2/CLIP bytes_to_unicode: the printable UTF-8 stand-in of each byte value.
@@ -18,19 +21,9 @@ class ClipTokenizer {
  public:
   // A token that is matched literally in the raw text before any clean-up (transformers'
   // AddedToken): the special tokens, plus any added_tokens_decoder / added_tokens.json entries.
-  struct AddedToken {
-    std::string content;  // UTF-8
-    int64_t id = 0;
-    bool lstrip = false;  // eats whitespace on its left
-    bool rstrip = false;  // eats whitespace on its right
-    bool single_word = false;
-  };
+  using AddedToken = text::AddedToken;
 
-  struct Batch {
-    std::vector<std::vector<int64_t>> input_ids;       // [n][max_length]
-    std::vector<std::vector<int64_t>> attention_mask;  // 1 for tokens, 0 for padding
-    std::vector<bool> truncated;  // prompt i lost tokens to truncation (callers may warn)
-  };
+  using Batch = TokenBatch;
 
   // Loads a diffusers/transformers tokenizer folder: vocab.json and merges.txt (required),
   // tokenizer_config.json and special_tokens_map.json (optional; the latter's special tokens

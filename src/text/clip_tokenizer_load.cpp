@@ -36,31 +36,6 @@ std::string read_file(const fs::path& path) {
   return ss.str();
 }
 
-// A special token value: a string or an AddedToken object {"content": ..., "lstrip": ...}.
-// Returns false for null.
-bool parse_added_token(const nlohmann::json& v, const std::string& where,
-                       ClipTokenizer::AddedToken& out) {
-  if (v.is_null()) return false;
-  out = ClipTokenizer::AddedToken();
-  if (v.is_string()) {
-    out.content = v.get<std::string>();
-    return true;
-  }
-  if (!v.is_object() || !v.contains("content") || !v["content"].is_string())
-    throw ConfigError(where + ": expected a string or an object with a string \"content\", got " +
-                      v.dump());
-  out.content = v["content"].get<std::string>();
-  auto flag = [&](const char* key) {
-    if (!v.contains(key) || v[key].is_null()) return false;
-    if (!v[key].is_boolean()) throw ConfigError(where + "." + key + ": expected true or false");
-    return v[key].get<bool>();
-  };
-  out.lstrip = flag("lstrip");
-  out.rstrip = flag("rstrip");
-  out.single_word = flag("single_word");
-  return true;
-}
-
 // Streams vocab.json ({"token": id, ...}) straight into the map: building a JSON tree of 49k
 // entries first would triple the load time.
 class VocabReader : public nlohmann::json_sax<nlohmann::json> {
@@ -137,7 +112,6 @@ std::array<std::string, 256> clip_byte_characters() {
   }
   return out;
 }
-
 
 class ClipTokenizerLoader {
  public:
@@ -232,7 +206,8 @@ class ClipTokenizerLoader {
     for (const char* key : kSpecialKeys) {
       if (!cfg.has(key)) continue;
       ClipTokenizer::AddedToken tok;
-      if (parse_added_token(cfg.json()[key], cfg.source() + ": " + key, tok)) special[key] = tok;
+      if (parse_added_token_json(cfg.json()[key], cfg.source() + ": " + key, tok))
+        special[key] = tok;
     }
     if (cfg.has("additional_special_tokens")) {
       const auto& list = cfg.json()["additional_special_tokens"];
@@ -241,7 +216,7 @@ class ClipTokenizerLoader {
       additional.clear();
       for (const auto& v : list) {
         ClipTokenizer::AddedToken tok;
-        if (parse_added_token(v, cfg.source() + ": additional_special_tokens", tok))
+        if (parse_added_token_json(v, cfg.source() + ": additional_special_tokens", tok))
           additional.push_back(tok);
       }
     }
@@ -264,7 +239,7 @@ class ClipTokenizerLoader {
     for (const auto& [id_str, v] : dec.items()) {
       ClipTokenizer::AddedToken tok;
       const std::string where = cfg.source() + ": added_tokens_decoder." + id_str;
-      if (!parse_added_token(v, where, tok)) continue;
+      if (!parse_added_token_json(v, where, tok)) continue;
       try {
         size_t used = 0;
         tok.id = std::stoll(id_str, &used);

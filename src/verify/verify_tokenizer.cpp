@@ -1,10 +1,12 @@
-// Golden runner for the CLIP tokenizer: raw ids per prompt, and the padded/truncated batch
-// that StableDiffusionPipeline feeds the text encoder.
+// Golden runner for the tokenizers (CLIP, T5, Llama-3; the folder is chosen by
+// text_components.h): raw ids per prompt, and the padded/truncated batch the pipelines feed
+// the text encoder.
 #include <torch/torch.h>
 
 #include "diffuse/errors.h"
-#include "text/clip_tokenizer.h"
+#include "text/tokenizer.h"
 #include "verify/runners.h"
+#include "verify/text_components.h"
 
 namespace diffuse::verify {
 namespace {
@@ -42,7 +44,8 @@ void compare_id(CaseResult& result, const GoldenCase& c, const char* key, int64_
 }  // namespace
 
 CaseResult verify_tokenizer(const GoldenSet& set, const GoldenCase& c, const VerifyOptions&) {
-  const auto tok = text::ClipTokenizer::from_folder(set.model_dir() + "/tokenizer");
+  const auto tok_ptr = text::load_tokenizer(tokenizer_dir_for(set, c));
+  const text::Tokenizer& tok = *tok_ptr;
   CaseTensors tensors(c.file);
   const auto prompts = case_prompts(c, tensors);
   CaseResult result;

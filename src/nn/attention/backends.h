@@ -19,6 +19,7 @@ struct AttentionCall {
   double scale = 1.0;
   bool causal = false;  // query i sees keys j <= i (top-left aligned, as torch's is_causal)
   bool upcast = false;  // scores and softmax in float32 for low-precision inputs
+  torch::Tensor bias;   // undefined, or additive, broadcastable to [B, H, Nq, Nk]
 };
 
 // Computes attention; returns [B, H, Nq, D] in q's dtype (any strides).
@@ -34,6 +35,9 @@ struct AttentionBackendHooks {
   AttentionRunFn run = nullptr;             // required
   AttentionCheckFn unsupported = nullptr;   // optional: null = runs any input
   AttentionDeviceFn unavailable = nullptr;  // optional: null = runs on any device
+  // Whether run() applies AttentionCall::bias. A backend that does not say so is never given
+  // a biased call, so a kernel written before the bias existed cannot silently drop it.
+  bool takes_bias = false;
 };
 
 // Installs (or replaces) the implementation of `backend`; kAuto is not a backend.
@@ -43,6 +47,11 @@ void register_attention_backend(AttentionBackend backend, const AttentionBackend
 // InvalidArgument unless q, k, v are [B, H, Nq, D], [B, H, Nk, D], [B, H, Nk, Dv] on one
 // device with one dtype.
 void check_attention_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+
+// InvalidArgument unless `bias` is undefined or a floating tensor on q's device that
+// broadcasts to [B, H, Nq, Nk].
+void check_attention_bias(const torch::Tensor& q, const torch::Tensor& k,
+                          const torch::Tensor& bias);
 
 // Built-in backends (src/nn/attention/*.cpp).
 torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

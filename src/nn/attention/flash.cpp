@@ -144,6 +144,7 @@ std::string flash_unsupported(const torch::Tensor& q, const torch::Tensor& k,
   if (v.size(3) != q.size(3)) return "v's head dim differs from q's";
   if (k.size(2) == 0) return "no keys";
   if (!(call.scale > 0)) return "a scale that is not positive";
+  if (call.bias.defined()) return "an additive bias (the kernel has none)";
   return "";
 }
 
@@ -171,6 +172,7 @@ torch::Tensor flash_attention_with_kernel(const std::string& kernel, const torch
   call.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   call.causal = options.causal;
   call.upcast = options.upcast;
+  call.bias = options.bias;
   std::string why = flash_unsupported(q, k, v, call);
   if (!why.empty()) throw InvalidArgument("flash attention cannot run these inputs: " + why);
   const flash::Kernel* kern = find_kernel(kernel);

@@ -1,5 +1,6 @@
 // The `math` backend: softmax(scale * q k^T) v with the scores materialised, as diffusers'
-// AttnProcessor computes it. The reference every other backend is tested against.
+// AttnProcessor computes it (plus an optional additive bias, as T5 and transformers' eager
+// attention add theirs). The reference every other backend is tested against.
 #include <torch/torch.h>
 
 #include <limits>
@@ -27,6 +28,9 @@ torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, con
     auto mask = torch::ones({Nq, Nk}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
     scores.masked_fill_(mask.to(scores.device()), -std::numeric_limits<float>::infinity());
   }
+  if (call.bias.defined())
+    scores =
+        (scores.view({B, H, Nq, Nk}) + call.bias.to(scores.scalar_type())).view({B * H, Nq, Nk});
   auto probs = scores.softmax(-1).to(v3.scalar_type());
   auto out = torch::bmm(probs, v3);
   return out.reshape({B, H, Nq, v.size(3)}).to(dtype);

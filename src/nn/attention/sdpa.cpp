@@ -5,6 +5,7 @@
 #include <torch/version.h>
 
 #include <cmath>
+#include <limits>
 
 #include "diffuse/errors.h"
 #include "nn/attention/backends.h"
@@ -26,13 +27,25 @@ torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, con
     kk = k.to(torch::kFloat32);
     vv = v.to(torch::kFloat32);
   }
+  // torch refuses is_causal together with attn_mask: with a bias, the causal part joins it.
+  c10::optional<torch::Tensor> mask;
+  bool causal = call.causal;
+  if (call.bias.defined()) {
+    auto bias = call.bias.to(qq.scalar_type());
+    if (causal) {
+      auto upper = torch::ones({q.size(2), k.size(2)}, q.options().dtype(torch::kBool)).triu(1);
+      bias = bias.masked_fill(upper, -std::numeric_limits<float>::infinity());
+      causal = false;
+    }
+    mask = bias;
+  }
 #if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 1
-  auto out = at::scaled_dot_product_attention(qq, kk, vv, {}, 0.0, call.causal, call.scale);
+  auto out = at::scaled_dot_product_attention(qq, kk, vv, mask, 0.0, causal, call.scale);
 #else
   // 2.0 has no scale argument and uses 1/sqrt(D): fold the ratio into q.
   const double ratio = call.scale * std::sqrt(static_cast<double>(q.size(3)));
   if (ratio != 1.0) qq = qq * ratio;
-  auto out = at::scaled_dot_product_attention(qq, kk, vv, {}, 0.0, call.causal);
+  auto out = at::scaled_dot_product_attention(qq, kk, vv, mask, 0.0, causal);
 #endif
   return out.to(dtype);
 }

@@ -1,0 +1,64 @@
+#include "text/tokenizer.h"
+
+#include <filesystem>
+
+#include "diffuse/errors.h"
+#include "text/clip_tokenizer.h"
+#include "text/llama_tokenizer.h"
+#include "text/t5_tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace diffuse::text {
+namespace {
+
+// Adapts a concrete tokenizer (same member names) to the interface.
+template <typename T>
+class Adapter : public Tokenizer {
+ public:
+  Adapter(std::string kind, T tok) : kind_(std::move(kind)), tok_(std::move(tok)) {}
+  std::string kind() const override { return kind_; }
+  std::vector<int64_t> encode(const std::string& text) const override { return tok_.encode(text); }
+  TokenBatch encode_padded(const std::vector<std::string>& texts,
+                           int64_t max_length) const override {
+    return tok_.encode_padded(texts, max_length);
+  }
+  int64_t bos_id() const override {
+    if constexpr (has_bos<T>(0)) return tok_.bos_id();
+    return -1;
+  }
+  int64_t eos_id() const override { return tok_.eos_id(); }
+  int64_t pad_id() const override { return tok_.pad_id(); }
+  int64_t model_max_length() const override { return tok_.model_max_length(); }
+
+ private:
+  template <typename U>
+  static constexpr auto has_bos(int) -> decltype(std::declval<U>().bos_id(), bool()) {
+    return true;
+  }
+  template <typename U>
+  static constexpr bool has_bos(...) {
+    return false;
+  }
+
+  std::string kind_;
+  T tok_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_str) {
+  const fs::path dir(dir_str);
+  if (!fs::is_directory(dir)) throw IoError("tokenizer folder '" + dir_str + "' does not exist");
+  if (fs::exists(dir / "spiece.model"))
+    return std::make_unique<Adapter<T5Tokenizer>>("t5", T5Tokenizer::from_folder(dir_str));
+  if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt"))
+    return std::make_unique<Adapter<ClipTokenizer>>("clip", ClipTokenizer::from_folder(dir_str));
+  if (fs::exists(dir / "tokenizer.json"))
+    return std::make_unique<Adapter<LlamaTokenizer>>("llama", LlamaTokenizer::from_folder(dir_str));
+  throw IoError(
+      "tokenizer folder '" + dir_str +
+      "' has no spiece.model (T5), vocab.json + merges.txt (CLIP) or tokenizer.json (Llama-3)");
+}
+
+}  // namespace diffuse::text

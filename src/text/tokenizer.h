@@ -1,0 +1,37 @@
+// Any tokenizer folder behind one interface, recognised by its files the way the hub lays
+// them out: spiece.model -> T5 (SentencePiece), vocab.json + merges.txt -> CLIP BPE,
+// tokenizer.json -> byte-level BPE (Llama-3). Pipelines and `diffuse verify` use this when a
+// folder may hold any of them.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "text/token_batch.h"
+
+namespace diffuse::text {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // "clip", "t5", "llama".
+  virtual std::string kind() const = 0;
+  // tokenizer(text).input_ids: with the family's special tokens, no padding or truncation.
+  virtual std::vector<int64_t> encode(const std::string& text) const = 0;
+  // The pipelines' call: padding="max_length", truncation=True (max_length < 0: the folder's
+  // model_max_length).
+  virtual TokenBatch encode_padded(const std::vector<std::string>& texts,
+                                   int64_t max_length = -1) const = 0;
+  // -1 where the family has no such token.
+  virtual int64_t bos_id() const = 0;
+  virtual int64_t eos_id() const = 0;
+  virtual int64_t pad_id() const = 0;
+  virtual int64_t model_max_length() const = 0;
+};
+
+// Loads the tokenizer in `dir`. IoError if the folder is missing or has none of the files
+// above (the message lists what was looked for); loader errors of the family otherwise.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+
+}  // namespace diffuse::text
