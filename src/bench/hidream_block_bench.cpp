@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "bench/bench_util.h"
+#include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
 #include "diffuse/errors.h"
@@ -106,6 +107,7 @@ HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& 
                           std::to_string(o.height));
   torch::InferenceMode inference;
   device::configure_cpu_threads();
+  device::keep_freed_memory();
   const torch::Device device = device::resolve_device(o.device);
   const torch::Dtype dtype = device::resolve_dtype(o.dtype, device, "transformer");
   nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(o.attention, device));

@@ -8,6 +8,7 @@
 #include "bench/arch_configs.h"
 #include "bench/bench_util.h"
 #include "bench/memory_probe.h"
+#include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
@@ -122,6 +123,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
                           std::to_string(o.width) + "x" + std::to_string(o.height));
   torch::InferenceMode inference;
   device::configure_cpu_threads();
+  device::keep_freed_memory();
   PipelineBenchResult r;
   r.arch = o.model.empty() ? o.arch : "";
   r.model = o.model;

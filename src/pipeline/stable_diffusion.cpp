@@ -5,6 +5,7 @@
 #include <chrono>
 #include <random>
 
+#include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
@@ -133,6 +134,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
     : c_(std::make_unique<Components>()) {
   double t0 = now_s();
   device::configure_cpu_threads();
+  device::keep_freed_memory();
   c_->device = device::resolve_device(options.device);
   // Per-component placement: empty = the UNet's device (not "auto" again, which could differ
   // from an explicit --device).
