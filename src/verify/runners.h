@@ -1,6 +1,7 @@
 // One runner per component; each lives in verify_<component>.cpp and reads everything it
 // needs (inputs, params, tolerances, model folder) from the case and the set.
 #pragma once
+#include <map>
 #include <string>
 
 #include "diffuse/pipeline.h"
@@ -11,7 +12,8 @@ namespace diffuse::verify {
 
 CaseResult verify_text_encoder(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o);
 
-CaseResult verify_tokenizer(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
+CaseResult verify_tokenizer(const GoldenSet& set, const GoldenCase& c,
+                            const VerifyOptions& options);
 // UNet2DConditionModel forward (inputs sample, timestep, encoder_hidden_states; output out).
 CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 // HiDreamImageTransformer2DModel forward (inputs x, timesteps, t5, llama, pooled; output out).
@@ -19,7 +21,18 @@ CaseResult verify_transformer(const GoldenSet& set, const GoldenCase& c,
                               const VerifyOptions& options);
 // AutoencoderKL encode (input x; outputs mean, logvar, std) and/or decode (input z; output sample).
 CaseResult verify_vae(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
-CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
+CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c,
+                            const VerifyOptions& options);
+
+// HiDream-I1 text-to-image / HiDream-E1 editing replay (verify_pipeline dispatches to it by
+// model_index.json's class).
+CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
+                                   const VerifyOptions& options);
+// Compares every traced tensor the case also stores (ids exactly; timesteps, embeddings and
+// images with atol; latent-like tensors relative to their largest magnitude).
+void compare_traced_tensors(const GoldenCase& c, const CaseTensors& t,
+                            const std::map<std::string, torch::Tensor>& traced,
+                            const std::string& label, CaseResult* r);
 
 // Stable Diffusion txt2img / img2img replay (diffusers folder and single-file checkpoint).
 CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);

@@ -7,6 +7,7 @@
 #include <deque>
 
 #include "device/device.h"
+#include "io/model_folder.h"
 #include "pipeline/stable_diffusion.h"
 #include "verify/pipeline_replay.h"
 #include "verify/runners.h"
@@ -14,16 +15,20 @@
 namespace diffuse::verify {
 namespace {
 
-bool is_integer(const torch::Tensor& t) { return !t.is_floating_point(); }
+bool is_integer(const torch::Tensor& t) {
+  return !t.is_floating_point();
+}
 
 // Tensors whose scale is O(1) are compared with the plain atol; latent-like tensors grow
 // large with random weights and use latents_rtol relative to their largest magnitude.
 bool uses_absolute_tolerance(const std::string& name) {
-  static const char* kAbsolute[] = {"image", "prompt_embeds", "negative_prompt_embeds", "image_preprocessed",
-                                    "posterior_mean", "posterior_std"};
+  static const char* kAbsolute[] = {
+      "image",          "prompt_embeds", "negative_prompt_embeds", "image_preprocessed",
+      "posterior_mean", "posterior_std"};
   for (const char* a : kAbsolute)
     if (name == a) return true;
-  return false;
+  // Text embeddings of any encoder (HiDream: prompt_embeds_t5, pooled_prompt_embeds, ...).
+  return name.find("embeds") != std::string::npos;
 }
 
 // Returns the final image of the run.
@@ -36,7 +41,18 @@ torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOpt
   lo.vae_dtype = "fp32";
   PipelineReplay replay = replay_pipeline_case(set, c, model_path, lo);
   const auto& traced = replay.traced;
-  if (!replay.all_noise_used) r->add(label + "noise consumed", Comparison{false, 0, "not all supplied noise was used"});
+  if (!replay.all_noise_used)
+    r->add(label + "noise consumed", Comparison{false, 0, "not all supplied noise was used"});
+  compare_traced_tensors(c, t, traced, label, r);
+  if (!t.has("image") || !traced.count("image")) return torch::Tensor();
+  return traced.at("image");
+}
+
+}  // namespace
+
+void compare_traced_tensors(const GoldenCase& c, const CaseTensors& t,
+                            const std::map<std::string, torch::Tensor>& traced,
+                            const std::string& label, CaseResult* r) {
   double atol = c.tol("atol", 1e-4);
   double latents_rtol = c.tol("latents_rtol", c.tol("rtol", 1e-5));
   for (const auto& [name, got] : traced) {
@@ -44,31 +60,29 @@ torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOpt
     auto expected = t.get(name);
     if (is_integer(expected)) {
       r->add(label + name, compare_exact(label + name, got, expected));
-    } else if (name.find(".t") == name.size() - 2 || name.find("unet_timestep") != std::string::npos) {
+    } else if (name.size() >= 2 && name.compare(name.size() - 2, 2, ".t") == 0 ||
+               name.find("unet_timestep") != std::string::npos) {
       r->add(label + name, compare(label + name, got, expected, 1e-4, 0));
     } else if (uses_absolute_tolerance(name)) {
       r->add(label + name, compare(label + name, got, expected, atol, 0));
     } else {
       double scale = expected.abs().max().item<double>();
-      r->add(label + name, compare(label + name, got, expected, std::max(atol, latents_rtol * scale), 0));
+      r->add(label + name,
+             compare(label + name, got, expected, std::max(atol, latents_rtol * scale), 0));
     }
   }
-  if (!t.has("image") || !traced.count("image")) {
+  if (!t.has("image") || !traced.count("image"))
     r->add(label + "image", Comparison{false, 0, "no final image to compare"});
-    return torch::Tensor();
-  }
-  return traced.at("image");
 }
 
-}  // namespace
-
-PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c, const std::string& model_path,
-                                    LoadOptions lo) {
+PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c,
+                                    const std::string& model_path, LoadOptions lo) {
   CaseTensors t(c.file);
   const auto& p = c.params;
   if (model_path != set.model_dir()) lo.config_dir = set.model_dir();
   pipeline::StableDiffusion sd(model_path, lo);
-  if (p.contains("scheduler") && p["scheduler"].is_object()) sd.set_scheduler_config(p["scheduler"]);
+  if (p.contains("scheduler") && p["scheduler"].is_object())
+    sd.set_scheduler_config(p["scheduler"]);
   PipelineReplay replay;
   sd.set_trace([&](const std::string& name, const torch::Tensor& v) {
     replay.traced[name] = v.detach().to(torch::kCPU).clone();
@@ -89,7 +103,8 @@ PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c, c
     for (const char* n : {"posterior_noise", "noise"})
       if (t.has(n)) noise.push_back(t.get(n));
     sd.set_noise_source([&noise](c10::IntArrayRef shape) {
-      if (noise.empty()) throw FormatError("the case supplies fewer noise tensors than the pipeline draws");
+      if (noise.empty())
+        throw FormatError("the case supplies fewer noise tensors than the pipeline draws");
       auto v = noise.front();
       noise.pop_front();
       return v;
@@ -106,6 +121,9 @@ PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c, c
 }
 
 CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o) {
+  const auto cls =
+      io::ModelFolder::open(set.model_dir()).model_index().get<std::string>("_class_name", "");
+  if (cls.rfind("HiDream", 0) == 0) return verify_hidream_pipeline(set, c, o);
   CaseResult r;
   auto folder_image = run_one(set, c, o, set.model_dir(), "", &r);
   std::string single = set.single_file_checkpoint();
@@ -113,7 +131,8 @@ CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const Veri
     auto single_image = run_one(set, c, o, single, "single-file:", &r);
     // Same weights in two layouts: the images must be identical, not just close.
     if (folder_image.defined() && single_image.defined())
-      r.add("single-file == folder", compare("single-file image vs folder image", single_image, folder_image, 0, 0));
+      r.add("single-file == folder",
+            compare("single-file image vs folder image", single_image, folder_image, 0, 0));
   }
   return r;
 }

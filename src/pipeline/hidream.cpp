@@ -1,0 +1,228 @@
+#include "pipeline/hidream.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "diffuse/errors.h"
+#include "io/json_config.h"
+#include "schedulers/flow_match.h"
+
+namespace diffuse::pipeline {
+namespace {
+
+constexpr int64_t kVaeScale = 8;
+
+torch::Tensor to_image(const torch::Tensor& decoded) {
+  return (decoded.to(torch::kFloat32) / 2 + 0.5)
+      .clamp(0, 1)
+      .permute({0, 2, 3, 1})
+      .contiguous()
+      .to(torch::kCPU);
+}
+
+void require_guidance_inputs(double g, const char* what) {
+  if (!std::isfinite(g)) throw InvalidArgument(std::string(what) + " must be a finite number");
+}
+
+}  // namespace
+
+HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device device,
+                                 torch::Dtype dtype, const std::string& transformer_component)
+    : device_(device), dtype_(dtype) {
+  text_ = std::make_unique<HiDreamTextEncoders>(folder, device, dtype);
+  transformer_ = models::load_hidream_transformer(folder, device, dtype, transformer_component);
+  vae_ = models::load_vae(folder, device, torch::kFloat32);
+  scheduler_ =
+      schedulers::make_scheduler(folder.component_config("scheduler", "scheduler_config.json"));
+}
+
+void HiDreamPipeline::set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler) {
+  scheduler_ = std::move(scheduler);
+}
+
+std::pair<int, int> HiDreamPipeline::normalized_size(int width, int height, int area_side) const {
+  if (width <= 0 || height <= 0 || area_side <= 0)
+    throw InvalidArgument("width, height and the area side must be positive, got " +
+                          std::to_string(width) + "x" + std::to_string(height) + " and " +
+                          std::to_string(area_side));
+  const int64_t division = kVaeScale * transformer_->config().patch_size;
+  const double scale =
+      std::sqrt(static_cast<double>(area_side) * area_side / (static_cast<double>(width) * height));
+  auto fit = [&](int v) { return static_cast<int>(std::floor(v * scale / division) * division); };
+  const int w = fit(width), h = fit(height);
+  if (w <= 0 || h <= 0)
+    throw InvalidArgument("a " + std::to_string(width) + "x" + std::to_string(height) +
+                          " image has no side of at least " + std::to_string(division) +
+                          " pixels at the model's area");
+  return {w, h};
+}
+
+torch::Tensor HiDreamPipeline::initial_latents(const HiDreamSampling& s, int64_t h,
+                                               int64_t w) const {
+  const int64_t C = transformer_->config().in_channels;
+  if (s.latents.defined()) {
+    if (s.latents.dim() != 4 || s.latents.size(0) != 1 || s.latents.size(1) != C ||
+        s.latents.size(2) != h || s.latents.size(3) != w)
+      throw InvalidArgument("initial latents must be [1, " + std::to_string(C) + ", " +
+                            std::to_string(h) + ", " + std::to_string(w) + "], got " +
+                            c10::str(s.latents.sizes()));
+    return s.latents.to(device_, torch::kFloat32);
+  }
+  // Drawn on the CPU so a seed gives the same image on every device.
+  auto gen = at::detail::createCPUGenerator(s.seed);
+  return torch::randn({1, C, h, w}, gen, torch::kFloat32).to(device_);
+}
+
+void HiDreamPipeline::prepare_schedule(int steps) {
+  if (steps < 1) throw InvalidArgument("steps must be >= 1, got " + std::to_string(steps));
+  // diffusers' HiDream pipelines: UniPC gets no mu; the others get mu from the transformer's
+  // max_seq (used only with dynamic shifting).
+  if (std::string(scheduler_->class_name()) != "UniPCMultistepScheduler")
+    scheduler_->set_shift_mu(schedulers::calculate_shift(transformer_->config().max_seq()));
+  scheduler_->set_timesteps(steps);
+}
+
+torch::Tensor HiDreamPipeline::denoise(
+    const HiDreamSampling& s, torch::Tensor latents,
+    const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& velocity) {
+  const auto timesteps = scheduler_->timesteps();
+  auto gen = at::detail::createCPUGenerator(s.seed + 1);
+  size_t noise_used = 0;
+  for (int64_t i = 0; i < timesteps.size(0); ++i) {
+    auto t = timesteps[i];
+    auto v = velocity(latents, t);
+    schedulers::StepNoise noise = schedulers::StepNoise::from_generator(gen);
+    if (scheduler_->is_stochastic() && noise_used < s.step_noise.size())
+      noise = schedulers::StepNoise::from_tensor(s.step_noise[noise_used++].to(device_));
+    latents = scheduler_->step(v, t, latents, noise).prev_sample;
+    if (s.on_step) {
+      HiDreamStep st;
+      st.index = static_cast<int>(i);
+      st.t = t;
+      st.latents = latents;
+      s.on_step(st);
+    }
+  }
+  return latents;
+}
+
+torch::Tensor HiDreamPipeline::decode(const torch::Tensor& latents) {
+  const auto& vc = vae_->config();
+  return to_image(vae_->decode(vc.from_latents(latents.to(torch::kFloat32))));
+}
+
+HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
+  require_guidance_inputs(r.sampling.guidance_scale, "guidance_scale");
+  torch::InferenceMode inference;
+  const auto [width, height] = normalized_size(r.width, r.height, r.area_side);
+  const bool cfg = r.sampling.guidance_scale > 1.0;
+  HiDreamResult out;
+  out.prompt_embeddings = text_->encode({r.prompt}, r.sampling.max_sequence_length);
+  HiDreamEmbeddings cond = out.prompt_embeddings;
+  if (cfg) {
+    out.negative_embeddings = text_->encode({r.negative_prompt}, r.sampling.max_sequence_length);
+    cond = HiDreamEmbeddings::cat({&out.negative_embeddings, &out.prompt_embeddings});
+  }
+  prepare_schedule(r.sampling.steps);
+  auto latents = initial_latents(r.sampling, height / kVaeScale, width / kVaeScale);
+  HiDreamSampling s = r.sampling;
+  HiDreamStep record;
+  auto velocity = [&](const torch::Tensor& x, const torch::Tensor& t) {
+    auto input = cfg ? torch::cat({x, x}, 0) : x;
+    auto ts = t.to(device_, torch::kFloat32).reshape({1}).expand({input.size(0)});
+    auto raw =
+        transformer_->forward(input, ts, cond.t5, cond.llama, cond.pooled).to(torch::kFloat32);
+    record.transformer_input = input;
+    record.transformer_timesteps = ts;
+    record.transformer_out = raw;
+    auto pred = -raw;
+    if (!cfg) return pred;
+    auto parts = pred.chunk(2, 0);
+    return parts[0] + r.sampling.guidance_scale * (parts[1] - parts[0]);
+  };
+  if (r.sampling.on_step)
+    s.on_step = [&](const HiDreamStep& st) {
+      record.index = st.index;
+      record.t = st.t;
+      record.latents = st.latents;
+      r.sampling.on_step(record);
+    };
+  latents = denoise(s, latents, velocity);
+  out.latents = latents.to(torch::kCPU);
+  out.image = decode(latents);
+  return out;
+}
+
+HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
+  require_guidance_inputs(r.sampling.guidance_scale, "guidance_scale");
+  require_guidance_inputs(r.image_guidance_scale, "image_guidance_scale");
+  if (!(r.refine_strength >= 0.0 && r.refine_strength <= 1.0))
+    throw InvalidArgument("refine_strength must be in [0, 1], got " +
+                          std::to_string(r.refine_strength));
+  if (r.refine_strength > 0.0)
+    throw InvalidArgument(
+        "refine_strength > 0 (the refine phase with the I1 weights) is not "
+        "implemented yet; use 0");
+  const int64_t division = kVaeScale * transformer_->config().patch_size;
+  if (!r.image.defined() || r.image.dim() != 3 || r.image.size(2) != 3 ||
+      r.image.size(0) % division != 0 || r.image.size(1) % division != 0 || r.image.size(0) == 0 ||
+      r.image.size(1) == 0)
+    throw InvalidArgument("the source image must be [H, W, 3] with H and W positive multiples of " +
+                          std::to_string(division) + ", got " +
+                          (r.image.defined() ? c10::str(r.image.sizes()) : std::string("none")));
+  torch::InferenceMode inference;
+  HiDreamResult out;
+  // VaeImageProcessor: [0, 255] -> [-1, 1], NCHW; E1 encodes with the mode (the mean).
+  auto pixels = r.image.to(torch::kFloat32).permute({2, 0, 1}).unsqueeze(0) / 255.0 * 2 - 1;
+  const auto& vc = vae_->config();
+  out.image_latents = vc.to_latents(vae_->encode(pixels.to(device_)).mean).to(torch::kFloat32);
+  const int64_t h = out.image_latents.size(2), w = out.image_latents.size(3);
+
+  out.prompt_embeddings = text_->encode({r.prompt}, r.sampling.max_sequence_length);
+  out.negative_embeddings = text_->encode({r.negative_prompt}, r.sampling.max_sequence_length);
+  const auto& pos = out.prompt_embeddings;
+  const auto& neg = out.negative_embeddings;
+  auto text = r.clip_cfg_norm ? HiDreamEmbeddings::cat({&pos, &neg, &pos})
+                              : HiDreamEmbeddings::cat({&neg, &neg, &pos});
+  prepare_schedule(r.sampling.steps);
+  auto latents = initial_latents(r.sampling, h, w);
+  // [zeros, image, image] beside the three copies of the noisy latents.
+  auto image_side =
+      torch::cat({torch::zeros_like(out.image_latents), out.image_latents, out.image_latents}, 0);
+  models::HiDreamForwardOptions fwd;
+  fwd.max_seq =
+      (h / transformer_->config().patch_size) * (2 * w / transformer_->config().patch_size);
+  const double g = r.sampling.guidance_scale, ig = r.image_guidance_scale;
+  HiDreamSampling s = r.sampling;
+  HiDreamStep record;
+  auto velocity = [&](const torch::Tensor& x, const torch::Tensor& t) {
+    auto input = torch::cat({torch::cat({x, x, x}, 0), image_side}, 3);
+    auto ts = t.to(device_, torch::kFloat32).reshape({1}).expand({3});
+    auto raw =
+        transformer_->forward(input, ts, text.t5, text.llama, text.pooled, fwd).to(torch::kFloat32);
+    record.transformer_input = input;
+    record.transformer_timesteps = ts;
+    record.transformer_out = raw;
+    auto pred = -raw.narrow(3, 0, w);
+    auto parts = pred.chunk(3, 0);
+    const auto &uncond = parts[0], &image_cond = parts[1], &full = parts[2];
+    if (!r.clip_cfg_norm) return uncond + ig * (image_cond - uncond) + g * (full - image_cond);
+    auto text_pred = image_cond + g * (full - image_cond);
+    auto scale = (full.norm(2, 1, true) / (text_pred.norm(2, 1, true) + 1e-8)).clamp(0.0, 1.0);
+    return uncond + ig * (text_pred * scale - uncond);
+  };
+  if (r.sampling.on_step)
+    s.on_step = [&](const HiDreamStep& st) {
+      record.index = st.index;
+      record.t = st.t;
+      record.latents = st.latents;
+      r.sampling.on_step(record);
+    };
+  latents = denoise(s, latents, velocity);
+  out.latents = latents.to(torch::kCPU);
+  out.image = decode(latents);
+  return out;
+}
+
+}  // namespace diffuse::pipeline

@@ -1,0 +1,108 @@
+// HiDream-I1 text-to-image and HiDream-E1 instruction editing (diffusers HiDreamImagePipeline
+// and HiDream-ai/HiDream-E1's HiDreamImageEditingPipeline), on the four text encoders, the
+// sparse DiT, a flow-matching scheduler and the Flux-style VAE of one model folder.
+//
+// What the reference does and this reproduces: the model output is NEGATED before guidance;
+// I1 guidance batches [uncond, cond]; E1 runs a batch of 3 (uncond, image-cond, full-cond)
+// on latents concatenated along the WIDTH with the source image's latents [zeros, image,
+// image], keeps the left half, and (clip_cfg_norm) caps the text guidance's per-pixel channel
+// norm; I1 rescales the requested size to a fixed area.
+#pragma once
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/model_folder.h"
+#include "models/autoencoder_kl.h"
+#include "models/hidream_transformer.h"
+#include "pipeline/hidream_text.h"
+#include "schedulers/scheduler.h"
+
+namespace diffuse::pipeline {
+
+// One denoising step as it ran (for golden checks and progress).
+struct HiDreamStep {
+  int index = 0;
+  torch::Tensor t;                      // the scheduler's timestep
+  torch::Tensor transformer_input;      // the batch the transformer saw
+  torch::Tensor transformer_timesteps;  // its timesteps
+  torch::Tensor transformer_out;        // RAW output
+  torch::Tensor latents;                // after the scheduler step
+};
+using HiDreamStepCallback = std::function<void(const HiDreamStep&)>;
+
+struct HiDreamSampling {
+  int steps = 50;
+  double guidance_scale = 5.0;  // <= 1: no guidance (the negative prompt is not encoded)
+  int64_t max_sequence_length = 128;
+  uint64_t seed = 0;
+  torch::Tensor latents;  // initial latents [1, C, h, w]; drawn from `seed` when undefined
+  // Noise for stochastic schedulers, one per step that draws (else drawn from `seed`).
+  std::vector<torch::Tensor> step_noise;
+  HiDreamStepCallback on_step;
+};
+
+struct HiDreamTextToImage {
+  std::string prompt, negative_prompt;
+  int width = 1024, height = 1024;  // rescaled to the area of area_side x area_side
+  int area_side = 1024;             // the pipeline's default_sample_size * vae_scale_factor
+  HiDreamSampling sampling;
+};
+
+struct HiDreamEdit {
+  std::string prompt;  // the instruction (E1-Full form: "Editing Instruction: ... Target ...")
+  std::string negative_prompt;
+  torch::Tensor image;  // uint8 [H, W, 3]; H and W multiples of 16
+  double image_guidance_scale = 4.0;
+  bool clip_cfg_norm = true;
+  double refine_strength = 0.0;  // only 0 is implemented (the refine phase needs LoRA toggling)
+  HiDreamSampling sampling;
+};
+
+struct HiDreamResult {
+  torch::Tensor latents;  // final latents [1, C, h, w] (float32, CPU)
+  torch::Tensor image;    // [1, H, W, 3] float32 in [0, 1] (CPU)
+  HiDreamEmbeddings prompt_embeddings, negative_embeddings;
+  torch::Tensor image_latents;  // E1: the source image's latents
+};
+
+class HiDreamPipeline {
+ public:
+  // Loads every component of a HiDream model folder on `device` (transformer and text
+  // encoders in `dtype`, the VAE in float32 as its config's force_upcast asks).
+  HiDreamPipeline(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
+                  const std::string& transformer_component = "transformer");
+
+  // (width, height) after the I1 pipeline's area normalisation to area_side^2.
+  std::pair<int, int> normalized_size(int width, int height, int area_side) const;
+
+  HiDreamResult text_to_image(const HiDreamTextToImage& request);
+  HiDreamResult edit(const HiDreamEdit& request);
+
+  // Replaces the scheduler (default: the folder's scheduler/scheduler_config.json).
+  void set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler);
+  HiDreamTextEncoders& text_encoders() { return *text_; }
+  models::HiDreamImageTransformer2DModel& transformer() { return transformer_; }
+  models::AutoencoderKL& vae() { return vae_; }
+
+ private:
+  torch::Tensor initial_latents(const HiDreamSampling& s, int64_t h, int64_t w) const;
+  void prepare_schedule(int steps);
+  torch::Tensor denoise(const HiDreamSampling& s, torch::Tensor latents,
+                        const std::function<torch::Tensor(const torch::Tensor&,
+                                                          const torch::Tensor&)>& guided_velocity);
+  torch::Tensor decode(const torch::Tensor& latents);
+
+  torch::Device device_;
+  torch::Dtype dtype_;
+  std::unique_ptr<HiDreamTextEncoders> text_;
+  models::HiDreamImageTransformer2DModel transformer_{nullptr};
+  models::AutoencoderKL vae_{nullptr};
+  std::unique_ptr<schedulers::Scheduler> scheduler_;
+};
+
+}  // namespace diffuse::pipeline

@@ -1,0 +1,113 @@
+// Replays a HiDream reference pipeline run (text-to-image, or E1 editing when the case has a
+// source image) from its stored prompts, scheduler config, initial latents and recorded
+// noise, and compares every recorded tensor: the ids fed to the four tokenizers, the
+// embeddings, each step's transformer input/timesteps/raw output and latents, the final
+// latents and image.
+#include <torch/torch.h>
+
+#include <map>
+
+#include "io/json_config.h"
+#include "io/model_folder.h"
+#include "pipeline/hidream.h"
+#include "verify/runners.h"
+
+namespace diffuse::verify {
+namespace {
+
+using Traced = std::map<std::string, torch::Tensor>;
+
+void trace_embeddings(Traced& out, const std::string& prefix,
+                      const pipeline::HiDreamEmbeddings& e) {
+  if (!e.pooled.defined()) return;
+  const std::string p = prefix.empty() ? "" : prefix + "_";
+  out[p + "prompt_embeds_t5"] = e.t5;
+  out[p + "prompt_embeds_llama3"] = e.llama;
+  out[p + "pooled_prompt_embeds"] = e.pooled;
+}
+
+void trace_ids(Traced& out, const std::string& prefix, const pipeline::HiDreamEmbeddings& e) {
+  if (!e.pooled.defined()) return;
+  const std::string p = prefix.empty() ? "" : prefix + "_";
+  out[p + "clip_l_input_ids"] = pipeline::token_ids_tensor(e.clip_l_ids);
+  out[p + "clip_g_input_ids"] = pipeline::token_ids_tensor(e.clip_g_ids);
+  out[p + "t5_input_ids"] = pipeline::token_ids_tensor(e.t5_ids);
+  out[p + "t5_attention_mask"] = pipeline::token_mask_tensor(e.t5_ids);
+  out[p + "llama_input_ids"] = pipeline::token_ids_tensor(e.llama_ids);
+  out[p + "llama_attention_mask"] = pipeline::token_mask_tensor(e.llama_ids);
+}
+
+std::string first_string(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_array() && !v.empty() && v[0].is_string()) return v[0].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
+                                   const VerifyOptions& o) {
+  CaseTensors t(c.file);
+  const auto& p = c.params;
+  auto folder = io::ModelFolder::open(set.model_dir());
+  const bool editing = t.has("image_uint8");
+  // E1 cases name their weights ("model/transformer_e1 ..."); the folder's component otherwise.
+  std::string component = "transformer";
+  if (editing && folder.has_component("transformer_e1")) component = "transformer_e1";
+  pipeline::HiDreamPipeline pipe(folder, o.device, torch::kFloat32, component);
+  if (p.contains("scheduler") && p["scheduler"].is_object())
+    pipe.set_scheduler(
+        schedulers::make_scheduler(io::JsonConfig(p["scheduler"], c.file + ": params.scheduler")));
+
+  Traced traced;
+  pipeline::HiDreamSampling s;
+  s.steps = p.value("num_inference_steps", 50);
+  s.guidance_scale = p.value("guidance_scale", 5.0);
+  s.max_sequence_length = p.value("max_sequence_length", int64_t{128});
+  s.latents = t.get("latents");
+  for (int i = 0; t.has("noise." + std::to_string(i)); ++i)
+    s.step_noise.push_back(t.get("noise." + std::to_string(i)));
+  s.on_step = [&](const pipeline::HiDreamStep& st) {
+    const std::string k = "step." + std::to_string(st.index) + ".";
+    traced[k + "t"] = st.t.to(torch::kCPU, torch::kFloat32);
+    traced[k + "transformer_input"] = st.transformer_input.to(torch::kCPU).clone();
+    traced[k + "transformer_timesteps"] = st.transformer_timesteps.to(torch::kCPU).clone();
+    traced[k + "transformer_out"] = st.transformer_out.to(torch::kCPU).clone();
+    traced[k + "latents"] = st.latents.to(torch::kCPU).clone();
+  };
+
+  pipeline::HiDreamResult result;
+  if (editing) {
+    pipeline::HiDreamEdit e;
+    e.prompt = first_string(p.value("prompt", nlohmann::json()));
+    e.negative_prompt = first_string(p.value("negative_prompt", nlohmann::json()));
+    e.image = t.get("image_uint8");
+    e.image_guidance_scale = p.value("image_guidance_scale", 4.0);
+    e.clip_cfg_norm = p.value("clip_cfg_norm", true);
+    e.refine_strength = p.value("refine_strength", 0.0);
+    e.sampling = s;
+    result = pipe.edit(e);
+    traced["image_latents"] = result.image_latents.to(torch::kCPU);
+  } else {
+    pipeline::HiDreamTextToImage r;
+    r.prompt = first_string(p.value("prompt", nlohmann::json()));
+    r.negative_prompt = first_string(p.value("negative_prompt", nlohmann::json()));
+    r.height = p.value("height", 1024);
+    r.width = p.value("width", 1024);
+    r.area_side = p.value("default_sample_size", 128) * p.value("vae_scale_factor", 8);
+    r.sampling = s;
+    result = pipe.text_to_image(r);
+  }
+  trace_embeddings(traced, "", result.prompt_embeddings);
+  trace_embeddings(traced, "negative", result.negative_embeddings);
+  trace_ids(traced, "", result.prompt_embeddings);
+  trace_ids(traced, "negative", result.negative_embeddings);
+  traced["latents_out"] = result.latents;
+  traced["image"] = result.image;
+
+  CaseResult r;
+  compare_traced_tensors(c, t, traced, "", &r);
+  return r;
+}
+
+}  // namespace diffuse::verify
