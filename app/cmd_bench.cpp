@@ -14,6 +14,7 @@
 #include "bench/pipeline_bench.h"
 #include "bench/precision_bench.h"
 #include "bench/roofline.h"
+#include "bench/text_encoder_bench.h"
 #include "commands.h"
 #include "device/device.h"
 #include "nn/attention.h"
@@ -161,7 +162,8 @@ Command add_bench_command(CLI::App& app) {
   for (const auto& n : bench::builtin_arch_names()) archs += (archs.empty() ? "" : "|") + n;
   app.add_option("--arch", o->arch,
                  "Built-in architecture with random weights: " + archs +
-                     "|hidream-i1 (one dual- and one single-stream block at full size)")
+                     "|hidream-i1 (one dual- and one single-stream block at full size)"
+                     "|t5-xxl|llama-3.1-8b (HiDream's text encoders, one forward)")
       ->capture_default_str();
   app.add_option("-m,--model", o->model,
                  "Benchmark a real model (diffusers folder or single file) instead");
@@ -346,6 +348,7 @@ Command add_bench_command(CLI::App& app) {
       return 0;
     }
     if (bench::is_hidream_arch(o->arch)) return run_hidream_block_bench(*o, *as_json);
+    if (bench::is_text_encoder_arch(o->arch)) return run_text_encoder_bench(*o, *as_json);
     return run_pipeline(*o, *as_json);
   };
 }

@@ -1,9 +1,10 @@
-// `diffuse bench --arch hidream-i1`: prints the HiDream block benchmark (see
-// bench/hidream_block_bench.h) as text or JSON.
+// `diffuse bench --arch hidream-i1 | t5-xxl | llama-3.1-8b`: prints the HiDream block benchmark
+// (bench/hidream_block_bench.h) and the large text encoders' (bench/text_encoder_bench.h).
 #include <cstdio>
 #include <iostream>
 
 #include "bench/hidream_block_bench.h"
+#include "bench/text_encoder_bench.h"
 #include "commands.h"
 
 namespace diffuse::app {
@@ -49,6 +50,36 @@ int run_hidream_block_bench(const bench::PipelineBenchOptions& p, bool as_json) 
               r.num_layers, r.num_single_layers, r.step_estimate_s, r.batch);
   std::printf("  whole transformer: %.2fB parameters = %.1f GiB in %s\n", r.transformer_params_b,
               r.transformer_gib, r.dtype.c_str());
+  return 0;
+}
+
+}  // namespace diffuse::app
+
+namespace diffuse::app {
+
+int run_text_encoder_bench(const bench::PipelineBenchOptions& p, bool as_json) {
+  bench::TextEncoderBenchOptions o;
+  o.arch = p.arch;
+  o.device = p.device;
+  o.dtype = p.dtype;
+  o.batch = p.batch;
+  o.repeat = p.steps;
+  o.seed = p.seed;
+  if (!as_json) o.log = [](const std::string& line) { std::cerr << line << "\n"; };
+  const auto r = bench::run_text_encoder_bench(o);
+  if (as_json) {
+    std::cout << bench::to_json(r).dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%s: %.2fB parameters = %.1f GiB in %s on %s (%.1f GiB available)\n", r.arch.c_str(),
+              r.params_b, r.weights_gib, r.dtype.c_str(), r.device.c_str(), r.available_gib);
+  if (r.skipped) {
+    std::printf("  skipped: %s\n", r.skip_reason.c_str());
+    return 0;
+  }
+  std::printf(
+      "  built in %.1f s; forward of %d x %d tokens: %.2f s (%d threads); peak RSS %.1f GiB\n",
+      r.build_s, r.batch, r.tokens, r.best_s, r.threads, r.peak_gib);
   return 0;
 }
 

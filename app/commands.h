@@ -21,6 +21,8 @@ Command add_bench_command(CLI::App& app);
 Command add_train_demo_command(CLI::App& app);
 // `bench --arch hidream-i1`: the HiDream block benchmark with the bench command's options.
 int run_hidream_block_bench(const bench::PipelineBenchOptions& options, bool as_json);
+// `bench --arch t5-xxl | llama-3.1-8b`: one forward of a full-size text encoder.
+int run_text_encoder_bench(const bench::PipelineBenchOptions& options, bool as_json);
 // `bench demo-quality`, registered on the bench sub-app: the sub-app and its runner.
 std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench);
 

@@ -9,9 +9,14 @@
 
 #include "bench/arch_configs.h"
 #include "bench/flop_counter.h"
+#include "bench/hidream_block_bench.h"
+#include "bench/text_encoder_bench.h"
 #include "bench/precision_bench.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
+#include "models/hidream_transformer.h"
+#include "models/llama.h"
+#include "models/t5_encoder.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
 #include "nn/random_init.h"
@@ -216,6 +221,27 @@ TEST(BenchArch, BuiltInConfigsParse) {
   EXPECT_EQ(sd15.num_attention_heads[0], 8);
   EXPECT_FALSE(sd15.use_linear_projection);
   EXPECT_THROW(bench::builtin_arch("sdxl"), InvalidArgument);
+}
+
+TEST(BenchArch, HiDreamConfigsParse) {
+  auto hidream = models::HiDreamTransformerConfig::from_json(
+      io::JsonConfig(bench::hidream_i1_transformer_config(), "hidream-i1"));
+  EXPECT_EQ(hidream.num_layers + hidream.num_single_layers, 48);
+  EXPECT_EQ(hidream.inner_dim(), 2560);
+  EXPECT_EQ(hidream.max_seq(), 4096);
+  auto t5 = models::T5Config::from_json(
+      io::JsonConfig(bench::text_encoder_arch_config("t5-xxl"), "t5-xxl"));
+  EXPECT_EQ(t5.d_model, 4096);
+  EXPECT_TRUE(t5.is_gated);
+  auto llama = models::LlamaConfig::from_json(
+      io::JsonConfig(bench::text_encoder_arch_config("llama-3.1-8b"), "llama"));
+  EXPECT_EQ(llama.num_key_value_heads, 8);
+  EXPECT_EQ(llama.rope_type, "llama3");
+  EXPECT_THROW(bench::text_encoder_arch_config("t5-xl"), InvalidArgument);
+  // Bad sizes are refused before anything is built.
+  bench::HiDreamBlockBenchOptions o;
+  o.width = 1000;
+  EXPECT_THROW(bench::run_hidream_block_bench(o), InvalidArgument);
 }
 
 TEST(BenchCli, JsonHasTheStageKeys) {
