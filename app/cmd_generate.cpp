@@ -192,6 +192,26 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                             ")");
     }
   }
+  if (!img2img && is_hidream_model(f.model)) {
+    if (f.prompts.size() != 1 || f.negative_prompts.size() > 1 || f.num_images != 1 ||
+        f.batch_count != 1)
+      throw InvalidArgument("HiDream models take one prompt and one image per run");
+    HiDreamCliFlags h;
+    h.model = f.model;
+    h.prompt = f.prompts[0];
+    if (!f.negative_prompts.empty()) h.negative_prompt = f.negative_prompts[0];
+    if (f.width > 0) h.width = f.width;
+    if (f.height > 0) h.height = f.height;
+    h.steps = f.steps;
+    h.cfg_scale = f.cfg_scale;
+    h.seed = f.seed;
+    h.out = f.out;
+    h.device = f.device;
+    h.dtype = f.dtype;
+    h.attention = f.attention;
+    h.quiet = f.quiet || f.json;
+    return run_hidream(h, /*edit=*/false);
+  }
   // Check everything that does not need the model before the (slow) load.
   pipeline::validate_generation_config(g, img2img);
   if (!fs::exists(f.model)) throw IoError("model '" + f.model + "' does not exist");
@@ -208,7 +228,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     std::transform(ext.begin(), ext.end(), ext.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     if (!f.out.empty() && ext != ".png")
-      throw InvalidArgument("-o/--out '" + f.out + "': only PNG output is supported (use a .png name)");
+      throw InvalidArgument("-o/--out '" + f.out +
+                            "': only PNG output is supported (use a .png name)");
     const size_t total = g.prompts.size() * static_cast<size_t>(g.images_per_prompt) *
                          static_cast<size_t>(std::max(f.batch_count, 1));
     for (size_t i = 0; i < std::max<size_t>(total, 1); ++i)

@@ -6,6 +6,8 @@
 #include "bench/pipeline_bench.h"
 
 #include <functional>
+#include <optional>
+#include <string>
 #include <utility>
 
 namespace diffuse::app {
@@ -19,6 +21,25 @@ Command add_create_demo_command(CLI::App& app);
 Command add_doctor_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_train_demo_command(CLI::App& app);
+Command add_edit_command(CLI::App& app);
+
+// HiDream models from the CLI: `diffuse edit` and `diffuse txt2img` on a HiDream folder.
+struct HiDreamCliFlags {
+  std::string model, transformer = "transformer";
+  std::string prompt, negative_prompt;
+  std::string image;  // edit: the source PNG
+  int width = 1024, height = 1024, steps = 28;
+  double cfg_scale = 5.0, image_guidance = 4.0, refine = 0.0;
+  bool no_clip_cfg_norm = false;
+  std::optional<int64_t> seed;
+  std::string out = "output.png";
+  std::string device = "auto", dtype = "auto", attention = "auto";
+  bool quiet = false;
+};
+// Whether `path` is a diffusers folder of a HiDream pipeline (model_index.json's class).
+bool is_hidream_model(const std::string& path);
+// Text-to-image (edit = false) or editing; writes f.out.
+int run_hidream(const HiDreamCliFlags& f, bool edit);
 // `bench --arch hidream-i1`: the HiDream block benchmark with the bench command's options.
 int run_hidream_block_bench(const bench::PipelineBenchOptions& options, bool as_json);
 // `bench --arch t5-xxl | llama-3.1-8b`: one forward of a full-size text encoder.

@@ -1,5 +1,5 @@
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <iostream>
 
@@ -18,11 +18,16 @@ int main(int argc, char** argv) {
   };
   add("txt2img", "Generate images from a prompt", diffuse::app::add_txt2img_command);
   add("img2img", "Transform an image guided by a prompt", diffuse::app::add_img2img_command);
-  add("train-demo", "Train the demo model (shapes world) from scratch", diffuse::app::add_train_demo_command);
-  add("create-demo-model", "Write a full-size random-weight model (for benchmarks)", diffuse::app::add_create_demo_command);
+  add("edit", "Edit an image from an instruction (HiDream-E1)", diffuse::app::add_edit_command);
+  add("train-demo", "Train the demo model (shapes world) from scratch",
+      diffuse::app::add_train_demo_command);
+  add("create-demo-model", "Write a full-size random-weight model (for benchmarks)",
+      diffuse::app::add_create_demo_command);
   add("verify", "Compare the engine with a golden reference set", diffuse::app::add_verify_command);
-  add("doctor", "Check libtorch, BLAS, CPU features and every device", diffuse::app::add_doctor_command);
-  add("bench", "Benchmark pipeline stages, attention backends (bench attention) or the roofline", diffuse::app::add_bench_command);
+  add("doctor", "Check libtorch, BLAS, CPU features and every device",
+      diffuse::app::add_doctor_command);
+  add("bench", "Benchmark pipeline stages, attention backends (bench attention) or the roofline",
+      diffuse::app::add_bench_command);
 
   if (argc == 2 && std::string(argv[1]) == "--version") {
     std::cout << "diffuse " << DIFFUSE_VERSION << " (libtorch " << TORCH_VERSION << ")\n";

@@ -172,6 +172,36 @@ TEST(Cli, Img2ImgFromAPng) {
             std::string::npos);
 }
 
+TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
+  const std::string hidream = test::hidream_golden_dir();
+  if (!std::filesystem::exists(hidream + "/cases.json")) GTEST_SKIP() << "no set at " << hidream;
+  const std::string model = verify::GoldenSet::load(hidream).model_dir();
+  test::TempDir dir;
+  auto t2i = run_cli({"txt2img", "-m", model, "-p", "a red fox", "-n", "blurry", "--steps", "2",
+                      "--cfg-scale", "5", "--seed", "3", "--quiet", "-o", dir.file("fox.png")},
+                     dir);
+  ASSERT_EQ(t2i.exit_code, 0) << t2i.err;
+  auto fox = read_png(dir.file("fox.png"));
+  // The I1 pipeline rescales any size to the model's area (max_resolution x 8 pixels a side).
+  EXPECT_EQ(fox.width * fox.height, 128 * 128);
+  auto edit = run_cli(
+      {"edit", "-m", model, "--transformer", "transformer_e1", "-i", dir.file("fox.png"), "-p",
+       "make it blue", "--steps", "2", "--seed", "3", "--quiet", "-o", dir.file("blue.png")},
+      dir);
+  ASSERT_EQ(edit.exit_code, 0) << edit.err;
+  EXPECT_EQ(read_png(dir.file("blue.png")).width, fox.width);
+  for (const auto& bad : std::vector<std::vector<std::string>>{
+           {"-i", dir.file("fox.png"), "--refine", "1.5"}, {"-i", dir.file("missing.png")}}) {
+    std::vector<std::string> args = {
+        "edit", "-m", model, "-p", "x", "--steps", "1", "-o", dir.file("bad.png")};
+    args.insert(args.end(), bad.begin(), bad.end());
+    auto r = run_cli(args, dir);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("bad.png")));
+  }
+}
+
 // Bad input: exit code non-zero, one line on stderr saying what is wrong, no output file.
 TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
   test::TempDir dir;

@@ -115,7 +115,12 @@ torch::Tensor HiDreamPipeline::decode(const torch::Tensor& latents) {
 HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   require_guidance_inputs(r.sampling.guidance_scale, "guidance_scale");
   torch::InferenceMode inference;
-  const auto [width, height] = normalized_size(r.width, r.height, r.area_side);
+  const auto& mr = transformer_->config().max_resolution;
+  const int area =
+      r.area_side > 0 ? r.area_side
+                      : static_cast<int>(
+                            std::lround(std::sqrt(static_cast<double>(mr[0] * mr[1])) * kVaeScale));
+  const auto [width, height] = normalized_size(r.width, r.height, area);
   const bool cfg = r.sampling.guidance_scale > 1.0;
   HiDreamResult out;
   out.prompt_embeddings = text_->encode({r.prompt}, r.sampling.max_sequence_length);

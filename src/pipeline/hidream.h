@@ -49,7 +49,9 @@ struct HiDreamSampling {
 struct HiDreamTextToImage {
   std::string prompt, negative_prompt;
   int width = 1024, height = 1024;  // rescaled to the area of area_side x area_side
-  int area_side = 1024;             // the pipeline's default_sample_size * vae_scale_factor
+  // The pipeline's default_sample_size * vae_scale_factor; 0: the transformer's max_resolution
+  // in pixels (1024 for HiDream-I1, whose pipeline hard-codes 128 * 8).
+  int area_side = 0;
   HiDreamSampling sampling;
 };
 

@@ -1,0 +1,164 @@
+// `diffuse edit` (HiDream-E1: edit an image from an instruction) and `diffuse txt2img` on a
+// HiDream-I1 folder: flags -> pipeline::HiDreamPipeline -> one PNG.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <random>
+
+#include "commands.h"
+#include "device/device.h"
+#include "diffuse/errors.h"
+#include "diffuse/image.h"
+#include "io/atomic_file.h"
+#include "io/model_folder.h"
+#include "nn/attention.h"
+#include "pipeline/hidream.h"
+#include "progress.h"
+
+namespace fs = std::filesystem;
+
+namespace diffuse::app {
+namespace {
+
+Image to_image(const torch::Tensor& nhwc) {
+  auto u8 = (nhwc[0] * 255.0).round().clamp(0, 255).to(torch::kUInt8).contiguous();
+  Image img;
+  img.height = static_cast<int>(u8.size(0));
+  img.width = static_cast<int>(u8.size(1));
+  img.rgb.assign(u8.data_ptr<uint8_t>(), u8.data_ptr<uint8_t>() + u8.numel());
+  return img;
+}
+
+}  // namespace
+
+bool is_hidream_model(const std::string& path) {
+  if (!fs::is_directory(path) || !fs::exists(fs::path(path) / "model_index.json")) return false;
+  return io::ModelFolder::open(path)
+             .model_index()
+             .get<std::string>("_class_name", "")
+             .rfind("HiDream", 0) == 0;
+}
+
+int run_hidream(const HiDreamCliFlags& f, bool edit) {
+  io::check_output_path(f.out, "output");
+  if (fs::path(f.out).extension() != ".png")
+    throw InvalidArgument("-o/--out '" + f.out +
+                          "': only PNG output is supported (use a .png name)");
+  if (!(f.refine >= 0.0 && f.refine <= 1.0))
+    throw InvalidArgument("--refine must be in [0, 1], got " + std::to_string(f.refine));
+  Image source;
+  if (edit) {
+    if (f.image.empty()) throw InvalidArgument("edit needs a source image (-i/--image)");
+    source = read_png(f.image);
+  }
+  const auto device = device::resolve_device(f.device);
+  const auto dtype = device::resolve_dtype(f.dtype, device, "transformer");
+  nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(f.attention, device));
+  const uint64_t seed = f.seed ? static_cast<uint64_t>(*f.seed) : std::random_device{}();
+
+  if (!f.quiet) std::cerr << "loading " << f.model << " ...\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto folder = io::ModelFolder::open(f.model);
+  pipeline::HiDreamPipeline pipe(folder, device, dtype, f.transformer);
+  Progress progress(f.quiet);
+  pipeline::HiDreamSampling s;
+  s.steps = f.steps;
+  s.guidance_scale = f.cfg_scale;
+  s.seed = seed;
+  const auto loop_start = std::chrono::steady_clock::now();
+  s.on_step = [&](const pipeline::HiDreamStep& st) {
+    StepEvent e;
+    e.step = st.index;
+    e.num_steps = f.steps;
+    e.timestep = st.t.item<double>();
+    e.elapsed_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
+    progress(e);
+  };
+  pipeline::HiDreamResult r;
+  std::string params = "prompt: " + f.prompt + "; negative: " + f.negative_prompt +
+                       "; steps: " + std::to_string(f.steps) +
+                       "; cfg: " + std::to_string(f.cfg_scale) + "; seed: " + std::to_string(seed);
+  if (edit) {
+    pipeline::HiDreamEdit e;
+    e.prompt = f.prompt;
+    e.negative_prompt = f.negative_prompt;
+    e.image = torch::from_blob(const_cast<uint8_t*>(source.rgb.data()),
+                               {source.height, source.width, 3}, torch::kUInt8)
+                  .clone();
+    e.image_guidance_scale = f.image_guidance;
+    e.clip_cfg_norm = !f.no_clip_cfg_norm;
+    e.refine_strength = f.refine;
+    e.sampling = s;
+    r = pipe.edit(e);
+    params += "; image guidance: " + std::to_string(f.image_guidance);
+  } else {
+    pipeline::HiDreamTextToImage t;
+    t.prompt = f.prompt;
+    t.negative_prompt = f.negative_prompt;
+    t.width = f.width;
+    t.height = f.height;
+    t.sampling = s;
+    r = pipe.text_to_image(t);
+  }
+  progress.finish();
+  write_png(f.out, to_image(r.image), {{"parameters", params}});
+  if (!f.quiet)
+    std::cerr << "wrote " << f.out << " (" << r.image.size(2) << "x" << r.image.size(1) << ", seed "
+              << seed << ") in "
+              << format_seconds(
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
+              << "\n";
+  std::cout << f.out << "\n";
+  return 0;
+}
+
+namespace {
+
+void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
+  app.add_option("-m,--model", f.model, "HiDream diffusers folder")->required();
+  app.add_option("-p,--prompt", f.prompt,
+                 edit ? "Instruction (E1-Full form: 'Editing Instruction: ... Target Image "
+                        "Description: ...')"
+                      : "Prompt")
+      ->required();
+  app.add_option("-n,--negative-prompt", f.negative_prompt, "Negative prompt");
+  app.add_option("--transformer", f.transformer, "Component folder of the transformer weights")
+      ->capture_default_str();
+  app.add_option("--steps", f.steps, "Denoising steps")->capture_default_str();
+  app.add_option("--cfg-scale", f.cfg_scale, "Text guidance scale (<= 1 disables it)")
+      ->capture_default_str();
+  app.add_option("-s,--seed", f.seed, "Seed (default: random)");
+  app.add_option("-o,--out", f.out, "Output PNG")->capture_default_str();
+  app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N]")->capture_default_str();
+  app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for encoders and transformer")
+      ->capture_default_str();
+  app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu")->capture_default_str();
+  app.add_flag("-q,--quiet", f.quiet, "No progress output");
+  if (edit) {
+    app.add_option("-i,--image", f.image, "Source image (PNG; sides multiples of 16)")->required();
+    app.add_option("--image-guidance", f.image_guidance, "Image guidance scale")
+        ->capture_default_str();
+    app.add_option("--refine", f.refine, "Refine strength in [0, 1] (only 0 is implemented)")
+        ->capture_default_str();
+    app.add_flag("--no-clip-cfg-norm", f.no_clip_cfg_norm,
+                 "Plain 3-branch guidance instead of E1's norm-capped text guidance");
+  } else {
+    app.add_option("-W,--width", f.width, "Width (rescaled to the model's area)")
+        ->capture_default_str();
+    app.add_option("-H,--height", f.height, "Height (rescaled to the model's area)")
+        ->capture_default_str();
+  }
+}
+
+}  // namespace
+
+Command add_edit_command(CLI::App& app) {
+  auto f = std::make_shared<HiDreamCliFlags>();
+  add_flags(app, *f, true);
+  return [f]() { return run_hidream(*f, true); };
+}
+
+}  // namespace diffuse::app
