@@ -34,6 +34,9 @@ void compare_traced_tensors(const GoldenCase& c, const CaseTensors& t,
                             const std::map<std::string, torch::Tensor>& traced,
                             const std::string& label, CaseResult* r);
 
+// A LoRA file merged into the HiDream transformer (output out, and out_adapters_disabled).
+CaseResult verify_lora(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
+
 // Stable Diffusion txt2img / img2img replay (diffusers folder and single-file checkpoint).
 CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 

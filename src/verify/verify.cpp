@@ -22,6 +22,7 @@ const std::vector<RunnerEntry> kRunners = {
     {"tokenizer", verify_tokenizer},
     {"unet", verify_unet},
     {"transformer", verify_transformer},
+    {"lora", verify_lora},
     {"vae", verify_vae},
     {"scheduler", verify_scheduler},
     {"pipeline", verify_pipeline},

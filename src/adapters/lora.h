@@ -1,0 +1,79 @@
+// LoRA adapters for any network, addressed by parameter name: a file (peft / diffusers or
+// kohya / A1111 naming, see io/lora_key_map.h) is read, every pair is mapped onto a weight of
+// one of the given networks and checked (rank, shape, finite values) before anything is
+// changed. Applying one (adapters/lora_merger.h) adds scale * (alpha / rank) * up @ down to the
+// target weight.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/lora_key_map.h"
+
+namespace diffuse::adapters {
+
+// A network adapters may patch, and how files name it.
+struct Network {
+  io::lora::NetworkNames names;
+  torch::nn::Module* module = nullptr;  // not owned; must outlive what was built from it
+};
+
+struct LoraOptions {
+  // peft's LoraConfig (lora_alpha, r) for files that store no per-pair alpha, as peft saves
+  // them: factor = alpha / r. Unset: the file's "lora_alpha" / "lora_rank" metadata, else
+  // alpha = each pair's rank (factor 1).
+  std::optional<double> alpha;
+  std::optional<double> rank;
+  // Tensors that match no weight of any network: a warning (in LoraAdapter::warnings) instead
+  // of an error.
+  bool lenient = false;
+};
+
+// One low-rank update of one weight.
+struct LoraPair {
+  std::string key;     // the file's name of the pair (for messages)
+  size_t network = 0;  // index into the networks it was resolved against
+  std::string param;   // parameter name in that network ("...to_q.weight")
+  torch::Tensor up;    // [out, r] float32
+  torch::Tensor down;  // [r, in * kh * kw] float32
+  double factor = 1;   // alpha / rank
+};
+
+// A tensor that replaces a weight (peft files such as HiDream-E1-Full's carry some).
+struct FullTensor {
+  std::string key;
+  size_t network = 0;
+  std::string param;
+  torch::Tensor value;  // shape of the parameter, the file's dtype
+};
+
+struct LoraAdapter {
+  std::string source;  // file path or a name
+  std::vector<LoraPair> pairs;
+  std::vector<FullTensor> full;
+  std::vector<std::string> warnings;  // lenient mode: what was skipped
+  // Weights (per network name) the adapter changes, for reports.
+  std::map<std::string, int64_t> touched;
+};
+
+// Reads a .safetensors LoRA file and resolves it against `networks`. IoError / FormatError
+// (the safetensors reader's, e.g. a truncated file) or FormatError naming the file and key for:
+// up/down rank mismatch, an update whose shape fits no target, NaN or infinite values, and
+// (unless lenient) tensors that match nothing (the first few are listed). Nothing is changed.
+LoraAdapter load_lora(const std::string& path, const std::vector<Network>& networks,
+                      const LoraOptions& options = {});
+
+// The same from tensors already in memory (tests, adapters built on the fly).
+LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata, const std::string& source,
+                      const std::vector<Network>& networks, const LoraOptions& options = {});
+
+// up @ down in float32, shaped like a weight of `shape` (linear [out, in] or conv
+// [out, in, kh, kw]).
+torch::Tensor lora_delta(const LoraPair& pair, c10::IntArrayRef shape);
+
+}  // namespace diffuse::adapters
