@@ -62,6 +62,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   const auto t0 = std::chrono::steady_clock::now();
   auto folder = io::ModelFolder::open(f.model);
   pipeline::HiDreamPipeline pipe(folder, device, dtype, f.transformer);
+  pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
   Progress progress(f.quiet);
   pipeline::HiDreamSampling s;
   s.steps = f.steps;

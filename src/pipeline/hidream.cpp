@@ -6,6 +6,7 @@
 
 #include "diffuse/errors.h"
 #include "io/json_config.h"
+#include "models/load_component.h"
 #include "schedulers/flow_match.h"
 
 namespace diffuse::pipeline {
@@ -29,12 +30,31 @@ void require_guidance_inputs(double g, const char* what) {
 
 HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device device,
                                  torch::Dtype dtype, const std::string& transformer_component)
-    : device_(device), dtype_(dtype) {
-  text_ = std::make_unique<HiDreamTextEncoders>(folder, device, dtype);
-  transformer_ = models::load_hidream_transformer(folder, device, dtype, transformer_component);
+    : device_(device),
+      dtype_(dtype),
+      folder_(folder),
+      transformer_component_(transformer_component),
+      tconfig_(models::HiDreamTransformerConfig::from_json(models::component_config(
+          folder, transformer_component, "HiDreamImageTransformer2DModel"))) {
   vae_ = models::load_vae(folder, device, torch::kFloat32);
   scheduler_ =
       schedulers::make_scheduler(folder.component_config("scheduler", "scheduler_config.json"));
+}
+
+HiDreamTextEncoders& HiDreamPipeline::text_encoders() {
+  if (!text_) text_ = std::make_unique<HiDreamTextEncoders>(folder_, device_, dtype_);
+  return *text_;
+}
+
+models::HiDreamImageTransformer2DModel& HiDreamPipeline::transformer() {
+  if (!transformer_)
+    transformer_ =
+        models::load_hidream_transformer(folder_, device_, dtype_, transformer_component_);
+  return transformer_;
+}
+
+void HiDreamPipeline::done_with_text_encoders() {
+  if (!keep_text_encoders_) text_.reset();
 }
 
 void HiDreamPipeline::set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler) {
@@ -46,7 +66,7 @@ std::pair<int, int> HiDreamPipeline::normalized_size(int width, int height, int 
     throw InvalidArgument("width, height and the area side must be positive, got " +
                           std::to_string(width) + "x" + std::to_string(height) + " and " +
                           std::to_string(area_side));
-  const int64_t division = kVaeScale * transformer_->config().patch_size;
+  const int64_t division = kVaeScale * tconfig_.patch_size;
   const double scale =
       std::sqrt(static_cast<double>(area_side) * area_side / (static_cast<double>(width) * height));
   auto fit = [&](int v) { return static_cast<int>(std::floor(v * scale / division) * division); };
@@ -60,7 +80,7 @@ std::pair<int, int> HiDreamPipeline::normalized_size(int width, int height, int 
 
 torch::Tensor HiDreamPipeline::initial_latents(const HiDreamSampling& s, int64_t h,
                                                int64_t w) const {
-  const int64_t C = transformer_->config().in_channels;
+  const int64_t C = tconfig_.in_channels;
   if (s.latents.defined()) {
     if (s.latents.dim() != 4 || s.latents.size(0) != 1 || s.latents.size(1) != C ||
         s.latents.size(2) != h || s.latents.size(3) != w)
@@ -79,7 +99,7 @@ void HiDreamPipeline::prepare_schedule(int steps) {
   // diffusers' HiDream pipelines: UniPC gets no mu; the others get mu from the transformer's
   // max_seq (used only with dynamic shifting).
   if (std::string(scheduler_->class_name()) != "UniPCMultistepScheduler")
-    scheduler_->set_shift_mu(schedulers::calculate_shift(transformer_->config().max_seq()));
+    scheduler_->set_shift_mu(schedulers::calculate_shift(tconfig_.max_seq()));
   scheduler_->set_timesteps(steps);
 }
 
@@ -115,7 +135,7 @@ torch::Tensor HiDreamPipeline::decode(const torch::Tensor& latents) {
 HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   require_guidance_inputs(r.sampling.guidance_scale, "guidance_scale");
   torch::InferenceMode inference;
-  const auto& mr = transformer_->config().max_resolution;
+  const auto& mr = tconfig_.max_resolution;
   const int area =
       r.area_side > 0 ? r.area_side
                       : static_cast<int>(
@@ -123,12 +143,14 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   const auto [width, height] = normalized_size(r.width, r.height, area);
   const bool cfg = r.sampling.guidance_scale > 1.0;
   HiDreamResult out;
-  out.prompt_embeddings = text_->encode({r.prompt}, r.sampling.max_sequence_length);
+  out.prompt_embeddings = text_encoders().encode({r.prompt}, r.sampling.max_sequence_length);
   HiDreamEmbeddings cond = out.prompt_embeddings;
   if (cfg) {
-    out.negative_embeddings = text_->encode({r.negative_prompt}, r.sampling.max_sequence_length);
+    out.negative_embeddings =
+        text_encoders().encode({r.negative_prompt}, r.sampling.max_sequence_length);
     cond = HiDreamEmbeddings::cat({&out.negative_embeddings, &out.prompt_embeddings});
   }
+  done_with_text_encoders();
   prepare_schedule(r.sampling.steps);
   auto latents = initial_latents(r.sampling, height / kVaeScale, width / kVaeScale);
   HiDreamSampling s = r.sampling;
@@ -137,7 +159,7 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
     auto input = cfg ? torch::cat({x, x}, 0) : x;
     auto ts = t.to(device_, torch::kFloat32).reshape({1}).expand({input.size(0)});
     auto raw =
-        transformer_->forward(input, ts, cond.t5, cond.llama, cond.pooled).to(torch::kFloat32);
+        transformer()->forward(input, ts, cond.t5, cond.llama, cond.pooled).to(torch::kFloat32);
     record.transformer_input = input;
     record.transformer_timesteps = ts;
     record.transformer_out = raw;
@@ -169,7 +191,7 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
     throw InvalidArgument(
         "refine_strength > 0 (the refine phase with the I1 weights) is not "
         "implemented yet; use 0");
-  const int64_t division = kVaeScale * transformer_->config().patch_size;
+  const int64_t division = kVaeScale * tconfig_.patch_size;
   if (!r.image.defined() || r.image.dim() != 3 || r.image.size(2) != 3 ||
       r.image.size(0) % division != 0 || r.image.size(1) % division != 0 || r.image.size(0) == 0 ||
       r.image.size(1) == 0)
@@ -184,28 +206,30 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
   out.image_latents = vc.to_latents(vae_->encode(pixels.to(device_)).mean).to(torch::kFloat32);
   const int64_t h = out.image_latents.size(2), w = out.image_latents.size(3);
 
-  out.prompt_embeddings = text_->encode({r.prompt}, r.sampling.max_sequence_length);
-  out.negative_embeddings = text_->encode({r.negative_prompt}, r.sampling.max_sequence_length);
+  out.prompt_embeddings = text_encoders().encode({r.prompt}, r.sampling.max_sequence_length);
+  out.negative_embeddings =
+      text_encoders().encode({r.negative_prompt}, r.sampling.max_sequence_length);
   const auto& pos = out.prompt_embeddings;
   const auto& neg = out.negative_embeddings;
   auto text = r.clip_cfg_norm ? HiDreamEmbeddings::cat({&pos, &neg, &pos})
                               : HiDreamEmbeddings::cat({&neg, &neg, &pos});
+  done_with_text_encoders();
   prepare_schedule(r.sampling.steps);
   auto latents = initial_latents(r.sampling, h, w);
   // [zeros, image, image] beside the three copies of the noisy latents.
   auto image_side =
       torch::cat({torch::zeros_like(out.image_latents), out.image_latents, out.image_latents}, 0);
   models::HiDreamForwardOptions fwd;
-  fwd.max_seq =
-      (h / transformer_->config().patch_size) * (2 * w / transformer_->config().patch_size);
+  fwd.max_seq = (h / tconfig_.patch_size) * (2 * w / tconfig_.patch_size);
   const double g = r.sampling.guidance_scale, ig = r.image_guidance_scale;
   HiDreamSampling s = r.sampling;
   HiDreamStep record;
   auto velocity = [&](const torch::Tensor& x, const torch::Tensor& t) {
     auto input = torch::cat({torch::cat({x, x, x}, 0), image_side}, 3);
     auto ts = t.to(device_, torch::kFloat32).reshape({1}).expand({3});
-    auto raw =
-        transformer_->forward(input, ts, text.t5, text.llama, text.pooled, fwd).to(torch::kFloat32);
+    auto raw = transformer()
+                   ->forward(input, ts, text.t5, text.llama, text.pooled, fwd)
+                   .to(torch::kFloat32);
     record.transformer_input = input;
     record.transformer_timesteps = ts;
     record.transformer_out = raw;

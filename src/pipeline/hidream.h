@@ -74,8 +74,10 @@ struct HiDreamResult {
 
 class HiDreamPipeline {
  public:
-  // Loads every component of a HiDream model folder on `device` (transformer and text
-  // encoders in `dtype`, the VAE in float32 as its config's force_upcast asks).
+  // A HiDream model folder on `device` (transformer and text encoders in `dtype`, the VAE in
+  // float32 as its config's force_upcast asks). The VAE loads now; the text encoders and the
+  // transformer when first needed, so that with keep_text_encoders off the peak is the larger
+  // of the two, not their sum (Llama-8B + T5-XXL alone are 23 GiB in bf16).
   HiDreamPipeline(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
                   const std::string& transformer_component = "transformer");
 
@@ -87,8 +89,11 @@ class HiDreamPipeline {
 
   // Replaces the scheduler (default: the folder's scheduler/scheduler_config.json).
   void set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler);
-  HiDreamTextEncoders& text_encoders() { return *text_; }
-  models::HiDreamImageTransformer2DModel& transformer() { return transformer_; }
+  // Whether the text encoders stay loaded after a prompt is encoded (default: yes; the CLI,
+  // which encodes once, frees them before the transformer loads).
+  void set_keep_text_encoders(bool keep) { keep_text_encoders_ = keep; }
+  HiDreamTextEncoders& text_encoders();
+  models::HiDreamImageTransformer2DModel& transformer();
   models::AutoencoderKL& vae() { return vae_; }
 
  private:
@@ -98,9 +103,14 @@ class HiDreamPipeline {
                         const std::function<torch::Tensor(const torch::Tensor&,
                                                           const torch::Tensor&)>& guided_velocity);
   torch::Tensor decode(const torch::Tensor& latents);
+  void done_with_text_encoders();
 
   torch::Device device_;
   torch::Dtype dtype_;
+  io::ModelFolder folder_;
+  std::string transformer_component_;
+  models::HiDreamTransformerConfig tconfig_;
+  bool keep_text_encoders_ = true;
   std::unique_ptr<HiDreamTextEncoders> text_;
   models::HiDreamImageTransformer2DModel transformer_{nullptr};
   models::AutoencoderKL vae_{nullptr};
