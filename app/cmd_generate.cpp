@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -42,9 +43,30 @@ struct GenerateFlags {
   std::string config_dir;
   bool v_prediction = false, epsilon = false;
   bool offload = false;
+  std::vector<std::string> loras;
+  bool lora_lenient = false;
   bool quiet = false;
   bool json = false;
 };
+
+// "PATH[:SCALE]": the scale is what follows the last ':' when it is a number.
+LoraSpec parse_lora_flag(const std::string& value) {
+  LoraSpec spec{value, 1.0};
+  const size_t colon = value.rfind(':');
+  if (colon != std::string::npos && colon > 0) {
+    const std::string tail = value.substr(colon + 1);
+    try {
+      size_t used = 0;
+      double scale = std::stod(tail, &used);
+      if (used == tail.size()) spec = {value.substr(0, colon), scale};
+    } catch (const std::exception&) {
+      // Not a number: part of the path.
+    }
+  }
+  if (!std::isfinite(spec.scale))
+    throw InvalidArgument("--lora '" + value + "': the scale must be a finite number");
+  return spec;
+}
 
 void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
   app.add_option("-m,--model", f.model, "Diffusers folder or single-file .safetensors checkpoint")
@@ -81,6 +103,11 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
   app.add_flag(
       "--offload", f.offload,
       "Keep each network in memory only while it runs (lowest peak memory, ~1 s more per image)");
+  app.add_option("--lora", f.loras,
+                 "LoRA adapter PATH[:SCALE] (default scale 1; repeat for several) merged into "
+                 "the UNet and text encoder");
+  app.add_flag("--lora-lenient", f.lora_lenient,
+               "Warn about LoRA tensors that match no weight instead of failing");
   app.add_option("--noise", f.noise_file,
                  "safetensors file with the noise tensor to use (instead of the seed)");
   app.add_option("--config", f.config_dir,
@@ -251,6 +278,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (f.v_prediction) lo.v_prediction = true;
   if (f.epsilon) lo.v_prediction = false;
   lo.offload = f.offload;
+  for (const auto& l : f.loras) lo.loras.push_back(parse_lora_flag(l));
+  lo.lora_lenient = f.lora_lenient;
 
   Progress progress(f.quiet || f.json);
   if (!f.quiet && !f.json) std::cerr << "loading " << f.model << " ...\n";
@@ -274,6 +303,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
               << info->attention << (info->offload ? ", offload" : "") << ", scheduler "
               << (g.scheduler.empty() ? info->scheduler : g.scheduler) << " (loaded in "
               << format_seconds(info->load_s) << ")\n";
+  if (!f.quiet && !f.json)
+    for (const auto& l : info->loras) std::cerr << "lora " << l << "\n";
 
   std::vector<GenerationResult> results;
   uint64_t base_seed = g.seed.value_or(0);
@@ -346,7 +377,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                         {"vae_decode_s", decode},
                         {"total_s", total_s},
                         {"peak_rss_mb", static_cast<double>(t.peak_rss_bytes) / (1024.0 * 1024.0)},
-                        {"memory", memory_json(t.memory)}};
+                        {"memory", memory_json(t.memory)},
+                        {"loras", info->loras}};
     std::cout << j.dump(2) << "\n";
   } else if (!f.quiet) {
     std::cerr << "timings: load " << format_seconds(info->load_s) << ", text encode "

@@ -295,7 +295,8 @@ TEST_F(LoraBadAdapterTest, KeysThatMatchNothing) {
   auto t = good();
   t["unet.attn9.to_q.lora_A.weight"] = torch::randn({2, 6});
   t["unet.attn9.to_q.lora_B.weight"] = torch::randn({5, 2});
-  expect_rejected(t, "1 tensor(s) match no weight of unet: 'unet.attn9.to_q'");
+  expect_rejected(
+      t, "1 entries (LoRA pairs or full tensors) match no weight of unet: 'unet.attn9.to_q'");
   // Lenient: the rest is applied and the skipped pair reported.
   auto adapter = adapters::make_lora(t, {}, "lenient", nets(), [] {
     LoraOptions o;

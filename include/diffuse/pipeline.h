@@ -22,6 +22,13 @@
 
 namespace diffuse {
 
+// A LoRA adapter file (peft / diffusers or kohya / A1111 .safetensors) and its strength;
+// negative scales subtract it.
+struct LoraSpec {
+  std::string path;
+  double scale = 1.0;
+};
+
 struct LoadOptions {
   std::string device = "auto";  // auto|cpu|cuda[:N]|npu[:N]; auto honours DIFFUSE_DEVICE
   // Per-component placement (like OpenVINO's compile(text_encoder, denoiser, vae devices)):
@@ -41,6 +48,11 @@ struct LoadOptions {
   // the UNet's instead of all three together (SD2.1 bf16 on CPU: ~2.0 GiB instead of ~2.9),
   // for about a second more per generation. Images are bit-identical either way.
   bool offload = false;
+  // LoRA adapters merged into the UNet and text encoder weights after loading (no run-time
+  // cost), in float32, then cast to the network's dtype. A tensor that matches no weight is an
+  // error unless lora_lenient (then PipelineInfo::loras reports what was skipped).
+  std::vector<LoraSpec> loras;
+  bool lora_lenient = false;
 };
 
 struct GenerationConfig {
@@ -118,6 +130,8 @@ struct PipelineInfo {
   int default_width = 0, default_height = 0;
   bool offload = false;
   double load_s = 0;
+  // One line per LoRA adapter: path, scale, weights it changes per network, and warnings.
+  std::vector<std::string> loras;
 };
 
 namespace pipeline {

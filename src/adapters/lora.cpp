@@ -190,9 +190,11 @@ LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
     for (size_t i = 0; i < unmatched.size() && i < 5; ++i)
       list += (i ? ", '" : "'") + unmatched[i] + "'";
     if (unmatched.size() > 5) list += ", ...";
-    const std::string msg = std::to_string(unmatched.size()) + " tensor(s) match no weight of " +
+    const std::string msg = std::to_string(unmatched.size()) +
+                            " entries (LoRA pairs or full tensors) match no weight of " +
                             networks_list + ": " + list;
-    if (!options.lenient) check.fail(msg + " (lenient mode skips them with a warning)");
+    if (!options.lenient)
+      check.fail(msg + " (lenient mode, --lora-lenient, skips them with a warning)");
     out.warnings.push_back(source + ": skipped " + msg);
   }
   if (out.pairs.empty() && out.full.empty())
@@ -204,6 +206,23 @@ LoraAdapter load_lora(const std::string& path, const std::vector<Network>& netwo
                       const LoraOptions& options) {
   auto file = io::SafetensorsFile::open(path);
   return make_lora(file->load_all(), file->metadata(), path, networks, options);
+}
+
+LoraAdapter select_network(const LoraAdapter& adapter, size_t network) {
+  LoraAdapter out;
+  out.source = adapter.source;
+  out.warnings = adapter.warnings;
+  for (const auto& p : adapter.pairs)
+    if (p.network == network) {
+      out.pairs.push_back(p);
+      out.pairs.back().network = 0;
+    }
+  for (const auto& f : adapter.full)
+    if (f.network == network) {
+      out.full.push_back(f);
+      out.full.back().network = 0;
+    }
+  return out;
 }
 
 torch::Tensor lora_delta(const LoraPair& pair, c10::IntArrayRef shape) {

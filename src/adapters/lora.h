@@ -72,6 +72,10 @@ LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata, const std::string& source,
                       const std::vector<Network>& networks, const LoraOptions& options = {});
 
+// The part of an adapter that patches networks[network], renumbered as network 0: pipelines that
+// load (or reload, with offload) each network on its own merge each part separately.
+LoraAdapter select_network(const LoraAdapter& adapter, size_t network);
+
 // up @ down in float32, shaped like a weight of `shape` (linear [out, in] or conv
 // [out, in, kh, kw]).
 torch::Tensor lora_delta(const LoraPair& pair, c10::IntArrayRef shape);

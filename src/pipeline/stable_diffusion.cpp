@@ -3,8 +3,10 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <random>
 
+#include "adapters/lora_merger.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
@@ -87,7 +89,24 @@ struct StableDiffusion::Components {
     nn::load_state_dict(*slot, weights, source.path + " (" + component + ")", ignored);
     slot->to(where, dtype);
     slot->eval();
+    merge_loras(component, *slot);
     return slot;
+  }
+
+  // LoRA adapters, split per network and merged again whenever that network is (re)loaded
+  // (with offload every stage builds its network afresh from the file).
+  struct NetworkLoras {
+    std::vector<std::pair<adapters::LoraAdapter, double>> adapters;  // with their scales
+    std::unique_ptr<adapters::LoraMerger> merger;
+  };
+  std::map<std::string, NetworkLoras> loras;  // by component name
+  void merge_loras(const std::string& component, torch::nn::Module& module) {
+    auto it = loras.find(component);
+    if (it == loras.end() || it->second.adapters.empty()) return;
+    auto names = component == "unet" ? io::lora::unet_names() : io::lora::text_encoder_names();
+    it->second.merger =
+        std::make_unique<adapters::LoraMerger>(std::vector<adapters::Network>{{names, &module}});
+    for (const auto& [adapter, scale] : it->second.adapters) it->second.merger->add(adapter, scale);
   }
   models::ClipTextModel& text_encoder() {
     return loaded(text_encoder_module, text_config, source.text_encoder_weights, "text_encoder",
@@ -163,6 +182,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   c_->vae_config = models::AutoencoderKLConfig::from_json(src.vae_config);
   c_->scheduler_config = src.scheduler_config;
   c_->offload = options.offload;
+  if (!options.loras.empty()) setup_loras(options);
   if (!c_->offload) {
     c_->text_encoder();
     c_->unet();
@@ -193,6 +213,41 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
 }
 
 StableDiffusion::~StableDiffusion() = default;
+
+void StableDiffusion::setup_loras(const LoadOptions& options) {
+  // Every file is read and checked against both networks before any weight changes.
+  auto& te = c_->text_encoder();
+  auto& unet = c_->unet();
+  const std::vector<adapters::Network> nets = {{io::lora::text_encoder_names(), te.get()},
+                                               {io::lora::unet_names(), unet.get()}};
+  adapters::LoraOptions lo;
+  lo.lenient = options.lora_lenient;
+  std::vector<adapters::LoraAdapter> parsed;
+  for (const auto& spec : options.loras) {
+    if (!std::isfinite(spec.scale))
+      throw InvalidArgument("LoRA '" + spec.path + "': scale must be a finite number");
+    parsed.push_back(adapters::load_lora(spec.path, nets, lo));
+  }
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    const auto& a = parsed[i];
+    std::string line = options.loras[i].path + " (scale " + c10::str(options.loras[i].scale) +
+                       "): " + std::to_string(a.pairs.size() + a.full.size()) + " weights";
+    for (const auto& [net, count] : a.touched) line += ", " + net + " " + std::to_string(count);
+    for (const auto& w : a.warnings) line += "; warning: " + w;
+    info_.loras.push_back(line);
+    for (size_t n = 0; n < nets.size(); ++n)
+      c_->loras[nets[n].names.name].adapters.emplace_back(adapters::select_network(a, n),
+                                                          options.loras[i].scale);
+  }
+  if (c_->offload) {
+    // Merged when each stage loads its network.
+    c_->done_with(c_->text_encoder_module, c_->text_device);
+    c_->done_with(c_->unet_module, c_->device);
+  } else {
+    c_->merge_loras("text_encoder", *te);
+    c_->merge_loras("unet", *unet);
+  }
+}
 
 std::unique_ptr<schedulers::Scheduler> StableDiffusion::make_scheduler(
     const GenerationConfig& config) const {

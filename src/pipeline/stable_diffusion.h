@@ -63,6 +63,8 @@ class StableDiffusion {
   NoiseFn noise_;
 
   torch::Tensor draw_noise(c10::IntArrayRef shape, at::Generator& gen) const;
+  // Reads and checks options.loras against the text encoder and UNet, then merges them.
+  void setup_loras(const LoadOptions& options);
   // The run's scheduler (the model's, or the one named in the config) with its timesteps set.
   std::unique_ptr<schedulers::Scheduler> make_scheduler(const GenerationConfig& config) const;
   void seed_devices(uint64_t seed) const;
