@@ -151,6 +151,49 @@ TEST(Cli, SeedMakesRunsRepeatableAndIsRecorded) {
   EXPECT_NE(read_png_text(dir.file("b-1.png")).at("parameters").find("Seed: 8"), std::string::npos);
 }
 
+// --lora PATH[:SCALE]: the adapter changes the image and is reported; scale 0 gives the plain
+// image; an adapter for another network fails with one line and no output.
+TEST(Cli, LoraFlagTakesPathAndScale) {
+  test::TempDir dir;
+  auto set = verify::GoldenSet::load(test::golden_dir());
+  torch::manual_seed(3);
+  auto conv =
+      io::SafetensorsFile::open(set.model_dir() + "/unet/diffusion_pytorch_model.safetensors")
+          ->get("conv_in.weight");
+  const std::string lora = dir.file("conv.safetensors");
+  io::save_safetensors(lora,
+                       {{"lora_unet_conv_in.lora_down.weight",
+                         torch::randn({2, conv.size(1), conv.size(2), conv.size(3)})},
+                        {"lora_unet_conv_in.lora_up.weight", torch::randn({conv.size(0), 2})}});
+  const std::string other = dir.file("other.safetensors");
+  io::save_safetensors(other, {{"lora_unet_nothing.lora_down.weight", torch::randn({2, 4})},
+                               {"lora_unet_nothing.lora_up.weight", torch::randn({4, 2})}});
+  std::vector<std::string> base = {
+      "txt2img", "-m", set.model_dir(), "-p", "a fox",  "--steps", "2", "-W", "64",
+      "-H",      "64", "--seed",        "7",  "--quiet"};
+  auto run = [&](const std::string& out, const std::vector<std::string>& extra) {
+    auto a = base;
+    a.insert(a.end(), {"-o", dir.file(out)});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_cli(a, dir);
+  };
+  auto plain = run("plain.png", {});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  auto with = run("lora.png", {"--lora", lora + ":0.5", "--json"});
+  ASSERT_EQ(with.exit_code, 0) << with.err;
+  auto summary = nlohmann::json::parse(with.out);
+  ASSERT_EQ(summary["loras"].size(), 1u);
+  EXPECT_NE(summary["loras"][0].get<std::string>().find("(scale 0.5)"), std::string::npos);
+  EXPECT_NE(read_png(dir.file("plain.png")).rgb, read_png(dir.file("lora.png")).rgb);
+  auto zero = run("zero.png", {"--lora", lora + ":0"});
+  ASSERT_EQ(zero.exit_code, 0) << zero.err;
+  EXPECT_EQ(read_png(dir.file("plain.png")).rgb, read_png(dir.file("zero.png")).rgb);
+  auto bad = run("bad.png", {"--lora", other});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("lora_unet_nothing"), std::string::npos) << bad.err;
+  EXPECT_FALSE(std::ifstream(dir.file("bad.png")).good());
+}
+
 TEST(Cli, Img2ImgFromAPng) {
   test::TempDir dir;
   auto set = verify::GoldenSet::load(test::golden_dir());
