@@ -7,6 +7,7 @@
 #include <iostream>
 #include <random>
 
+#include "adapters/lora.h"
 #include "commands.h"
 #include "device/device.h"
 #include "diffuse/errors.h"
@@ -63,6 +64,12 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   auto folder = io::ModelFolder::open(f.model);
   pipeline::HiDreamPipeline pipe(folder, device, dtype, f.transformer);
   pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
+  if (!f.e1_lora.empty()) {
+    adapters::LoraOptions lo;
+    lo.alpha = f.lora_alpha;
+    lo.rank = f.lora_rank;
+    pipe.set_editing_lora(f.e1_lora, lo);
+  }
   Progress progress(f.quiet);
   pipeline::HiDreamSampling s;
   s.steps = f.steps;
@@ -142,8 +149,15 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
     app.add_option("-i,--image", f.image, "Source image (PNG; sides multiples of 16)")->required();
     app.add_option("--image-guidance", f.image_guidance, "Image guidance scale")
         ->capture_default_str();
-    app.add_option("--refine", f.refine, "Refine strength in [0, 1] (only 0 is implemented)")
+    app.add_option(
+           "--refine", f.refine,
+           "Refine strength in [0, 1]: the last steps run without the E1 LoRA on the target "
+           "description (needs --e1-lora)")
         ->capture_default_str();
+    app.add_option("--e1-lora", f.e1_lora,
+                   "HiDream-E1-Full: peft LoRA file applied to the model's (I1) transformer");
+    app.add_option("--lora-alpha", f.lora_alpha, "peft lora_alpha of --e1-lora (default: file)");
+    app.add_option("--lora-rank", f.lora_rank, "peft r of --e1-lora (default: file)");
     app.add_flag("--no-clip-cfg-norm", f.no_clip_cfg_norm,
                  "Plain 3-branch guidance instead of E1's norm-capped text guidance");
   } else {

@@ -31,6 +31,8 @@ struct HiDreamCliFlags {
   int width = 1024, height = 1024, steps = 28;
   double cfg_scale = 5.0, image_guidance = 4.0, refine = 0.0;
   bool no_clip_cfg_norm = false;
+  std::string e1_lora;  // edit: HiDream-E1-Full's peft LoRA on the I1 transformer
+  std::optional<double> lora_alpha, lora_rank;
   std::optional<int64_t> seed;
   std::string out = "output.png";
   std::string device = "auto", dtype = "auto", attention = "auto";

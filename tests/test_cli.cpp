@@ -233,6 +233,32 @@ TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
       dir);
   ASSERT_EQ(edit.exit_code, 0) << edit.err;
   EXPECT_EQ(read_png(dir.file("blue.png")).width, fox.width);
+  // E1-Full: I1 weights + the LoRA file, with a refine phase.
+  auto refine = run_cli({"edit",
+                         "-m",
+                         model,
+                         "--e1-lora",
+                         model + "/e1_lora.safetensors",
+                         "--lora-alpha",
+                         "4",
+                         "--lora-rank",
+                         "4",
+                         "-i",
+                         dir.file("fox.png"),
+                         "-p",
+                         "Editing Instruction: make it blue. Target Image Description: a blue fox.",
+                         "--refine",
+                         "0.5",
+                         "--steps",
+                         "2",
+                         "--seed",
+                         "3",
+                         "--quiet",
+                         "-o",
+                         dir.file("refined.png")},
+                        dir);
+  ASSERT_EQ(refine.exit_code, 0) << refine.err;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("refined.png")));
   for (const auto& bad : std::vector<std::vector<std::string>>{
            {"-i", dir.file("fox.png"), "--refine", "1.5"}, {"-i", dir.file("missing.png")}}) {
     std::vector<std::string> args = {

@@ -57,8 +57,6 @@ TEST_P(HiDreamCoreCaseTest, MatchesReference) {
   auto set = verify::GoldenSet::load(hidream_golden_dir());
   const auto* c = set.find(GetParam());
   ASSERT_NE(c, nullptr);
-  if (c->params.value("refine_strength", 0.0) > 0.0)
-    GTEST_SKIP() << "E1's refine phase (I1 weights + LoRA toggling) is not implemented yet";
   test::expect_golden_case_passes(set, *c);
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "adapters/lora_merger.h"
 #include "io/model_folder.h"
 #include "models/autoencoder_kl.h"
 #include "models/hidream_transformer.h"
@@ -61,7 +62,12 @@ struct HiDreamEdit {
   torch::Tensor image;  // uint8 [H, W, 3]; H and W multiples of 16
   double image_guidance_scale = 4.0;
   bool clip_cfg_norm = true;
-  double refine_strength = 0.0;  // only 0 is implemented (the refine phase needs LoRA toggling)
+  // The last refine_strength of the steps run on HiDream-I1's weights with 2-way guidance on
+  // the target description (needs the E1 LoRA: set_editing_lora).
+  double refine_strength = 0.0;
+  // The target description for the refine phase; empty: the text after "Target Image
+  // Description:" in the prompt, else the whole prompt.
+  std::string target_prompt;
   HiDreamSampling sampling;
 };
 
@@ -69,7 +75,8 @@ struct HiDreamResult {
   torch::Tensor latents;  // final latents [1, C, h, w] (float32, CPU)
   torch::Tensor image;    // [1, H, W, 3] float32 in [0, 1] (CPU)
   HiDreamEmbeddings prompt_embeddings, negative_embeddings;
-  torch::Tensor image_latents;  // E1: the source image's latents
+  torch::Tensor image_latents;          // E1: the source image's latents
+  HiDreamEmbeddings target_embeddings;  // E1 with refine: the target description's
 };
 
 class HiDreamPipeline {
@@ -86,6 +93,13 @@ class HiDreamPipeline {
 
   HiDreamResult text_to_image(const HiDreamTextToImage& request);
   HiDreamResult edit(const HiDreamEdit& request);
+
+  // HiDream-E1-Full: the editing weights are this pipeline's (I1) transformer plus a peft LoRA
+  // file (low-rank pairs and full tensors), merged now; the refine phase switches the low-rank
+  // updates off for its steps (peft's disable_adapters: the full tensors stay) and on again
+  // afterwards. FormatError/IoError naming the key or file; the weights are unchanged on error.
+  void set_editing_lora(const std::string& path, const adapters::LoraOptions& options = {});
+  void apply_editing_lora();  // (re)enables it after a refine phase
 
   // Replaces the scheduler (default: the folder's scheduler/scheduler_config.json).
   void set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler);
@@ -104,6 +118,7 @@ class HiDreamPipeline {
                                                           const torch::Tensor&)>& guided_velocity);
   torch::Tensor decode(const torch::Tensor& latents);
   void done_with_text_encoders();
+  static std::string target_description(const HiDreamEdit& r);
 
   torch::Device device_;
   torch::Dtype dtype_;
@@ -115,6 +130,9 @@ class HiDreamPipeline {
   models::HiDreamImageTransformer2DModel transformer_{nullptr};
   models::AutoencoderKL vae_{nullptr};
   std::unique_ptr<schedulers::Scheduler> scheduler_;
+  std::unique_ptr<adapters::LoraMerger> editing_lora_;
+  std::shared_ptr<adapters::LoraAdapter> editing_adapter_;
+  int editing_lora_id_ = -1;
 };
 
 }  // namespace diffuse::pipeline

@@ -51,10 +51,21 @@ CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
   const auto& p = c.params;
   auto folder = io::ModelFolder::open(set.model_dir());
   const bool editing = t.has("image_uint8");
-  // E1 cases name their weights ("model/transformer_e1 ..."); the folder's component otherwise.
+  // E1 editing runs on the E1 weights: with a refine phase as I1 + the set's peft LoRA file
+  // (E1-Full, whose refine steps need the exact I1 weights), else the merged E1 folder when the
+  // set has one.
+  const double refine = p.value("refine_strength", 0.0);
+  const auto lora = set.index.value("e1_weights", nlohmann::json::object());
+  const bool use_lora = editing && refine > 0 && lora.contains("lora_file");
   std::string component = "transformer";
-  if (editing && folder.has_component("transformer_e1")) component = "transformer_e1";
+  if (editing && !use_lora && folder.has_component("transformer_e1")) component = "transformer_e1";
   pipeline::HiDreamPipeline pipe(folder, o.device, torch::kFloat32, component);
+  if (use_lora) {
+    adapters::LoraOptions lo;
+    if (lora.contains("lora_alpha")) lo.alpha = lora["lora_alpha"].get<double>();
+    if (lora.contains("lora_rank")) lo.rank = lora["lora_rank"].get<double>();
+    pipe.set_editing_lora(set.dir + "/" + lora["lora_file"].get<std::string>(), lo);
+  }
   if (p.contains("scheduler") && p["scheduler"].is_object())
     pipe.set_scheduler(
         schedulers::make_scheduler(io::JsonConfig(p["scheduler"], c.file + ": params.scheduler")));
@@ -84,7 +95,8 @@ CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
     e.image = t.get("image_uint8");
     e.image_guidance_scale = p.value("image_guidance_scale", 4.0);
     e.clip_cfg_norm = p.value("clip_cfg_norm", true);
-    e.refine_strength = p.value("refine_strength", 0.0);
+    e.refine_strength = refine;
+    e.target_prompt = first_string(p.value("target_prompt", nlohmann::json()));
     e.sampling = s;
     result = pipe.edit(e);
     traced["image_latents"] = result.image_latents.to(torch::kCPU);
@@ -102,6 +114,11 @@ CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
   trace_embeddings(traced, "negative", result.negative_embeddings);
   trace_ids(traced, "", result.prompt_embeddings);
   trace_ids(traced, "negative", result.negative_embeddings);
+  trace_embeddings(traced, "target", result.target_embeddings);
+  trace_ids(traced, "target", result.target_embeddings);
+  // The refine phase encodes the negative prompt again for its own batch (same ids).
+  if (result.target_embeddings.pooled.defined())
+    trace_embeddings(traced, "target_negative", result.negative_embeddings);
   traced["latents_out"] = result.latents;
   traced["image"] = result.image;
 
