@@ -146,7 +146,9 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
   app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu")->capture_default_str();
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   if (edit) {
-    app.add_option("-i,--image", f.image, "Source image (PNG; sides multiples of 16)")->required();
+    app.add_option("-i,--image", f.image,
+                   "Source image (PNG; scaled to the model's area, sides multiples of 16)")
+        ->required();
     app.add_option("--image-guidance", f.image_guidance, "Image guidance scale")
         ->capture_default_str();
     app.add_option(

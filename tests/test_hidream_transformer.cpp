@@ -282,20 +282,27 @@ TEST(HiDreamTransformer, MissingExpertWeightIsNamed) {
 namespace diffuse {
 namespace {
 
-TEST(HiDreamPipeline, EditRejectsBadImagesAndRefineStrength) {
+TEST(HiDreamPipeline, EditRejectsBadImagesAndRefineStrengthAndResizesOthers) {
   if (!have_hidream_set()) GTEST_SKIP() << "no golden set at " << hidream_golden_dir();
   auto folder = io::ModelFolder::open(verify::GoldenSet::load(hidream_golden_dir()).model_dir());
   pipeline::HiDreamPipeline pipe(folder, torch::kCPU, torch::kFloat32);
   pipeline::HiDreamEdit e;
   e.prompt = "make it red";
   e.sampling.steps = 1;
-  for (auto image :
-       {torch::Tensor(), torch::zeros({1, 1, 3}, torch::kUInt8),
-        torch::zeros({64, 40, 3}, torch::kUInt8), torch::zeros({64, 64}, torch::kUInt8)}) {
+  for (auto image : {torch::Tensor(), torch::zeros({1, 1, 3}, torch::kUInt8),
+                     torch::zeros({64, 64}, torch::kUInt8), torch::zeros({64, 64, 3}),
+                     torch::zeros({1, 1, 3}, torch::kUInt8).expand({9000, 8000, 3})}) {
     e.image = image;
     const std::string msg = test::expect_throw<InvalidArgument>([&] { pipe.edit(e); });
     EXPECT_NE(msg.find("source image"), std::string::npos) << msg;
   }
+  // Any other size is scaled to the model's area with sides that are multiples of 16.
+  e.image = torch::full({100, 300, 3}, 128, torch::kUInt8);
+  auto resized = pipe.edit(e);
+  EXPECT_EQ(resized.image.size(2) % 16, 0);
+  EXPECT_EQ(resized.image.size(1) % 16, 0);
+  EXPECT_LE(resized.image.size(1) * resized.image.size(2), 128 * 128);
+  EXPECT_GT(resized.image.size(2), resized.image.size(1));
   e.image = torch::zeros({64, 64, 3}, torch::kUInt8);
   for (double refine : {-0.1, 1.5, std::nan("")}) {
     e.refine_strength = refine;

@@ -194,17 +194,10 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
     throw InvalidArgument(
         "refine_strength > 0 runs the last steps on HiDream-I1's weights: load the model as "
         "I1 + the E1 LoRA file (HiDream-E1-Full) to use it, or set refine_strength to 0");
-  const int64_t division = kVaeScale * tconfig_.patch_size;
-  if (!r.image.defined() || r.image.dim() != 3 || r.image.size(2) != 3 ||
-      r.image.size(0) % division != 0 || r.image.size(1) % division != 0 || r.image.size(0) == 0 ||
-      r.image.size(1) == 0)
-    throw InvalidArgument("the source image must be [H, W, 3] with H and W positive multiples of " +
-                          std::to_string(division) + ", got " +
-                          (r.image.defined() ? c10::str(r.image.sizes()) : std::string("none")));
   torch::InferenceMode inference;
   HiDreamResult out;
   // VaeImageProcessor: [0, 255] -> [-1, 1], NCHW; E1 encodes with the mode (the mean).
-  auto pixels = r.image.to(torch::kFloat32).permute({2, 0, 1}).unsqueeze(0) / 255.0 * 2 - 1;
+  auto pixels = edit_source_pixels(r.image);
   const auto& vc = vae_->config();
   out.image_latents = vc.to_latents(vae_->encode(pixels.to(device_)).mean).to(torch::kFloat32);
   const int64_t h = out.image_latents.size(2), w = out.image_latents.size(3);
@@ -285,6 +278,50 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
   out.latents = latents.to(torch::kCPU);
   out.image = decode(latents);
   return out;
+}
+
+int HiDreamPipeline::area_side() const {
+  const auto& mr = tconfig_.max_resolution;
+  return static_cast<int>(std::lround(std::sqrt(static_cast<double>(mr[0] * mr[1])) * kVaeScale));
+}
+
+torch::Tensor HiDreamPipeline::edit_source_pixels(const torch::Tensor& image) const {
+  constexpr int64_t kMaxSourcePixels = int64_t{64} << 20;  // 64 MP: beyond any real photo
+  const int64_t division = kVaeScale * tconfig_.patch_size;
+  if (!image.defined() || image.dim() != 3 || image.size(2) != 3 ||
+      image.scalar_type() != torch::kUInt8)
+    throw InvalidArgument("the source image must be uint8 [H, W, 3], got " +
+                          (image.defined() ? c10::str(image.sizes()) : std::string("none")));
+  const int64_t H = image.size(0), W = image.size(1);
+  if (H * W > kMaxSourcePixels)
+    throw InvalidArgument("the source image is " + std::to_string(W) + "x" + std::to_string(H) +
+                          " (" + std::to_string(H * W / 1000000) +
+                          " MP); at most 64 MP are accepted (it is scaled to about " +
+                          std::to_string(area_side()) + "x" + std::to_string(area_side()) +
+                          " anyway)");
+  // At most the model's area, sides multiples of the patch in pixels, aspect kept (HiDream-E1.1's
+  // dynamic resolution); images that already fit are used as they are.
+  const double fit = std::min(
+      1.0, std::sqrt(static_cast<double>(area_side()) * area_side() / static_cast<double>(H * W)));
+  const int64_t h = static_cast<int64_t>(std::floor(H * fit / division)) * division;
+  const int64_t w = static_cast<int64_t>(std::floor(W * fit / division)) * division;
+  if (h < division || w < division)
+    throw InvalidArgument("the source image is " + std::to_string(W) + "x" + std::to_string(H) +
+                          "; each side needs at least " + std::to_string(division) +
+                          " pixels at the model's area");
+  auto x = image.to(torch::kFloat32).permute({2, 0, 1}).unsqueeze(0);
+  if (h != H || w != W) {
+    namespace F = torch::nn::functional;
+    // Area averaging when shrinking (no aliasing), bicubic when a side grows.
+    const bool shrink = h <= H && w <= W;
+    auto opts = F::InterpolateFuncOptions().size(std::vector<int64_t>{h, w});
+    if (shrink)
+      opts.mode(torch::kArea);
+    else
+      opts.mode(torch::kBicubic).align_corners(false);
+    x = F::interpolate(x, opts).clamp(0, 255);
+  }
+  return x / 255.0 * 2 - 1;
 }
 
 std::string HiDreamPipeline::target_description(const HiDreamEdit& r) {

@@ -59,7 +59,9 @@ struct HiDreamTextToImage {
 struct HiDreamEdit {
   std::string prompt;  // the instruction (E1-Full form: "Editing Instruction: ... Target ...")
   std::string negative_prompt;
-  torch::Tensor image;  // uint8 [H, W, 3]; H and W multiples of 16
+  // uint8 [H, W, 3], any size up to 64 MP: scaled to at most the model's area with sides that
+  // are multiples of 16 (images that already fit are used as they are).
+  torch::Tensor image;
   double image_guidance_scale = 4.0;
   bool clip_cfg_norm = true;
   // The last refine_strength of the steps run on HiDream-I1's weights with 2-way guidance on
@@ -118,6 +120,9 @@ class HiDreamPipeline {
                                                           const torch::Tensor&)>& guided_velocity);
   torch::Tensor decode(const torch::Tensor& latents);
   void done_with_text_encoders();
+  int area_side() const;  // the transformer's max_resolution in pixels
+  // The source image as the VAE takes it ([1, 3, h, w] in [-1, 1]), resized if needed.
+  torch::Tensor edit_source_pixels(const torch::Tensor& image) const;
   static std::string target_description(const HiDreamEdit& r);
 
   torch::Device device_;
