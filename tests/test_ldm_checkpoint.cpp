@@ -11,6 +11,7 @@
 #include "io/ldm_checkpoint.h"
 #include "io/model_folder.h"
 #include "io/safetensors.h"
+#include "io/string_affixes.h"
 #include "test_util.h"
 
 namespace diffuse {
@@ -20,12 +21,8 @@ using json = nlohmann::json;
 using TensorList = std::vector<std::pair<std::string, torch::Tensor>>;
 using TensorMap = std::map<std::string, torch::Tensor>;
 
-bool starts_with(const std::string& s, const std::string& p) {
-  return s.compare(0, p.size(), p) == 0;
-}
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
+using io::ends_with;
+using io::starts_with;
 
 class LdmCheckpoint : public ::testing::Test {
  protected:

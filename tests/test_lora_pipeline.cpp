@@ -10,17 +10,13 @@
 #include "diffuse/pipeline.h"
 #include "io/safetensors.h"
 #include "pipeline/stable_diffusion.h"
+#include "pipeline_test_util.h"
 #include "test_util.h"
 
 namespace diffuse {
 namespace {
 
-LoadOptions fp32_cpu() {
-  LoadOptions o;
-  o.device = "cpu";
-  o.dtype = "fp32";
-  return o;
-}
+using test::fp32_cpu;
 
 GenerationConfig small_config() {
   GenerationConfig g;

@@ -133,21 +133,10 @@ HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& 
   }
   const double roof = r.roofline ? r.roofline->matmul_gflops : 0.0;
 
-  nn::HiDreamBlockOptions bo;
-  bo.dim = D;
-  bo.heads = config.num_attention_heads;
-  bo.head_dim = config.attention_head_dim;
-  bo.num_routed_experts = config.num_routed_experts;
-  bo.num_activated_experts = config.num_activated_experts;
+  const auto bo = config.block_options();
   torch::manual_seed(o.seed);
   const auto opts = torch::TensorOptions().device(device).dtype(dtype);
-  const auto rope = nn::rope_table(
-      torch::stack({torch::zeros({pH, pW}),
-                    torch::arange(pH).view({pH, 1}).expand({pH, pW}).to(torch::kFloat32),
-                    torch::arange(pW).view({1, pW}).expand({pH, pW}).to(torch::kFloat32)},
-                   -1)
-          .reshape({pH * pW, 3}),
-      config.axes_dims_rope, 10000.0, device);
+  const auto rope = models::hidream_image_rope(config, pH, pW, device);
   nn::HiDreamBlockInputs in;
   in.adaln_input = torch::randn({o.batch, D}, opts);
   in.rope = &rope;

@@ -8,6 +8,7 @@
 #include "io/ldm_key_map.h"
 #include "io/model_folder.h"
 #include "io/safetensors.h"
+#include "io/string_affixes.h"
 
 namespace fs = std::filesystem;
 
@@ -16,10 +17,6 @@ namespace {
 
 using ldm::TensorMap;
 using json = nlohmann::json;
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
 
 // Training-time state that inference never reads: the DDPM noise schedule (the scheduler
 // config recomputes it), the EMA copy (model.diffusion_model holds the weights to use), the

@@ -5,18 +5,10 @@
 #include <set>
 
 #include "diffuse/errors.h"
+#include "io/string_affixes.h"
 
 namespace diffuse::io::ldm {
 namespace {
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 bool has_prefix(const TensorMap& m, const std::string& prefix) {
   auto it = m.lower_bound(prefix);

@@ -42,14 +42,25 @@ torch::Tensor unpatchify(const torch::Tensor& tokens, int64_t p, int64_t pH, int
       .reshape({B, C, pH * p, pW * p});
 }
 
-// (frame 0, row, col) for each image token, row-major.
-torch::Tensor image_position_ids(int64_t pH, int64_t pW) {
+}  // namespace
+
+nn::RopeTable hidream_image_rope(const HiDreamTransformerConfig& config, int64_t pH, int64_t pW,
+                                 const torch::Device& device) {
   auto rows = torch::arange(pH, torch::kFloat32).view({pH, 1}).expand({pH, pW});
   auto cols = torch::arange(pW, torch::kFloat32).view({1, pW}).expand({pH, pW});
-  return torch::stack({torch::zeros({pH, pW}), rows, cols}, -1).reshape({pH * pW, 3});
+  auto ids = torch::stack({torch::zeros({pH, pW}), rows, cols}, -1).reshape({pH * pW, 3});
+  return nn::rope_table(ids, config.axes_dims_rope, kRopeTheta, device);
 }
 
-}  // namespace
+nn::HiDreamBlockOptions HiDreamTransformerConfig::block_options() const {
+  nn::HiDreamBlockOptions bo;
+  bo.dim = inner_dim();
+  bo.heads = num_attention_heads;
+  bo.head_dim = attention_head_dim;
+  bo.num_routed_experts = num_routed_experts;
+  bo.num_activated_experts = num_activated_experts;
+  return bo;
+}
 
 HiDreamImageTransformer2DModelImpl::HiDreamImageTransformer2DModelImpl(
     HiDreamTransformerConfig config)
@@ -69,12 +80,7 @@ HiDreamImageTransformer2DModelImpl::HiDreamImageTransformer2DModelImpl(
                ->register_module("proj",
                                  nn::make_linear(c.in_channels * c.patch_size * c.patch_size, D));
 
-  nn::HiDreamBlockOptions bo;
-  bo.dim = D;
-  bo.heads = c.num_attention_heads;
-  bo.head_dim = c.attention_head_dim;
-  bo.num_routed_experts = c.num_routed_experts;
-  bo.num_activated_experts = c.num_activated_experts;
+  const auto bo = c.block_options();
   auto doubles = register_module("double_stream_blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_layers; ++i) {
     auto wrapper = std::make_shared<torch::nn::Module>();
@@ -197,7 +203,7 @@ torch::Tensor HiDreamImageTransformer2DModelImpl::forward(
   const int64_t text_len = text.size(1);
 
   // RoPE over (frame, row, col); padding and text tokens sit at (0, 0, 0): the identity.
-  const auto rope = nn::rope_table(image_position_ids(pH, pW), c.axes_dims_rope, kRopeTheta, dev);
+  const auto rope = hidream_image_rope(c, pH, pW, dev);
   in.rope = &rope;
   if (inter) {
     const int64_t total = image.size(1) + text_len + llama_proj.front().size(1);

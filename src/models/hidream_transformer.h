@@ -45,9 +45,16 @@ struct HiDreamTransformerConfig {
   // Parses and validates; ConfigError naming the file, key and value on any problem.
   static HiDreamTransformerConfig from_json(const io::JsonConfig& cfg);
   int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
+  // What every block of this model is built from.
+  nn::HiDreamBlockOptions block_options() const;
   // Image tokens the position table was built for: max_resolution[0] * [1] / patch_size^2.
   int64_t max_seq() const;
 };
+
+// RoPE for a pH x pW grid of image tokens at positions (frame 0, row, col), row-major, with
+// the config's axes (theta 10000). Text and padding tokens sit at (0, 0, 0): the identity.
+nn::RopeTable hidream_image_rope(const HiDreamTransformerConfig& config, int64_t pH, int64_t pW,
+                                 const torch::Device& device);
 
 struct HiDreamForwardOptions {
   // Token count non-square latents are padded to; 0 = the config's max_seq(). HiDream-E1 sets

@@ -5,17 +5,17 @@
 #include <cmath>
 #include <random>
 
+#include "io/string_affixes.h"
+
 namespace diffuse::nn {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
+using io::ends_with;
 
 // Layers whose output is added to a residual stream.
 double gain_for(const std::string& module_name) {
-  for (const char* r :
-       {"conv2", "to_out.0", "ff.net.2", "proj_out", "fc2", "out_proj", "to_out", "to_out_t", ".w2"})
+  for (const char* r : {"conv2", "to_out.0", "ff.net.2", "proj_out", "fc2", "out_proj", "to_out",
+                        "to_out_t", ".w2"})
     if (ends_with(module_name, r)) return 0.5;
   if (ends_with(module_name, "decoder.conv_out")) return 0.6;
   return 1.0;
@@ -55,7 +55,8 @@ void init_random_weights(torch::nn::Module& module, uint64_t seed) {
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(seed);
   visit_parameters(module, [&](const torch::Tensor& p, double mean, double std) {
-    auto v = torch::randn(p.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat32)) * std + mean;
+    auto v =
+        torch::randn(p.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat32)) * std + mean;
     p.copy_(v);
   });
 }

@@ -104,21 +104,33 @@ void HiDreamPipeline::prepare_schedule(int steps) {
   scheduler_->set_timesteps(steps);
 }
 
-torch::Tensor HiDreamPipeline::denoise(
-    const HiDreamSampling& s, torch::Tensor latents,
-    const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& velocity) {
+torch::Tensor HiDreamPipeline::run_transformer(const torch::Tensor& input, const torch::Tensor& t,
+                                               const HiDreamEmbeddings& text,
+                                               const models::HiDreamForwardOptions& fwd,
+                                               HiDreamStep& step) {
+  auto ts = t.to(device_, torch::kFloat32).reshape({1}).expand({input.size(0)});
+  auto raw =
+      transformer()->forward(input, ts, text.t5, text.llama, text.pooled, fwd).to(torch::kFloat32);
+  step.transformer_input = input;
+  step.transformer_timesteps = ts;
+  step.transformer_out = raw;
+  return -raw;
+}
+
+torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor latents,
+                                       const Velocity& velocity) {
   const auto timesteps = scheduler_->timesteps();
   auto gen = at::detail::createCPUGenerator(s.seed + 1);
   size_t noise_used = 0;
   for (int64_t i = 0; i < timesteps.size(0); ++i) {
     auto t = timesteps[i];
-    auto v = velocity(latents, t);
+    HiDreamStep st;
+    auto v = velocity(latents, t, st);
     schedulers::StepNoise noise = schedulers::StepNoise::from_generator(gen);
     if (scheduler_->is_stochastic() && noise_used < s.step_noise.size())
       noise = schedulers::StepNoise::from_tensor(s.step_noise[noise_used++].to(device_));
     latents = scheduler_->step(v, t, latents, noise).prev_sample;
     if (s.on_step) {
-      HiDreamStep st;
       st.index = static_cast<int>(i);
       st.t = t;
       st.latents = latents;
@@ -154,29 +166,13 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   done_with_text_encoders();
   prepare_schedule(r.sampling.steps);
   auto latents = initial_latents(r.sampling, height / kVaeScale, width / kVaeScale);
-  HiDreamSampling s = r.sampling;
-  HiDreamStep record;
-  auto velocity = [&](const torch::Tensor& x, const torch::Tensor& t) {
-    auto input = cfg ? torch::cat({x, x}, 0) : x;
-    auto ts = t.to(device_, torch::kFloat32).reshape({1}).expand({input.size(0)});
-    auto raw =
-        transformer()->forward(input, ts, cond.t5, cond.llama, cond.pooled).to(torch::kFloat32);
-    record.transformer_input = input;
-    record.transformer_timesteps = ts;
-    record.transformer_out = raw;
-    auto pred = -raw;
+  auto velocity = [&](const torch::Tensor& x, const torch::Tensor& t, HiDreamStep& step) {
+    auto pred = run_transformer(cfg ? torch::cat({x, x}, 0) : x, t, cond, {}, step);
     if (!cfg) return pred;
     auto parts = pred.chunk(2, 0);
     return parts[0] + r.sampling.guidance_scale * (parts[1] - parts[0]);
   };
-  if (r.sampling.on_step)
-    s.on_step = [&](const HiDreamStep& st) {
-      record.index = st.index;
-      record.t = st.t;
-      record.latents = st.latents;
-      r.sampling.on_step(record);
-    };
-  latents = denoise(s, latents, velocity);
+  latents = denoise(r.sampling, latents, velocity);
   out.latents = latents.to(torch::kCPU);
   out.image = decode(latents);
   return out;
@@ -224,38 +220,20 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
   models::HiDreamForwardOptions fwd;
   fwd.max_seq = (h / tconfig_.patch_size) * (2 * w / tconfig_.patch_size);
   const double g = r.sampling.guidance_scale, ig = r.image_guidance_scale;
-  HiDreamSampling s = r.sampling;
-  HiDreamStep record;
-  int step = 0;
-  auto velocity = [&](const torch::Tensor& x, const torch::Tensor& t) {
-    if (refine && step++ >= switch_step) {
+  int step_index = 0;
+  auto velocity = [&](const torch::Tensor& x, const torch::Tensor& t, HiDreamStep& step) {
+    if (refine && step_index++ >= switch_step) {
       // Refine: the low-rank updates off, 2-way guidance on the target description, no source
       // image.
       // What the reference computes (pipe_e1_clipnorm_refine0.5 agrees to 1.5e-5 this way and
       // by 6.3 with the I1 values of the file's full tensors restored): peft's
       // disable_adapters(), the full tensors (x_embedder) stay E1's.
       editing_lora_->set_lora_enabled(false);
-      auto input = torch::cat({x, x}, 0);
-      auto ts = t.to(device_, torch::kFloat32).reshape({1}).expand({2});
-      auto raw =
-          transformer()
-              ->forward(input, ts, target_text.t5, target_text.llama, target_text.pooled, fwd)
-              .to(torch::kFloat32);
-      record.transformer_input = input;
-      record.transformer_timesteps = ts;
-      record.transformer_out = raw;
-      auto parts = (-raw).chunk(2, 0);
+      auto parts = run_transformer(torch::cat({x, x}, 0), t, target_text, fwd, step).chunk(2, 0);
       return parts[0] + g * (parts[1] - parts[0]);
     }
     auto input = torch::cat({torch::cat({x, x, x}, 0), image_side}, 3);
-    auto ts = t.to(device_, torch::kFloat32).reshape({1}).expand({3});
-    auto raw = transformer()
-                   ->forward(input, ts, text.t5, text.llama, text.pooled, fwd)
-                   .to(torch::kFloat32);
-    record.transformer_input = input;
-    record.transformer_timesteps = ts;
-    record.transformer_out = raw;
-    auto pred = -raw.narrow(3, 0, w);
+    auto pred = run_transformer(input, t, text, fwd, step).narrow(3, 0, w);  // the left half
     auto parts = pred.chunk(3, 0);
     const auto &uncond = parts[0], &image_cond = parts[1], &full = parts[2];
     if (!r.clip_cfg_norm) return uncond + ig * (image_cond - uncond) + g * (full - image_cond);
@@ -263,18 +241,11 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
     auto scale = (full.norm(2, 1, true) / (text_pred.norm(2, 1, true) + 1e-8)).clamp(0.0, 1.0);
     return uncond + ig * (text_pred * scale - uncond);
   };
-  if (r.sampling.on_step)
-    s.on_step = [&](const HiDreamStep& st) {
-      record.index = st.index;
-      record.t = st.t;
-      record.latents = st.latents;
-      r.sampling.on_step(record);
-    };
   struct RestoreEditingWeights {
     HiDreamPipeline* p;
     ~RestoreEditingWeights() { p->apply_editing_lora(); }
   } restore{this};
-  latents = denoise(s, latents, velocity);
+  latents = denoise(r.sampling, latents, velocity);
   out.latents = latents.to(torch::kCPU);
   out.image = decode(latents);
   return out;

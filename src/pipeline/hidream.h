@@ -115,9 +115,14 @@ class HiDreamPipeline {
  private:
   torch::Tensor initial_latents(const HiDreamSampling& s, int64_t h, int64_t w) const;
   void prepare_schedule(int steps);
-  torch::Tensor denoise(const HiDreamSampling& s, torch::Tensor latents,
-                        const std::function<torch::Tensor(const torch::Tensor&,
-                                                          const torch::Tensor&)>& guided_velocity);
+  // The guided velocity for latents x at timestep t; records its transformer call in `step`.
+  using Velocity = std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& t,
+                                               HiDreamStep& step)>;
+  // The NEGATED transformer output for `input` (the pipelines' velocity), recorded in `step`.
+  torch::Tensor run_transformer(const torch::Tensor& input, const torch::Tensor& t,
+                                const HiDreamEmbeddings& text,
+                                const models::HiDreamForwardOptions& fwd, HiDreamStep& step);
+  torch::Tensor denoise(const HiDreamSampling& s, torch::Tensor latents, const Velocity& velocity);
   torch::Tensor decode(const torch::Tensor& latents);
   void done_with_text_encoders();
   int area_side() const;  // the transformer's max_resolution in pixels

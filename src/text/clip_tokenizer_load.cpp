@@ -13,6 +13,7 @@
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "text/clip_tokenizer.h"
+#include "text/tokenizer_files.h"
 #include "text/unicode.h"
 
 namespace fs = std::filesystem;
@@ -27,14 +28,6 @@ constexpr size_t kMaxMerges = 49152 - 256 - 2;
 // transformers' special token attributes, in the order it registers them.
 const char* const kSpecialKeys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
                                     "pad_token", "cls_token", "mask_token"};
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError("cannot open tokenizer file '" + path.string() + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Streams vocab.json ({"token": id, ...}) straight into the map: building a JSON tree of 49k
 // entries first would triple the load time.
@@ -163,7 +156,7 @@ class ClipTokenizerLoader {
 
  private:
   static void load_vocab(const fs::path& path, ClipTokenizer& t) {
-    const std::string text = read_file(path);
+    const std::string text = read_tokenizer_file(path);
     VocabReader reader(path.string(), t.vocab_);
     t.vocab_.reserve(text.size() / 16);
     nlohmann::json::sax_parse(text, &reader);  // throws FormatError through the reader
@@ -172,7 +165,7 @@ class ClipTokenizerLoader {
   }
 
   static void load_merges(const fs::path& path, ClipTokenizer& t) {
-    const std::string text = read_file(path);
+    const std::string text = read_tokenizer_file(path);
     // Like CLIPTokenizer, the first line (the "#version: ..." header) is skipped without looking
     // at it, and blank lines at the end of the file do not count.
     std::vector<std::string_view> lines;

@@ -11,6 +11,7 @@
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "text/clip_tokenizer.h"
+#include "text/tokenizer_files.h"
 #include "text/unicode.h"
 
 namespace fs = std::filesystem;
@@ -26,14 +27,6 @@ struct LlamaTokenizer::Regex {
 };
 
 namespace {
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError("cannot open tokenizer file '" + path.string() + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 const nlohmann::json& field(const nlohmann::json& j, const char* key, const std::string& where) {
   if (!j.is_object() || !j.contains(key))
@@ -90,7 +83,7 @@ LlamaTokenizer LlamaTokenizer::from_folder(const std::string& dir_str) {
   const std::string where = path.string();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_file(path));
+    j = nlohmann::json::parse(read_tokenizer_file(path));
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(where + ": invalid JSON (" + e.what() + ")");
   }

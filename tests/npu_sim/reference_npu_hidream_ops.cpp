@@ -11,6 +11,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "npu_sim/reference_op_args.h"
 #include "npu_sim/sim_tensors.h"
 #include "npu_sim/simulated_npu.h"
 
@@ -38,26 +39,8 @@ void count(const std::string& op) {
   ++g_counts[op];
 }
 
-at::Tensor host(const at::Tensor& t) {
-  return is_simulated(t) ? cpu_alias(t) : t;
-}
-
-c10::DeviceIndex index_of(const at::Tensor& t) {
-  return t.device().has_index() ? t.device().index() : 0;
-}
-
-struct Args {
-  const c10::FunctionSchema& schema;
-  std::vector<c10::IValue> values;
-  const c10::IValue& operator[](const std::string& name) const {
-    auto i = schema.argumentIndexWithName(name);
-    if (!i) throw std::runtime_error("reference op: no argument " + name);
-    return values[*i];
-  }
-};
-
 void rms_norm(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  Args a{op.schema(), torch::jit::pop(*stack, op.schema().arguments().size())};
+  ReferenceOpArgs a(op, stack);
   auto x = host(a["self"].toTensor()), gamma = host(a["gamma"].toTensor());
   if (gamma.scalar_type() != x.scalar_type())
     throw std::runtime_error("npu_rms_norm: gamma must have the dtype of self");
@@ -70,7 +53,7 @@ void rms_norm(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void rotary_mul(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  Args a{op.schema(), torch::jit::pop(*stack, op.schema().arguments().size())};
+  ReferenceOpArgs a(op, stack);
   auto x = host(a["self"].toTensor()).to(torch::kFloat32);
   auto r1 = host(a["r1"].toTensor()).to(torch::kFloat32);
   auto r2 = host(a["r2"].toTensor()).to(torch::kFloat32);
@@ -91,7 +74,7 @@ void rotary_mul(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void grouped_matmul(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  Args a{op.schema(), torch::jit::pop(*stack, op.schema().arguments().size())};
+  ReferenceOpArgs a(op, stack);
   if (a["group_type"].isNone())
     throw std::runtime_error("npu_grouped_matmul: Requires manual passing group_type");
   if (a["group_type"].toInt() != -1 || !a["group_list"].isNone() || !a["bias"].isNone() ||

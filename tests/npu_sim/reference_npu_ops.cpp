@@ -10,6 +10,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "npu_sim/reference_op_args.h"
 #include "npu_sim/sim_tensors.h"
 #include "npu_sim/simulated_npu.h"
 
@@ -42,20 +43,6 @@ const char* kPromptFlashSchema =
 std::mutex g_mu;
 std::vector<FusedAttentionCall> g_calls;
 std::atomic<bool> g_fail{false};
-
-struct Args {
-  const c10::FunctionSchema& schema;
-  std::vector<c10::IValue> values;
-  const c10::IValue& operator[](const std::string& name) const {
-    auto i = schema.argumentIndexWithName(name);
-    if (!i) throw std::runtime_error("reference op: no argument " + name);
-    return values[*i];
-  }
-};
-
-at::Tensor host(const at::Tensor& t) {
-  return is_simulated(t) ? cpu_alias(t) : t;
-}
 
 // -> [B, N, S, D] and the function that restores the input layout.
 at::Tensor to_bnsd(const at::Tensor& x, const std::string& layout, int64_t heads) {
@@ -102,12 +89,8 @@ void record(const std::string& op, const std::string& layout, int64_t heads, dou
   if (g_fail) throw std::runtime_error(op + ": simulated kernel failure");
 }
 
-c10::DeviceIndex index_of(const at::Tensor& t) {
-  return t.device().has_index() ? t.device().index() : 0;
-}
-
 void fusion_attention(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  Args a{op.schema(), torch::jit::pop(*stack, op.schema().arguments().size())};
+  ReferenceOpArgs a(op, stack);
   at::Tensor q = a["query"].toTensor(), k = a["key"].toTensor(), v = a["value"].toTensor();
   auto dtype = q.scalar_type();
   if (dtype != torch::kFloat16 && dtype != torch::kBFloat16 && dtype != torch::kFloat32)
@@ -130,7 +113,7 @@ void fusion_attention(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void prompt_flash_attention(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  Args a{op.schema(), torch::jit::pop(*stack, op.schema().arguments().size())};
+  ReferenceOpArgs a(op, stack);
   at::Tensor q = a["query"].toTensor(), k = a["key"].toTensor(), v = a["value"].toTensor();
   auto dtype = q.scalar_type();
   if (dtype != torch::kFloat16 && dtype != torch::kBFloat16)

@@ -1,0 +1,15 @@
+// Options shared by the Stable Diffusion pipeline test suites.
+#pragma once
+#include "diffuse/pipeline.h"
+
+namespace diffuse::test {
+
+// CPU, float32: the setting the golden comparisons use.
+inline LoadOptions fp32_cpu() {
+  LoadOptions o;
+  o.device = "cpu";
+  o.dtype = "fp32";
+  return o;
+}
+
+}  // namespace diffuse::test
