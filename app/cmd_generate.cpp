@@ -7,14 +7,16 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "commands.h"
+#include "load_flags.h"
 #include "device/device.h"
 #include "diffuse/pipeline.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "nn/attention.h"
+#include "pipeline/image_parameters.h"
+#include "pipeline/memory_report.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
 
@@ -37,36 +39,11 @@ struct GenerateFlags {
   int num_images = 1;
   int batch_count = 1;
   std::string out = "output.png";
-  std::string device = "auto", dtype = "auto", vae_dtype = "auto", attention = "auto";
-  std::string text_encoder_device, vae_device;
   std::string latents_file, noise_file;
-  std::string config_dir;
-  bool v_prediction = false, epsilon = false;
-  bool offload = false;
-  std::vector<std::string> loras;
-  bool lora_lenient = false;
+  LoadFlags load;
   bool quiet = false;
   bool json = false;
 };
-
-// "PATH[:SCALE]": the scale is what follows the last ':' when it is a number.
-LoraSpec parse_lora_flag(const std::string& value) {
-  LoraSpec spec{value, 1.0};
-  const size_t colon = value.rfind(':');
-  if (colon != std::string::npos && colon > 0) {
-    const std::string tail = value.substr(colon + 1);
-    try {
-      size_t used = 0;
-      double scale = std::stod(tail, &used);
-      if (used == tail.size()) spec = {value.substr(0, colon), scale};
-    } catch (const std::exception&) {
-      // Not a number: part of the path.
-    }
-  }
-  if (!std::isfinite(spec.scale))
-    throw InvalidArgument("--lora '" + value + "': the scale must be a finite number");
-  return spec;
-}
 
 void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
   app.add_option("-m,--model", f.model, "Diffusers folder or single-file .safetensors checkpoint")
@@ -89,32 +66,9 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
       ->capture_default_str();
   app.add_option("-o,--out", f.out, "Output PNG (numbered when several images)")
       ->capture_default_str();
-  app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N] (env DIFFUSE_DEVICE)")
-      ->capture_default_str();
-  app.add_option("--text-encoder-device", f.text_encoder_device,
-                 "Device for the text encoder (default: --device)");
-  app.add_option("--vae-device", f.vae_device, "Device for the VAE (default: --device)");
-  app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")
-      ->capture_default_str();
-  app.add_option("--vae-dtype", f.vae_dtype, "auto|fp32|bf16|fp16 for the VAE")
-      ->capture_default_str();
-  app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")
-      ->capture_default_str();
-  app.add_flag(
-      "--offload", f.offload,
-      "Keep each network in memory only while it runs (lowest peak memory, ~1 s more per image)");
-  app.add_option("--lora", f.loras,
-                 "LoRA adapter PATH[:SCALE] (default scale 1; repeat for several) merged into "
-                 "the UNet and text encoder");
-  app.add_flag("--lora-lenient", f.lora_lenient,
-               "Warn about LoRA tensors that match no weight instead of failing");
+  add_load_flags(app, f.load);
   app.add_option("--noise", f.noise_file,
                  "safetensors file with the noise tensor to use (instead of the seed)");
-  app.add_option("--config", f.config_dir,
-                 "Diffusers folder giving configs/tokenizer for a single-file checkpoint");
-  app.add_flag("--v-prediction", f.v_prediction,
-               "Single-file checkpoint is v-prediction (SD2.x 768-v)");
-  app.add_flag("--epsilon", f.epsilon, "Single-file checkpoint is epsilon-prediction");
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   app.add_flag("--json", f.json, "Print a JSON summary on stdout");
   if (img2img) {
@@ -142,41 +96,6 @@ std::string output_path(const std::string& out, size_t index, size_t total) {
   return (p.parent_path() / (p.stem().string() + "-" + std::to_string(index) + ext)).string();
 }
 
-std::string parameters_text(const GenerateFlags& f, const GenerationConfig& g,
-                            const PipelineInfo& info, const std::string& prompt,
-                            const std::string& negative, uint64_t seed, int w, int h) {
-  std::ostringstream os;
-  os << prompt << "\n";
-  if (!negative.empty()) os << "Negative prompt: " << negative << "\n";
-  os << "Steps: " << g.steps
-     << ", Sampler: " << (g.scheduler.empty() ? info.scheduler : g.scheduler)
-     << ", CFG scale: " << g.guidance_scale << ", Seed: " << seed << ", Size: " << w << "x" << h
-     << ", Model: " << fs::path(f.model).filename().string();
-  if (!f.init_image.empty()) os << ", Denoising strength: " << g.strength;
-  os << ", Device: " << info.device << ", Dtype: " << info.unet_dtype << ", Engine: diffuse "
-     << DIFFUSE_VERSION;
-  return os.str();
-}
-
-// Per-stage memory of the last generation: device allocator figures where the device has an
-// allocator (CUDA, NPU), process RSS always.
-nlohmann::json memory_json(const std::vector<StageMemory>& memory) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& m : memory) {
-    nlohmann::json j = {{"stage", m.stage},
-                        {"device", m.device},
-                        {"rss_bytes", m.rss_bytes},
-                        {"peak_rss_bytes", m.peak_rss_bytes}};
-    if (m.allocated_bytes >= 0) {
-      j["allocated_bytes"] = m.allocated_bytes;
-      j["peak_allocated_bytes"] = m.peak_allocated_bytes;
-      j["reserved_bytes"] = m.reserved_bytes;
-    }
-    out.push_back(j);
-  }
-  return out;
-}
-
 std::string memory_text(const std::vector<StageMemory>& memory) {
   std::string s;
   for (const auto& m : memory) {
@@ -192,8 +111,6 @@ std::string memory_text(const std::vector<StageMemory>& memory) {
 }
 
 int run_generate(const GenerateFlags& f, bool img2img) {
-  if (f.v_prediction && f.epsilon)
-    throw InvalidArgument("--v-prediction and --epsilon are mutually exclusive");
   if (f.batch_count < 1)
     throw InvalidArgument("--batch-count must be >= 1, got " + std::to_string(f.batch_count));
   GenerationConfig g;
@@ -233,21 +150,16 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     h.cfg_scale = f.cfg_scale;
     h.seed = f.seed;
     h.out = f.out;
-    h.device = f.device;
-    h.dtype = f.dtype;
-    h.attention = f.attention;
+    h.device = f.load.device;
+    h.dtype = f.load.dtype;
+    h.attention = f.load.attention;
     h.quiet = f.quiet || f.json;
     return run_hidream(h, /*edit=*/false);
   }
   // Check everything that does not need the model before the (slow) load.
   pipeline::validate_generation_config(g, img2img);
   if (!fs::exists(f.model)) throw IoError("model '" + f.model + "' does not exist");
-  {
-    auto dev = device::resolve_device(f.device);
-    device::resolve_dtype(f.dtype, dev, "unet");
-    device::resolve_dtype(f.vae_dtype, dev, "vae");
-    nn::parse_attention_backend(f.attention);
-  }
+  const LoadOptions lo = to_load_options(f.load);
   {
     // The output is checked before the (slow) load: PNG only, and never a path whose final
     // rename would destroy a directory, device, FIFO or socket.
@@ -267,19 +179,6 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (!f.latents_file.empty()) g.latents = read_tensor_file(f.latents_file, "latents");
   if (!f.noise_file.empty()) g.noise = read_tensor_file(f.noise_file, "noise");
 
-  LoadOptions lo;
-  lo.device = f.device;
-  lo.text_encoder_device = f.text_encoder_device;
-  lo.vae_device = f.vae_device;
-  lo.dtype = f.dtype;
-  lo.vae_dtype = f.vae_dtype;
-  lo.attention = f.attention;
-  lo.config_dir = f.config_dir;
-  if (f.v_prediction) lo.v_prediction = true;
-  if (f.epsilon) lo.v_prediction = false;
-  lo.offload = f.offload;
-  for (const auto& l : f.loras) lo.loras.push_back(parse_lora_flag(l));
-  lo.lora_lenient = f.lora_lenient;
 
   Progress progress(f.quiet || f.json);
   if (!f.quiet && !f.json) std::cerr << "loading " << f.model << " ...\n";
@@ -332,22 +231,20 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                         : g.negative_prompts.size() == 1 ? g.negative_prompts[0]
                                                          : g.negative_prompts[prompt_index];
       std::string path = output_path(f.out, index, total);
-      nlohmann::json meta = {{"prompt", g.prompts[prompt_index]},
-                             {"negative_prompt", neg},
-                             {"seed", r.seed},
-                             {"steps", g.steps},
-                             {"scheduler", g.scheduler.empty() ? info->scheduler : g.scheduler},
-                             {"cfg_scale", g.guidance_scale},
-                             {"width", r.images[i].width},
-                             {"height", r.images[i].height},
-                             {"model", f.model},
-                             {"device", info->device},
-                             {"dtype", info->unet_dtype}};
-      if (img2img) meta["strength"] = g.strength;
-      write_png(path, r.images[i],
-                {{"parameters", parameters_text(f, g, *info, g.prompts[prompt_index], neg, r.seed,
-                                                r.images[i].width, r.images[i].height)},
-                 {"diffuse", meta.dump()}});
+      pipeline::ImageParameters params;
+      params.prompt = g.prompts[prompt_index];
+      params.negative_prompt = neg;
+      params.steps = g.steps;
+      params.scheduler = g.scheduler.empty() ? info->scheduler : g.scheduler;
+      params.cfg_scale = g.guidance_scale;
+      params.seed = r.seed;
+      params.width = r.images[i].width;
+      params.height = r.images[i].height;
+      params.model = f.model;
+      if (img2img) params.strength = g.strength;
+      params.device = info->device;
+      params.dtype = info->unet_dtype;
+      write_png(path, r.images[i], params.png_chunks());
       files.push_back(path);
       if (!f.json) std::cout << path << "\n";
     }
@@ -377,7 +274,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                         {"vae_decode_s", decode},
                         {"total_s", total_s},
                         {"peak_rss_mb", static_cast<double>(t.peak_rss_bytes) / (1024.0 * 1024.0)},
-                        {"memory", memory_json(t.memory)},
+                        {"memory", pipeline::memory_json(t.memory)},
                         {"loras", info->loras}};
     std::cout << j.dump(2) << "\n";
   } else if (!f.quiet) {

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   add("txt2img", "Generate images from a prompt", diffuse::app::add_txt2img_command);
   add("img2img", "Transform an image guided by a prompt", diffuse::app::add_img2img_command);
   add("edit", "Edit an image from an instruction (HiDream-E1)", diffuse::app::add_edit_command);
+  add("serve", "Serve the web page and the HTTP APIs (native, AUTOMATIC1111, OpenAI) for one model",
+      diffuse::app::add_serve_command);
   add("train-demo", "Train the demo model (shapes world) from scratch",
       diffuse::app::add_train_demo_command);
   add("create-demo-model", "Write a full-size random-weight model (for benchmarks)",

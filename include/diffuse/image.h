@@ -24,6 +24,15 @@ Image read_png(const std::string& path);
 void write_png(const std::string& path, const Image& image,
                const std::map<std::string, std::string>& text = {});
 
+// The same PNG file as bytes in memory (HTTP responses).
+std::string encode_png(const Image& image, const std::map<std::string, std::string>& text = {});
+
+// A PNG held in memory (an upload). `what` names it in errors ("init_images[0]"). Images of
+// more than max_pixels are refused from the header, before any pixel is allocated; text, when
+// given, receives the tEXt chunks.
+Image decode_png(const std::string& bytes, const std::string& what, uint64_t max_pixels,
+                 std::map<std::string, std::string>* text = nullptr);
+
 // The tEXt chunks of a PNG (for tests and tools).
 std::map<std::string, std::string> read_png_text(const std::string& path);
 

@@ -153,6 +153,8 @@ class Text2Image {
 class Image2Image {
  public:
   static Image2Image load(const std::string& path, const LoadOptions& options = {});
+  // Image-to-image on a model already loaded for text-to-image (no second copy in memory).
+  static Image2Image sharing(const Text2Image& loaded);
   // The init image is resized to width x height when those are set, else to its own size
   // rounded down to a multiple of 8.
   GenerationResult generate(const GenerationConfig& config, const Image& init_image,

@@ -3,6 +3,7 @@
 // after the jump, so no C++ destructor is skipped.
 #include <png.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,9 @@ struct FileCloser {
 };
 using FilePtr = std::unique_ptr<FILE, FileCloser>;
 
+// The largest image any reader accepts (2^28 pixels, 768 MiB of RGB).
+constexpr uint64_t kMaxPngPixels = 1ull << 28;
+
 struct ErrorBuffer {
   char message[256] = {0};
 };
@@ -33,9 +37,45 @@ void on_error(png_structp png, png_const_charp msg) {
 }
 void on_warning(png_structp, png_const_charp) {}
 
-// Returns false (with err->message set) if libpng failed.
-bool decode(FILE* f, ErrorBuffer* err, Image* out, std::vector<png_bytep>* rows,
-            std::map<std::string, std::string>* text) {
+// Where libpng reads from or writes to: a FILE, or a memory buffer.
+struct MemoryReader {
+  const unsigned char* data;
+  size_t size;
+  size_t pos;
+};
+
+void read_memory(png_structp png, png_bytep out, png_size_t length) {
+  auto* r = static_cast<MemoryReader*>(png_get_io_ptr(png));
+  if (length > r->size - r->pos) png_error(png, "truncated PNG data");
+  std::memcpy(out, r->data + r->pos, length);
+  r->pos += length;
+}
+
+void write_memory(png_structp png, png_bytep data, png_size_t length) {
+  static_cast<std::string*>(png_get_io_ptr(png))
+      ->append(reinterpret_cast<const char*>(data), length);
+}
+void flush_memory(png_structp) {}
+
+struct PngIo {
+  FILE* file = nullptr;            // when set
+  MemoryReader* reader = nullptr;  // else decode reads this
+  std::string* writer = nullptr;   // else encode appends here
+};
+
+void attach_io(png_structp png, const PngIo& io, bool reading) {
+  if (io.file)
+    png_init_io(png, io.file);
+  else if (reading)
+    png_set_read_fn(png, io.reader, read_memory);
+  else
+    png_set_write_fn(png, io.writer, write_memory, flush_memory);
+}
+
+// Returns false (with err->message set) if libpng failed. Images of more than max_pixels are
+// refused from the header, before the pixel buffer is allocated.
+bool decode(const PngIo& io, ErrorBuffer* err, Image* out, std::vector<png_bytep>* rows,
+            std::map<std::string, std::string>* text, uint64_t max_pixels) {
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, err, on_error, on_warning);
   if (!png) return false;
   png_infop info = png_create_info_struct(png);
@@ -43,12 +83,14 @@ bool decode(FILE* f, ErrorBuffer* err, Image* out, std::vector<png_bytep>* rows,
     png_destroy_read_struct(&png, info ? &info : nullptr, nullptr);
     return false;
   }
-  png_init_io(png, f);
+  attach_io(png, io, true);
   png_read_info(png, info);
   png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
   int color = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
-  if (w == 0 || h == 0 || static_cast<uint64_t>(w) * h > (1ull << 28)) {
-    std::snprintf(err->message, sizeof(err->message), "unsupported image size %ux%u", w, h);
+  if (w == 0 || h == 0 || static_cast<uint64_t>(w) * h > max_pixels) {
+    std::snprintf(err->message, sizeof(err->message),
+                  "image size %ux%u is not supported (at most %llu pixels)", w, h,
+                  static_cast<unsigned long long>(max_pixels));
     png_destroy_read_struct(&png, &info, nullptr);
     return false;
   }
@@ -74,13 +116,15 @@ bool decode(FILE* f, ErrorBuffer* err, Image* out, std::vector<png_bytep>* rows,
   if (text) {
     png_textp chunks = nullptr;
     int n = png_get_text(png, info, &chunks, nullptr);
-    for (int i = 0; i < n; ++i) (*text)[chunks[i].key] = std::string(chunks[i].text, chunks[i].text_length);
+    for (int i = 0; i < n; ++i)
+      (*text)[chunks[i].key] = std::string(chunks[i].text, chunks[i].text_length);
   }
   png_destroy_read_struct(&png, &info, nullptr);
   return true;
 }
 
-bool encode(FILE* f, ErrorBuffer* err, const Image& image, const std::vector<png_text>& text) {
+bool encode(const PngIo& io, ErrorBuffer* err, const Image& image,
+            const std::vector<png_text>& text) {
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, err, on_error, on_warning);
   if (!png) return false;
   png_infop info = png_create_info_struct(png);
@@ -88,13 +132,15 @@ bool encode(FILE* f, ErrorBuffer* err, const Image& image, const std::vector<png
     png_destroy_write_struct(&png, info ? &info : nullptr);
     return false;
   }
-  png_init_io(png, f);
+  attach_io(png, io, false);
   png_set_IHDR(png, info, image.width, image.height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
                PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-  if (!text.empty()) png_set_text(png, info, const_cast<png_textp>(text.data()), static_cast<int>(text.size()));
+  if (!text.empty())
+    png_set_text(png, info, const_cast<png_textp>(text.data()), static_cast<int>(text.size()));
   png_write_info(png, info);
   for (int y = 0; y < image.height; ++y)
-    png_write_row(png, const_cast<png_bytep>(image.rgb.data() + static_cast<size_t>(y) * image.width * 3));
+    png_write_row(
+        png, const_cast<png_bytep>(image.rgb.data() + static_cast<size_t>(y) * image.width * 3));
   png_write_end(png, info);
   png_destroy_write_struct(&png, &info);
   return true;
@@ -110,27 +156,23 @@ Image read_png_impl(const std::string& path, std::map<std::string, std::string>*
   ErrorBuffer err;
   Image image;
   std::vector<png_bytep> rows;
-  if (!decode(f.get(), &err, &image, &rows, text))
-    throw FormatError("cannot decode PNG '" + path + "': " + (err.message[0] ? err.message : "libpng error"));
+  PngIo io;
+  io.file = f.get();
+  if (!decode(io, &err, &image, &rows, text, kMaxPngPixels))
+    throw FormatError("cannot decode PNG '" + path +
+                      "': " + (err.message[0] ? err.message : "libpng error"));
   return image;
 }
 
-}  // namespace
-
-Image read_png(const std::string& path) { return read_png_impl(path, nullptr); }
-
-std::map<std::string, std::string> read_png_text(const std::string& path) {
-  std::map<std::string, std::string> text;
-  read_png_impl(path, &text);
-  return text;
-}
-
-void write_png(const std::string& path, const Image& image, const std::map<std::string, std::string>& text) {
+void check_image(const Image& image) {
   if (image.width <= 0 || image.height <= 0 ||
       image.rgb.size() != static_cast<size_t>(image.width) * image.height * 3)
     throw InvalidArgument("write_png: image is " + std::to_string(image.width) + "x" +
-                          std::to_string(image.height) + " with " + std::to_string(image.rgb.size()) +
-                          " bytes, expected width*height*3");
+                          std::to_string(image.height) + " with " +
+                          std::to_string(image.rgb.size()) + " bytes, expected width*height*3");
+}
+
+std::vector<png_text> text_chunks(const std::map<std::string, std::string>& text) {
   std::vector<png_text> chunks;
   for (const auto& [k, v] : text) {
     png_text t{};
@@ -140,16 +182,68 @@ void write_png(const std::string& path, const Image& image, const std::map<std::
     t.text_length = v.size();
     chunks.push_back(t);
   }
+  return chunks;
+}
+
+}  // namespace
+
+Image read_png(const std::string& path) {
+  return read_png_impl(path, nullptr);
+}
+
+std::map<std::string, std::string> read_png_text(const std::string& path) {
+  std::map<std::string, std::string> text;
+  read_png_impl(path, &text);
+  return text;
+}
+
+void write_png(const std::string& path, const Image& image,
+               const std::map<std::string, std::string>& text) {
+  check_image(image);
+  const auto chunks = text_chunks(text);
   io::AtomicFile file(path);
   {
     FilePtr f(std::fopen(file.temp_path().c_str(), "wb"));
     if (!f) throw IoError("cannot write '" + path + "': " + std::strerror(errno));
     ErrorBuffer err;
-    if (!encode(f.get(), &err, image, chunks))
-      throw IoError("cannot encode PNG '" + path + "': " + (err.message[0] ? err.message : "libpng error"));
-    if (std::fflush(f.get()) != 0) throw IoError("cannot write '" + path + "': " + std::strerror(errno));
+    PngIo io;
+    io.file = f.get();
+    if (!encode(io, &err, image, chunks))
+      throw IoError("cannot encode PNG '" + path +
+                    "': " + (err.message[0] ? err.message : "libpng error"));
+    if (std::fflush(f.get()) != 0)
+      throw IoError("cannot write '" + path + "': " + std::strerror(errno));
   }
   file.commit();
+}
+
+std::string encode_png(const Image& image, const std::map<std::string, std::string>& text) {
+  check_image(image);
+  const auto chunks = text_chunks(text);
+  std::string out;
+  ErrorBuffer err;
+  PngIo io;
+  io.writer = &out;
+  if (!encode(io, &err, image, chunks))
+    throw Error(std::string("cannot encode PNG: ") +
+                (err.message[0] ? err.message : "libpng error"));
+  return out;
+}
+
+Image decode_png(const std::string& bytes, const std::string& what, uint64_t max_pixels,
+                 std::map<std::string, std::string>* text) {
+  if (bytes.size() < 8 || png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) != 0)
+    throw FormatError(what + " is not a PNG image (only PNG images are supported)");
+  MemoryReader reader{reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), 0};
+  PngIo io;
+  io.reader = &reader;
+  ErrorBuffer err;
+  Image image;
+  std::vector<png_bytep> rows;
+  if (!decode(io, &err, &image, &rows, text, std::min(max_pixels, kMaxPngPixels)))
+    throw FormatError("cannot decode " + what + ": " +
+                      (err.message[0] ? err.message : "libpng error"));
+  return image;
 }
 
 }  // namespace diffuse

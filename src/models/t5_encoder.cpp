@@ -193,7 +193,7 @@ T5EncoderOutput T5EncoderModelImpl::forward(const torch::Tensor& input_ids,
       (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= config_.vocab_size))
     throw InvalidArgument("T5 encoder: token id outside [0, " + std::to_string(config_.vocab_size) +
                           ")");
-  const auto B = ids.size(0), N = ids.size(1);
+  const auto N = ids.size(1);
   const auto dtype = shared->weight.scalar_type();
 
   auto first =

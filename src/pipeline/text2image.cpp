@@ -53,6 +53,12 @@ Image2Image Image2Image::load(const std::string& path, const LoadOptions& option
   return p;
 }
 
+Image2Image Image2Image::sharing(const Text2Image& loaded) {
+  Image2Image p;
+  p.impl_ = loaded.impl();
+  return p;
+}
+
 GenerationResult Image2Image::generate(const GenerationConfig& config, const Image& init_image,
                                        const StepCallback& on_step) {
   pipeline::validate_generation_config(config, true);

@@ -60,7 +60,7 @@ void compare_traced_tensors(const GoldenCase& c, const CaseTensors& t,
     auto expected = t.get(name);
     if (is_integer(expected)) {
       r->add(label + name, compare_exact(label + name, got, expected));
-    } else if (name.size() >= 2 && name.compare(name.size() - 2, 2, ".t") == 0 ||
+    } else if ((name.size() >= 2 && name.compare(name.size() - 2, 2, ".t") == 0) ||
                name.find("unet_timestep") != std::string::npos) {
       r->add(label + name, compare(label + name, got, expected, 1e-4, 0));
     } else if (uses_absolute_tolerance(name)) {

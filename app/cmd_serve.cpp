@@ -1,0 +1,141 @@
+// `diffuse serve`: loads the model once and serves the web page and the HTTP APIs until
+// SIGINT/SIGTERM.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "commands.h"
+#include "load_flags.h"
+#include "server/http_server.h"
+#include "server/server_state.h"
+
+namespace diffuse::app {
+namespace {
+
+struct ServeFlags {
+  std::string model;
+  LoadFlags load;
+  server::ServerOptions options;
+  double max_body_mb = 50;
+  std::string shutdown = "cancel";
+  bool quiet = false;
+};
+
+// SIGINT/SIGTERM are taken by a thread of their own (sigwait), never by a handler: stopping
+// the server is not async-signal-safe. The first signal stops accepting and cancels (or lets
+// finish) the running job; a second one cancels it in any case.
+class SignalWatcher {
+ public:
+  SignalWatcher() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGUSR1);                   // our own wake-up at exit
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // inherited by every thread started later
+  }
+  void watch(server::HttpServer& http, bool cancel_running, bool quiet) {
+    thread_ = std::thread([this, &http, cancel_running, quiet] {
+      int signals = 0;
+      std::thread stopper;
+      for (;;) {
+        int sig = 0;
+        if (sigwait(&set_, &sig) != 0 || sig == SIGUSR1) break;
+        ++signals;
+        if (signals == 1) {
+          if (!quiet)
+            std::cerr << "diffuse serve: shutting down ("
+                      << (cancel_running ? "cancelling" : "finishing")
+                      << " the running job; signal again to cancel it)\n";
+          stopper = std::thread([&http, cancel_running] { http.stop(cancel_running); });
+        } else if (auto job = http.state().queue.current_or_last()) {
+          http.state().queue.cancel(job->id);
+        }
+      }
+      if (stopper.joinable()) stopper.join();
+    });
+  }
+  ~SignalWatcher() {
+    if (thread_.joinable()) {
+      pthread_kill(thread_.native_handle(), SIGUSR1);
+      thread_.join();
+    }
+  }
+
+ private:
+  sigset_t set_;
+  std::thread thread_;
+};
+
+int run_serve(ServeFlags& f) {
+  SignalWatcher signals;
+  if (f.options.api_key.empty())
+    if (const char* env = std::getenv("DIFFUSE_API_KEY")) f.options.api_key = env;
+  if (f.shutdown != "cancel" && f.shutdown != "finish")
+    throw InvalidArgument("--shutdown: expected cancel or finish, got '" + f.shutdown + "'");
+  if (!(f.max_body_mb > 0 && f.max_body_mb <= 4096))
+    throw InvalidArgument("--max-body-mb: expected a size in (0, 4096] MB");
+  f.options.limits.max_body_bytes = static_cast<size_t>(f.max_body_mb * 1024 * 1024);
+  f.options.limits.max_pixels = int64_t{f.options.limits.max_side} * f.options.limits.max_side;
+  if (!server::is_loopback_host(f.options.host) && f.options.api_key.empty())
+    throw InvalidArgument(
+        "--host " + f.options.host +
+        ": listening beyond this machine needs an API key (--api-key or DIFFUSE_API_KEY)");
+  const LoadOptions lo = to_load_options(f.load);
+  if (!f.quiet) std::cerr << "loading " << f.model << " ...\n";
+  server::SdEngine engine(f.model, lo);
+  server::HttpServer http(engine, f.options);
+  const int port = http.bind();
+  if (!f.quiet) {
+    const auto& info = engine.info();
+    std::cerr << "model " << engine.model_name() << " on " << info.device << " (" << info.unet_dtype
+              << ", attention " << info.attention << "), loaded in " << info.load_s << " s\n"
+              << "diffuse serve: http://" << f.options.host << ":" << port << "/"
+              << (f.options.api_key.empty() ? "" : " (API key required)") << "\n";
+  }
+  signals.watch(http, f.shutdown == "cancel", f.quiet);
+  http.serve();
+  http.stop(f.shutdown == "cancel");
+  if (!f.quiet) std::cerr << "diffuse serve: stopped\n";
+  return 0;
+}
+
+}  // namespace
+
+Command add_serve_command(CLI::App& app) {
+  auto f = std::make_shared<ServeFlags>();
+  app.add_option("-m,--model", f->model, "Diffusers folder or single-file .safetensors checkpoint")
+      ->required();
+  app.add_option("--host", f->options.host,
+                 "Address to listen on (beyond loopback needs --api-key)")
+      ->capture_default_str();
+  app.add_option("--port", f->options.port, "Port (0 = any free port)")->capture_default_str();
+  app.add_option("--api-key", f->options.api_key,
+                 "Require 'Authorization: Bearer KEY' on every API request (env DIFFUSE_API_KEY)");
+  app.add_option("--queue", f->options.max_waiting,
+                 "Jobs that may wait behind the running one (then 503)")
+      ->capture_default_str();
+  app.add_option("--cors", f->options.cors_origin, "Allow cross-origin requests from this origin");
+  app.add_option("--shutdown", f->shutdown, "On SIGINT/SIGTERM: cancel or finish the running job")
+      ->capture_default_str();
+  app.add_option("--max-steps", f->options.limits.max_steps, "Most steps a request may ask")
+      ->capture_default_str();
+  app.add_option("--max-images", f->options.limits.max_images, "Most images per request")
+      ->capture_default_str();
+  app.add_option("--max-side", f->options.limits.max_side,
+                 "Largest width/height of a generated image")
+      ->capture_default_str();
+  app.add_option("--max-body-mb", f->max_body_mb, "Largest request body in MB")
+      ->capture_default_str();
+  app.add_option("--keep-jobs", f->options.keep_finished,
+                 "Finished jobs (and images) kept for clients")
+      ->capture_default_str();
+  app.add_flag("-q,--quiet", f->quiet, "No log output");
+  add_load_flags(app, f->load);
+  return [f]() { return run_serve(*f); };
+}
+
+}  // namespace diffuse::app

@@ -1,0 +1,78 @@
+#include "load_flags.h"
+
+#include <cmath>
+
+#include "device/device.h"
+#include "nn/attention.h"
+
+namespace diffuse::app {
+
+LoraSpec parse_lora_flag(const std::string& value) {
+  LoraSpec spec{value, 1.0};
+  const size_t colon = value.rfind(':');
+  if (colon != std::string::npos && colon > 0) {
+    const std::string tail = value.substr(colon + 1);
+    try {
+      size_t used = 0;
+      double scale = std::stod(tail, &used);
+      if (used == tail.size()) spec = {value.substr(0, colon), scale};
+    } catch (const std::exception&) {
+      // Not a number: part of the path.
+    }
+  }
+  if (!std::isfinite(spec.scale))
+    throw InvalidArgument("--lora '" + value + "': the scale must be a finite number");
+  return spec;
+}
+
+void add_load_flags(CLI::App& app, LoadFlags& f) {
+  app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N] (env DIFFUSE_DEVICE)")
+      ->capture_default_str();
+  app.add_option("--text-encoder-device", f.text_encoder_device,
+                 "Device for the text encoder (default: --device)");
+  app.add_option("--vae-device", f.vae_device, "Device for the VAE (default: --device)");
+  app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")
+      ->capture_default_str();
+  app.add_option("--vae-dtype", f.vae_dtype, "auto|fp32|bf16|fp16 for the VAE")
+      ->capture_default_str();
+  app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")
+      ->capture_default_str();
+  app.add_flag(
+      "--offload", f.offload,
+      "Keep each network in memory only while it runs (lowest peak memory, ~1 s more per image)");
+  app.add_option("--lora", f.loras,
+                 "LoRA adapter PATH[:SCALE] (default scale 1; repeat for several) merged into "
+                 "the UNet and text encoder");
+  app.add_flag("--lora-lenient", f.lora_lenient,
+               "Warn about LoRA tensors that match no weight instead of failing");
+  app.add_option("--config", f.config_dir,
+                 "Diffusers folder giving configs/tokenizer for a single-file checkpoint");
+  app.add_flag("--v-prediction", f.v_prediction,
+               "Single-file checkpoint is v-prediction (SD2.x 768-v)");
+  app.add_flag("--epsilon", f.epsilon, "Single-file checkpoint is epsilon-prediction");
+}
+
+LoadOptions to_load_options(const LoadFlags& f) {
+  if (f.v_prediction && f.epsilon)
+    throw InvalidArgument("--v-prediction and --epsilon are mutually exclusive");
+  auto dev = device::resolve_device(f.device);
+  device::resolve_dtype(f.dtype, dev, "unet");
+  device::resolve_dtype(f.vae_dtype, dev, "vae");
+  nn::parse_attention_backend(f.attention);
+  LoadOptions lo;
+  lo.device = f.device;
+  lo.text_encoder_device = f.text_encoder_device;
+  lo.vae_device = f.vae_device;
+  lo.dtype = f.dtype;
+  lo.vae_dtype = f.vae_dtype;
+  lo.attention = f.attention;
+  lo.config_dir = f.config_dir;
+  if (f.v_prediction) lo.v_prediction = true;
+  if (f.epsilon) lo.v_prediction = false;
+  lo.offload = f.offload;
+  for (const auto& l : f.loras) lo.loras.push_back(parse_lora_flag(l));
+  lo.lora_lenient = f.lora_lenient;
+  return lo;
+}
+
+}  // namespace diffuse::app

@@ -1,0 +1,14 @@
+// Per-stage memory of a generation as JSON (CLI --json, server job results).
+#pragma once
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "diffuse/pipeline.h"
+
+namespace diffuse::pipeline {
+
+// One object per stage: stage, device, rss_bytes, peak_rss_bytes, and the device allocator's
+// allocated/peak/reserved bytes where the device has an allocator (CUDA, NPU).
+nlohmann::json memory_json(const std::vector<StageMemory>& memory);
+
+}  // namespace diffuse::pipeline

@@ -1,0 +1,43 @@
+#include "server/job.h"
+
+namespace diffuse::server {
+
+const char* to_string(JobKind kind) {
+  return kind == JobKind::txt2img ? "txt2img" : "img2img";
+}
+
+const char* to_string(JobState state) {
+  switch (state) {
+    case JobState::queued:
+      return "queued";
+    case JobState::running:
+      return "running";
+    case JobState::succeeded:
+      return "succeeded";
+    case JobState::failed:
+      return "failed";
+    case JobState::cancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+nlohmann::json JobRequest::describe() const {
+  const auto& c = config;
+  nlohmann::json j = {{"mode", to_string(kind)},
+                      {"prompt", c.prompts},
+                      {"negative_prompt", c.negative_prompts},
+                      {"width", c.width},
+                      {"height", c.height},
+                      {"steps", c.steps},
+                      {"guidance_scale", c.guidance_scale},
+                      {"scheduler", c.scheduler},
+                      {"seed", c.seed.value_or(0)},
+                      {"num_images", c.images_per_prompt},
+                      {"batch_count", batch_count}};
+  if (kind == JobKind::img2img) j["strength"] = c.strength;
+  if (c.eta != 0) j["eta"] = c.eta;
+  return j;
+}
+
+}  // namespace diffuse::server
