@@ -1,0 +1,107 @@
+// The web page of `diffuse serve` in a real browser (Debian's Chromium driven by
+// playwright-core): loads the page, generates an image from a prompt, checks the status panel
+// shows the device, cancels a second job, and stops the server with SIGTERM (exit 0).
+// Usage: node web_page_test.mjs DIFFUSE_BINARY MODEL_DIR SCREENSHOT_DIR
+import { spawn } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
+import { chromium } from 'playwright-core';
+
+const [binary, model, shots] = process.argv.slice(2);
+if (!binary || !model || !shots) {
+  console.error('usage: node web_page_test.mjs DIFFUSE_BINARY MODEL_DIR SCREENSHOT_DIR');
+  process.exit(2);
+}
+mkdirSync(shots, { recursive: true });
+const browserPath = process.env.CHROMIUM || '/usr/bin/chromium';
+
+function fail(message) {
+  console.error(`FAIL: ${message}`);
+  process.exitCode = 1;
+  throw new Error(message);
+}
+
+// Starts the server on a free port; resolves with its URL once it listens.
+function startServer() {
+  const server = spawn(binary, ['serve', '-m', model, '--port', '0', '--device', 'cpu'], {
+    stdio: ['ignore', 'inherit', 'pipe'],
+  });
+  const url = new Promise((resolve, reject) => {
+    let text = '';
+    server.stderr.on('data', (chunk) => {
+      process.stderr.write(chunk);
+      text += chunk.toString();
+      const m = text.match(/diffuse serve: (http:\/\/[^\s]+)/);
+      if (m) resolve(m[1]);
+    });
+    server.on('exit', (code) => reject(new Error(`server exited early with ${code}`)));
+  });
+  return { server, url };
+}
+
+const { server, url: urlPromise } = startServer();
+const exited = new Promise((resolve) => server.on('exit', (code, signal) => resolve({ code, signal })));
+let browser;
+try {
+  const url = await urlPromise;
+  browser = await chromium.launch({ executablePath: browserPath, args: ['--no-sandbox'] });
+  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  const consoleErrors = [];
+  page.on('console', (m) => m.type() === 'error' && consoleErrors.push(m.text()));
+  page.on('pageerror', (e) => consoleErrors.push(String(e)));
+  await page.goto(url);
+
+  // The status panel names the device.
+  await page.waitForFunction(() => /cpu/.test(document.querySelector('#status-device')?.textContent || ''), null, {
+    timeout: 30000,
+  });
+
+  // One image from a prompt.
+  await page.fill('#prompt', 'a red circle on the left and a blue square on the right on a yellow background');
+  await page.fill('#steps', '20');
+  await page.fill('#seed', '42');
+  await page.click('#generate');
+  await page.waitForSelector('#gallery .result img.result-image', { timeout: 120000 });
+  const size = await page.$eval('#gallery .result img.result-image', async (img) => {
+    if (!img.complete) await new Promise((r) => img.addEventListener('load', r, { once: true }));
+    return [img.naturalWidth, img.naturalHeight];
+  });
+  if (size[0] !== 128 || size[1] !== 128) fail(`result image is ${size[0]}x${size[1]}, expected 128x128`);
+  await page.screenshot({ path: `${shots}/web-page.png`, fullPage: true });
+  console.log(`screenshot: ${shots}/web-page.png`);
+
+  // A long job, cancelled from the page while it runs.
+  const before = await page.$$eval('#gallery .result', (r) => r.length);
+  await page.fill('#steps', '150');
+  await page.click('#generate');
+  // Wait (polling the API from the page) for the job to run, cancel it from the page, and
+  // wait for it to end.
+  const running = await (
+    await page.waitForFunction(async () => (await (await fetch('/v1/status')).json()).queue.running, null, {
+      timeout: 60000,
+      polling: 50,
+    })
+  ).jsonValue();
+  await page.click('#cancel');
+  const state = await (
+    await page.waitForFunction(
+      async (id) => {
+        const s = (await (await fetch(`/v1/jobs/${id}`)).json()).state;
+        return s !== 'running' && s !== 'queued' ? s : null;
+      },
+      running.id,
+      { timeout: 60000, polling: 50 },
+    )
+  ).jsonValue();
+  if (state !== 'cancelled') fail(`the second job ended '${state}', expected cancelled`);
+  const after = await page.$$eval('#gallery .result', (r) => r.length);
+  if (after !== before) fail('a cancelled job added an image to the gallery');
+  await page.screenshot({ path: `${shots}/web-page-cancelled.png`, fullPage: true });
+  if (consoleErrors.length) fail(`browser console errors: ${consoleErrors.join(' | ')}`);
+  console.log('web page test: generate, status panel, cancel: ok');
+} finally {
+  if (browser) await browser.close();
+  server.kill('SIGTERM');
+}
+const { code, signal } = await exited;
+if (code !== 0) fail(`server exited with ${code} (${signal}) after SIGTERM, expected 0`);
+console.log('server stopped on SIGTERM with exit code 0');
