@@ -16,6 +16,7 @@
 #include "io/model_folder.h"
 #include "nn/attention.h"
 #include "pipeline/hidream.h"
+#include "pipeline/stable_diffusion.h"
 #include "progress.h"
 
 namespace fs = std::filesystem;
@@ -24,12 +25,7 @@ namespace diffuse::app {
 namespace {
 
 Image to_image(const torch::Tensor& nhwc) {
-  auto u8 = (nhwc[0] * 255.0).round().clamp(0, 255).to(torch::kUInt8).contiguous();
-  Image img;
-  img.height = static_cast<int>(u8.size(0));
-  img.width = static_cast<int>(u8.size(1));
-  img.rgb.assign(u8.data_ptr<uint8_t>(), u8.data_ptr<uint8_t>() + u8.numel());
-  return img;
+  return pipeline::to_images(nhwc.index({torch::indexing::Slice(0, 1)}))[0];
 }
 
 }  // namespace

@@ -41,6 +41,8 @@ torch::Tensor cpu_randn(c10::IntArrayRef shape, at::Generator& gen) {
   return torch::randn(shape, gen, torch::TensorOptions().dtype(torch::kFloat32));
 }
 
+}  // namespace
+
 std::vector<Image> to_images(const torch::Tensor& nhwc) {
   // diffusers' numpy_to_pil: (x * 255).round() as uint8.
   auto u8 = (nhwc * 255).round().clamp(0, 255).to(torch::kUInt8).contiguous();
@@ -55,8 +57,6 @@ std::vector<Image> to_images(const torch::Tensor& nhwc) {
   }
   return out;
 }
-
-}  // namespace
 
 struct StableDiffusion::Components {
   torch::Device device{torch::kCPU};  // the UNet's; the denoising loop runs here

@@ -25,8 +25,8 @@ using TraceFn = std::function<void(const std::string&, const torch::Tensor&)>;
 using NoiseFn = std::function<torch::Tensor(c10::IntArrayRef shape)>;
 
 struct PromptEmbeddings {
-  torch::Tensor positive;  // [N, T, D] (already repeated per image)
-  torch::Tensor negative;  // undefined when guidance is off
+  torch::Tensor positive;       // [N, T, D] (already repeated per image)
+  torch::Tensor negative;       // undefined when guidance is off
   std::vector<bool> truncated;  // per prompt / negative prompt given
   std::vector<std::string> warnings;
 };
@@ -49,9 +49,10 @@ class StableDiffusion {
 
   // Stages, public for tools and tests.
   PromptEmbeddings encode_prompt(const std::vector<std::string>& prompts,
-                                 const std::vector<std::string>& negative_prompts, int images_per_prompt,
-                                 bool guidance);
-  torch::Tensor decode_latents(const torch::Tensor& latents);  // -> [N, H, W, 3] float in [0,1], CPU
+                                 const std::vector<std::string>& negative_prompts,
+                                 int images_per_prompt, bool guidance);
+  torch::Tensor decode_latents(
+      const torch::Tensor& latents);  // -> [N, H, W, 3] float in [0,1], CPU
   int vae_scale_factor() const;
   int64_t latent_channels() const;
 
@@ -70,17 +71,23 @@ class StableDiffusion {
   void seed_devices(uint64_t seed) const;
   // The start every run shares: seed the devices, encode the prompts (negative ones too when
   // guidance is on), time it and record the text encoder's memory.
-  PromptEmbeddings encode_for_run(const GenerationConfig& config, uint64_t seed, double t0, StageTimings* timings);
+  PromptEmbeddings encode_for_run(const GenerationConfig& config, uint64_t seed, double t0,
+                                  StageTimings* timings);
   static void record_memory(StageTimings* timings, const char* stage, const torch::Device& where);
 
   void trace(const std::string& name, const torch::Tensor& t) const {
     if (trace_) trace_(name, t);
   }
-  GenerationResult denoise_and_decode(const GenerationConfig& config, const PromptEmbeddings& embeds,
-                                      torch::Tensor latents, const torch::Tensor& timesteps,
+  GenerationResult denoise_and_decode(const GenerationConfig& config,
+                                      const PromptEmbeddings& embeds, torch::Tensor latents,
+                                      const torch::Tensor& timesteps,
                                       schedulers::Scheduler& scheduler, at::Generator& gen,
-                                      const StepCallback& on_step, StageTimings timings, uint64_t seed);
+                                      const StepCallback& on_step, StageTimings timings,
+                                      uint64_t seed);
 };
+
+// [N, H, W, 3] float in [0, 1] -> 8-bit images, rounded as diffusers' numpy_to_pil does.
+std::vector<Image> to_images(const torch::Tensor& nhwc);
 
 // Validates what every generate() call needs; throws InvalidArgument naming the field.
 void validate_generation_config(const GenerationConfig& config, bool image2image);

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "pipeline/stable_diffusion.h"
+
 namespace diffuse::server {
 namespace {
 
@@ -13,12 +15,7 @@ torch::Tensor design(const torch::Tensor& latents) {
 }
 
 Image to_image(const torch::Tensor& hwc) {
-  auto u8 = (hwc * 255.0).round().clamp(0, 255).to(torch::kUInt8).contiguous();
-  Image img;
-  img.height = static_cast<int>(u8.size(0));
-  img.width = static_cast<int>(u8.size(1));
-  img.rgb.assign(u8.data_ptr<uint8_t>(), u8.data_ptr<uint8_t>() + u8.numel());
-  return img;
+  return pipeline::to_images(hwc.unsqueeze(0))[0];
 }
 
 }  // namespace
