@@ -9,12 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "load_flags.h"
 #include "device/device.h"
 #include "diffuse/pipeline.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "load_flags.h"
 #include "nn/attention.h"
+#include "pipeline/hidream.h"
 #include "pipeline/image_parameters.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/stable_diffusion.h"
@@ -136,7 +137,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                             ")");
     }
   }
-  if (!img2img && is_hidream_model(f.model)) {
+  if (!img2img && pipeline::is_hidream_folder(f.model)) {
     if (f.prompts.size() != 1 || f.negative_prompts.size() > 1 || f.num_images != 1 ||
         f.batch_count != 1)
       throw InvalidArgument("HiDream models take one prompt and one image per run");
@@ -178,7 +179,6 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (img2img) init = read_png(f.init_image);
   if (!f.latents_file.empty()) g.latents = read_tensor_file(f.latents_file, "latents");
   if (!f.noise_file.empty()) g.noise = read_tensor_file(f.noise_file, "noise");
-
 
   Progress progress(f.quiet || f.json);
   if (!f.quiet && !f.json) std::cerr << "loading " << f.model << " ...\n";

@@ -16,6 +16,7 @@
 #include "io/model_folder.h"
 #include "nn/attention.h"
 #include "pipeline/hidream.h"
+#include "pipeline/image_parameters.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
 
@@ -29,14 +30,6 @@ Image to_image(const torch::Tensor& nhwc) {
 }
 
 }  // namespace
-
-bool is_hidream_model(const std::string& path) {
-  if (!fs::is_directory(path) || !fs::exists(fs::path(path) / "model_index.json")) return false;
-  return io::ModelFolder::open(path)
-             .model_index()
-             .get<std::string>("_class_name", "")
-             .rfind("HiDream", 0) == 0;
-}
 
 int run_hidream(const HiDreamCliFlags& f, bool edit) {
   io::check_output_path(f.out, "output");
@@ -82,9 +75,16 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     progress(e);
   };
   pipeline::HiDreamResult r;
-  std::string params = "prompt: " + f.prompt + "; negative: " + f.negative_prompt +
-                       "; steps: " + std::to_string(f.steps) +
-                       "; cfg: " + std::to_string(f.cfg_scale) + "; seed: " + std::to_string(seed);
+  pipeline::ImageParameters params;
+  params.prompt = f.prompt;
+  params.negative_prompt = f.negative_prompt;
+  params.steps = f.steps;
+  params.scheduler = pipe.scheduler().class_name();
+  params.cfg_scale = f.cfg_scale;
+  params.seed = seed;
+  params.model = f.model;
+  params.device = device::device_name(device);
+  params.dtype = device::dtype_name(dtype);
   if (edit) {
     pipeline::HiDreamEdit e;
     e.prompt = f.prompt;
@@ -97,7 +97,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     e.refine_strength = f.refine;
     e.sampling = s;
     r = pipe.edit(e);
-    params += "; image guidance: " + std::to_string(f.image_guidance);
+    params.image_guidance = f.image_guidance;
   } else {
     pipeline::HiDreamTextToImage t;
     t.prompt = f.prompt;
@@ -108,13 +108,22 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     r = pipe.text_to_image(t);
   }
   progress.finish();
-  write_png(f.out, to_image(r.image), {{"parameters", params}});
-  if (!f.quiet)
-    std::cerr << "wrote " << f.out << " (" << r.image.size(2) << "x" << r.image.size(1) << ", seed "
+  params.width = static_cast<int>(r.image.size(2));
+  params.height = static_cast<int>(r.image.size(1));
+  write_png(f.out, to_image(r.image), params.png_chunks());
+  if (!f.quiet) {
+    const auto& t = r.timings;
+    std::cerr << "wrote " << f.out << " (" << params.width << "x" << params.height << ", seed "
               << seed << ") in "
               << format_seconds(
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
-              << "\n";
+              << "\ntimings: text encode " << format_seconds(t.text_encode_s);
+    if (edit) std::cerr << ", vae encode " << format_seconds(t.vae_encode_s);
+    std::cerr << ", denoise " << format_seconds(t.denoise_s) << " ("
+              << format_seconds(t.step_s.empty() ? 0.0 : t.denoise_s / t.step_s.size())
+              << "/step), vae decode " << format_seconds(t.vae_decode_s) << ", peak RSS "
+              << (t.peak_rss_bytes >> 20) << " MiB\n";
+  }
   std::cout << f.out << "\n";
   return 0;
 }

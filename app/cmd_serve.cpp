@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "load_flags.h"
+#include "server/engine.h"
 #include "server/http_server.h"
 #include "server/server_state.h"
 
@@ -19,6 +20,7 @@ namespace {
 struct ServeFlags {
   std::string model;
   LoadFlags load;
+  server::HiDreamEngineOptions hidream;
   server::ServerOptions options;
   double max_body_mb = 50;
   std::string shutdown = "cancel";
@@ -86,13 +88,14 @@ int run_serve(ServeFlags& f) {
         ": listening beyond this machine needs an API key (--api-key or DIFFUSE_API_KEY)");
   const LoadOptions lo = to_load_options(f.load);
   if (!f.quiet) std::cerr << "loading " << f.model << " ...\n";
-  server::SdEngine engine(f.model, lo);
-  server::HttpServer http(engine, f.options);
+  auto engine = server::load_engine(f.model, lo, f.hidream);
+  server::HttpServer http(*engine, f.options);
   const int port = http.bind();
   if (!f.quiet) {
-    const auto& info = engine.info();
-    std::cerr << "model " << engine.model_name() << " on " << info.device << " (" << info.unet_dtype
-              << ", attention " << info.attention << "), loaded in " << info.load_s << " s\n"
+    const auto& info = engine->info();
+    std::cerr << "model " << engine->model_name() << " on " << info.device << " ("
+              << info.unet_dtype << ", attention " << info.attention << "), loaded in "
+              << info.load_s << " s\n"
               << "diffuse serve: http://" << f.options.host << ":" << port << "/"
               << (f.options.api_key.empty() ? "" : " (API key required)") << "\n";
   }
@@ -135,6 +138,14 @@ Command add_serve_command(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("-q,--quiet", f->quiet, "No log output");
   add_load_flags(app, f->load);
+  app.add_option("--transformer", f->hidream.transformer,
+                 "HiDream: component folder of the transformer weights")
+      ->capture_default_str();
+  app.add_option("--e1-lora", f->hidream.e1_lora,
+                 "HiDream-E1-Full: peft LoRA file on the I1 transformer (the server then runs "
+                 "edit jobs only)");
+  app.add_option("--lora-alpha", f->hidream.lora_alpha, "peft lora_alpha of --e1-lora");
+  app.add_option("--lora-rank", f->hidream.lora_rank, "peft r of --e1-lora");
   return [f]() { return run_serve(*f); };
 }
 

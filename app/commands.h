@@ -39,8 +39,6 @@ struct HiDreamCliFlags {
   std::string device = "auto", dtype = "auto", attention = "auto";
   bool quiet = false;
 };
-// Whether `path` is a diffusers folder of a HiDream pipeline (model_index.json's class).
-bool is_hidream_model(const std::string& path);
 // Text-to-image (edit = false) or editing; writes f.out.
 int run_hidream(const HiDreamCliFlags& f, bool edit);
 // `bench --arch hidream-i1`: the HiDream block benchmark with the bench command's options.

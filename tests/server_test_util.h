@@ -1,14 +1,20 @@
-// A diffuse server on a free loopback port with the demo model, in this process, and a client
-// for it: for the API tests and the load test.
+// A diffuse server on a free loopback port with the demo model (or another engine), in this
+// process, and a client for it: for the API tests and the load test.
 #pragma once
+#include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <thread>
 
+#include "diffuse/image.h"
+#include "server/base64.h"
 #include "server/http_server.h"
+#include "server/sd_engine.h"
 #include "server/server_state.h"
 
 namespace diffuse::test {
@@ -29,9 +35,11 @@ inline server::SdEngine& demo_engine() {
 
 class TestServer {
  public:
-  explicit TestServer(server::ServerOptions options = {}) {
+  explicit TestServer(server::ServerOptions options = {})
+      : TestServer(demo_engine(), std::move(options)) {}
+  TestServer(server::Engine& engine, server::ServerOptions options) {
     options.port = 0;
-    http_ = std::make_unique<server::HttpServer>(demo_engine(), options);
+    http_ = std::make_unique<server::HttpServer>(engine, options);
     port_ = http_->bind();
     thread_ = std::thread([this] { http_->serve(); });
   }
@@ -60,6 +68,63 @@ class TestServer {
 inline nlohmann::json json_of(const httplib::Result& r) {
   if (!r) return nlohmann::json();
   return nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+}
+
+// The Server-Sent Events of a job until its stream closes: (event name, data JSON).
+inline std::vector<std::pair<std::string, nlohmann::json>> read_events(httplib::Client& c,
+                                                                       const std::string& id) {
+  std::string text;
+  auto r = c.Get("/v1/jobs/" + id + "/events", [&](const char* data, size_t n) {
+    text.append(data, n);
+    return true;
+  });
+  EXPECT_TRUE(r) << "event stream failed";
+  std::vector<std::pair<std::string, nlohmann::json>> events;
+  std::regex block("event: (\\w+)\ndata: ([^\n]*)\n\n");
+  for (std::sregex_iterator it(text.begin(), text.end(), block), end; it != end; ++it)
+    events.emplace_back((*it)[1], nlohmann::json::parse((*it)[2].str()));
+  return events;
+}
+
+inline nlohmann::json finished_job(httplib::Client& c, const std::string& id) {
+  auto events = read_events(c, id);
+  EXPECT_FALSE(events.empty());
+  EXPECT_EQ(events.back().first, "done");
+  return json_of(c.Get("/v1/jobs/" + id));
+}
+
+inline Image image_at(httplib::Client& c, const std::string& url,
+                      std::map<std::string, std::string>* text = nullptr) {
+  auto r = c.Get(url);
+  EXPECT_TRUE(r && r->status == 200) << url;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "image/png");
+  return decode_png(r->body, url, 1 << 24, text);
+}
+
+// Every error has the same shape and says something.
+inline void expect_error(const httplib::Result& r, int status, const std::string& fragment) {
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, status) << r->body;
+  auto j = nlohmann::json::parse(r->body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r->body;
+  const std::string message = j["error"]["message"].get<std::string>();
+  EXPECT_NE(message.find(fragment), std::string::npos) << message;
+  EXPECT_EQ(j["detail"], message);
+}
+
+inline std::string demo_png_base64(int w, int h) {
+  Image img;
+  img.width = w;
+  img.height = h;
+  img.rgb.assign(static_cast<size_t>(w) * h * 3, 0);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      auto* p = &img.rgb[(static_cast<size_t>(y) * w + x) * 3];
+      p[0] = x < w / 2 ? 220 : 30;
+      p[1] = 200;
+      p[2] = y < h / 2 ? 30 : 220;
+    }
+  return server::base64_encode(encode_png(img));
 }
 
 }  // namespace diffuse::test

@@ -3,8 +3,6 @@
 // must be answered 4xx while the server stays healthy.
 #include <gtest/gtest.h>
 
-#include <regex>
-
 #include "server/base64.h"
 #include "server_test_util.h"
 #include "test_util.h"
@@ -13,67 +11,16 @@ namespace diffuse {
 namespace {
 
 using nlohmann::json;
+using test::demo_png_base64;
+using test::expect_error;
+using test::finished_job;
+using test::image_at;
 using test::json_of;
+using test::read_events;
 using test::TestServer;
 
 constexpr const char* kPrompt =
     "a red circle on the left and a blue square on the right on a yellow background";
-
-// The Server-Sent Events of a job until its stream closes: (event name, data JSON).
-std::vector<std::pair<std::string, json>> read_events(httplib::Client& c, const std::string& id) {
-  std::string text;
-  auto r = c.Get("/v1/jobs/" + id + "/events", [&](const char* data, size_t n) {
-    text.append(data, n);
-    return true;
-  });
-  EXPECT_TRUE(r) << "event stream failed";
-  std::vector<std::pair<std::string, json>> events;
-  std::regex block("event: (\\w+)\ndata: ([^\n]*)\n\n");
-  for (std::sregex_iterator it(text.begin(), text.end(), block), end; it != end; ++it)
-    events.emplace_back((*it)[1], json::parse((*it)[2].str()));
-  return events;
-}
-
-json finished_job(httplib::Client& c, const std::string& id) {
-  auto events = read_events(c, id);
-  EXPECT_FALSE(events.empty());
-  EXPECT_EQ(events.back().first, "done");
-  return json_of(c.Get("/v1/jobs/" + id));
-}
-
-Image image_at(httplib::Client& c, const std::string& url,
-               std::map<std::string, std::string>* text = nullptr) {
-  auto r = c.Get(url);
-  EXPECT_TRUE(r && r->status == 200) << url;
-  EXPECT_EQ(r->get_header_value("Content-Type"), "image/png");
-  return decode_png(r->body, url, 1 << 24, text);
-}
-
-// Every error has the same shape and says something.
-void expect_error(const httplib::Result& r, int status, const std::string& fragment) {
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, status) << r->body;
-  auto j = json::parse(r->body, nullptr, false);
-  ASSERT_TRUE(j.is_object()) << r->body;
-  const std::string message = j["error"]["message"].get<std::string>();
-  EXPECT_NE(message.find(fragment), std::string::npos) << message;
-  EXPECT_EQ(j["detail"], message);
-}
-
-std::string demo_png_base64(int w, int h) {
-  Image img;
-  img.width = w;
-  img.height = h;
-  img.rgb.assign(static_cast<size_t>(w) * h * 3, 0);
-  for (int y = 0; y < h; ++y)
-    for (int x = 0; x < w; ++x) {
-      auto* p = &img.rgb[(static_cast<size_t>(y) * w + x) * 3];
-      p[0] = x < w / 2 ? 220 : 30;
-      p[1] = 200;
-      p[2] = y < h / 2 ? 30 : 220;
-    }
-  return server::base64_encode(encode_png(img));
-}
 
 void expect_healthy(httplib::Client& c) {
   auto status = c.Get("/v1/status");

@@ -41,6 +41,13 @@ class DeviceError : public Error {
   using Error::Error;
 };
 
+// A stage of a generation produced NaN/Inf (an fp16 overflow on a device, a damaged model, an
+// extreme guidance scale): the run stops instead of writing a black image.
+class NumericalError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A step callback asked to stop.
 class Cancelled : public Error {
  public:

@@ -2,12 +2,17 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include "adapters/lora.h"
+#include "device/memory.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/load_component.h"
+#include "pipeline/finite_check.h"
+#include "pipeline/memory_report.h"
 #include "schedulers/flow_match.h"
 
 namespace diffuse::pipeline {
@@ -23,11 +28,25 @@ torch::Tensor to_image(const torch::Tensor& decoded) {
       .to(torch::kCPU);
 }
 
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
 void require_guidance_inputs(double g, const char* what) {
   if (!std::isfinite(g)) throw InvalidArgument(std::string(what) + " must be a finite number");
 }
 
 }  // namespace
+
+bool is_hidream_folder(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path) || !fs::exists(fs::path(path) / "model_index.json")) return false;
+  return io::ModelFolder::open(path)
+             .model_index()
+             .get<std::string>("_class_name", "")
+             .rfind("HiDream", 0) == 0;
+}
 
 HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device device,
                                  torch::Dtype dtype, const std::string& transformer_component)
@@ -54,8 +73,15 @@ models::HiDreamImageTransformer2DModel& HiDreamPipeline::transformer() {
   return transformer_;
 }
 
-void HiDreamPipeline::done_with_text_encoders() {
+void HiDreamPipeline::check_text_stage(const HiDreamEmbeddings& e) const {
+  for (const auto* t : {&e.pooled, &e.t5, &e.llama})
+    check_stage_finite(*t, "text encoder", device_, dtype_);
+}
+
+void HiDreamPipeline::end_text_stage(double start, StageTimings& timings) {
   if (!keep_text_encoders_) text_.reset();
+  timings.text_encode_s = now_s() - start;
+  record_stage_memory(&timings, "text_encode", device_);
 }
 
 void HiDreamPipeline::set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler) {
@@ -88,6 +114,7 @@ torch::Tensor HiDreamPipeline::initial_latents(const HiDreamSampling& s, int64_t
       throw InvalidArgument("initial latents must be [1, " + std::to_string(C) + ", " +
                             std::to_string(h) + ", " + std::to_string(w) + "], got " +
                             c10::str(s.latents.sizes()));
+    check_input_tensor(s.latents, "given latents");
     return s.latents.to(device_, torch::kFloat32);
   }
   // Drawn on the CPU so a seed gives the same image on every device.
@@ -118,11 +145,14 @@ torch::Tensor HiDreamPipeline::run_transformer(const torch::Tensor& input, const
 }
 
 torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor latents,
-                                       const Velocity& velocity) {
+                                       const Velocity& velocity, StageTimings& timings) {
+  const double start = now_s();
+  device::reset_peak_memory(device_);
   const auto timesteps = scheduler_->timesteps();
   auto gen = at::detail::createCPUGenerator(s.seed + 1);
   size_t noise_used = 0;
   for (int64_t i = 0; i < timesteps.size(0); ++i) {
+    const double step_start = now_s();
     auto t = timesteps[i];
     HiDreamStep st;
     auto v = velocity(latents, t, st);
@@ -130,6 +160,7 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
     if (scheduler_->is_stochastic() && noise_used < s.step_noise.size())
       noise = schedulers::StepNoise::from_tensor(s.step_noise[noise_used++].to(device_));
     latents = scheduler_->step(v, t, latents, noise).prev_sample;
+    timings.step_s.push_back(now_s() - step_start);
     if (s.on_step) {
       st.index = static_cast<int>(i);
       st.t = t;
@@ -137,25 +168,34 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
       s.on_step(st);
     }
   }
+  timings.denoise_s = now_s() - start;
+  check_stage_finite(latents, "denoising (transformer)", device_, dtype_);
+  record_stage_memory(&timings, "denoise", device_);
+  device::empty_cache(device_);  // the transformer's freed activations, before the decoder's peak
   return latents;
 }
 
-torch::Tensor HiDreamPipeline::decode(const torch::Tensor& latents) {
+torch::Tensor HiDreamPipeline::decode(const torch::Tensor& latents, StageTimings& timings) {
+  const double start = now_s();
+  device::reset_peak_memory(device_);
   const auto& vc = vae_->config();
-  return to_image(vae_->decode(vc.from_latents(latents.to(torch::kFloat32))));
+  auto image = to_image(vae_->decode(vc.from_latents(latents.to(torch::kFloat32))));
+  check_stage_finite(image, "VAE decoder", device_, torch::kFloat32);
+  timings.vae_decode_s = now_s() - start;
+  record_stage_memory(&timings, "vae_decode", device_);
+  timings.peak_rss_bytes = device::memory_stats().peak_rss_bytes;
+  return image;
 }
 
 HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   require_guidance_inputs(r.sampling.guidance_scale, "guidance_scale");
   torch::InferenceMode inference;
-  const auto& mr = tconfig_.max_resolution;
-  const int area =
-      r.area_side > 0 ? r.area_side
-                      : static_cast<int>(
-                            std::lround(std::sqrt(static_cast<double>(mr[0] * mr[1])) * kVaeScale));
-  const auto [width, height] = normalized_size(r.width, r.height, area);
+  const auto [width, height] =
+      normalized_size(r.width, r.height, r.area_side > 0 ? r.area_side : area_side());
   const bool cfg = r.sampling.guidance_scale > 1.0;
   HiDreamResult out;
+  const double start = now_s();
+  device::reset_peak_memory(device_);
   out.prompt_embeddings = text_encoders().encode({r.prompt}, r.sampling.max_sequence_length);
   HiDreamEmbeddings cond = out.prompt_embeddings;
   if (cfg) {
@@ -163,7 +203,9 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
         text_encoders().encode({r.negative_prompt}, r.sampling.max_sequence_length);
     cond = HiDreamEmbeddings::cat({&out.negative_embeddings, &out.prompt_embeddings});
   }
-  done_with_text_encoders();
+  check_text_stage(out.prompt_embeddings);
+  if (cfg) check_text_stage(out.negative_embeddings);
+  end_text_stage(start, out.timings);
   prepare_schedule(r.sampling.steps);
   auto latents = initial_latents(r.sampling, height / kVaeScale, width / kVaeScale);
   auto velocity = [&](const torch::Tensor& x, const torch::Tensor& t, HiDreamStep& step) {
@@ -172,9 +214,10 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
     auto parts = pred.chunk(2, 0);
     return parts[0] + r.sampling.guidance_scale * (parts[1] - parts[0]);
   };
-  latents = denoise(r.sampling, latents, velocity);
+  latents = denoise(r.sampling, latents, velocity, out.timings);
   out.latents = latents.to(torch::kCPU);
-  out.image = decode(latents);
+  out.image = decode(latents, out.timings);
+  out.timings.total_s = now_s() - start;
   return out;
 }
 
@@ -192,12 +235,19 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
         "I1 + the E1 LoRA file (HiDream-E1-Full) to use it, or set refine_strength to 0");
   torch::InferenceMode inference;
   HiDreamResult out;
+  const double start = now_s();
+  device::reset_peak_memory(device_);
   // VaeImageProcessor: [0, 255] -> [-1, 1], NCHW; E1 encodes with the mode (the mean).
   auto pixels = edit_source_pixels(r.image);
   const auto& vc = vae_->config();
   out.image_latents = vc.to_latents(vae_->encode(pixels.to(device_)).mean).to(torch::kFloat32);
+  check_stage_finite(out.image_latents, "VAE encoder", device_, torch::kFloat32);
   const int64_t h = out.image_latents.size(2), w = out.image_latents.size(3);
+  out.timings.vae_encode_s = now_s() - start;
+  record_stage_memory(&out.timings, "vae_encode", device_);
 
+  const double text_start = now_s();
+  device::reset_peak_memory(device_);
   out.prompt_embeddings = text_encoders().encode({r.prompt}, r.sampling.max_sequence_length);
   out.negative_embeddings =
       text_encoders().encode({r.negative_prompt}, r.sampling.max_sequence_length);
@@ -211,7 +261,10 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
         text_encoders().encode({target_description(r)}, r.sampling.max_sequence_length);
     target_text = HiDreamEmbeddings::cat({&neg, &out.target_embeddings});
   }
-  done_with_text_encoders();
+  check_text_stage(pos);
+  check_text_stage(neg);
+  if (refine) check_text_stage(out.target_embeddings);
+  end_text_stage(text_start, out.timings);
   prepare_schedule(r.sampling.steps);
   auto latents = initial_latents(r.sampling, h, w);
   // [zeros, image, image] beside the three copies of the noisy latents.
@@ -245,9 +298,10 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
     HiDreamPipeline* p;
     ~RestoreEditingWeights() { p->apply_editing_lora(); }
   } restore{this};
-  latents = denoise(r.sampling, latents, velocity);
+  latents = denoise(r.sampling, latents, velocity, out.timings);
   out.latents = latents.to(torch::kCPU);
-  out.image = decode(latents);
+  out.image = decode(latents, out.timings);
+  out.timings.total_s = now_s() - start;
   return out;
 }
 

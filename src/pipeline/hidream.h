@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "adapters/lora_merger.h"
+#include "diffuse/pipeline.h"
 #include "io/model_folder.h"
 #include "models/autoencoder_kl.h"
 #include "models/hidream_transformer.h"
@@ -24,6 +25,9 @@
 #include "schedulers/scheduler.h"
 
 namespace diffuse::pipeline {
+
+// Whether `path` is a diffusers folder of a HiDream pipeline (model_index.json's class).
+bool is_hidream_folder(const std::string& path);
 
 // One denoising step as it ran (for golden checks and progress).
 struct HiDreamStep {
@@ -79,6 +83,9 @@ struct HiDreamResult {
   HiDreamEmbeddings prompt_embeddings, negative_embeddings;
   torch::Tensor image_latents;          // E1: the source image's latents
   HiDreamEmbeddings target_embeddings;  // E1 with refine: the target description's
+  // Seconds and memory per stage (text_encode includes loading the text encoders the first
+  // time, denoise the transformer's).
+  StageTimings timings;
 };
 
 class HiDreamPipeline {
@@ -111,6 +118,10 @@ class HiDreamPipeline {
   HiDreamTextEncoders& text_encoders();
   models::HiDreamImageTransformer2DModel& transformer();
   models::AutoencoderKL& vae() { return vae_; }
+  const schedulers::Scheduler& scheduler() const { return *scheduler_; }
+  // The side of the square whose area text-to-image renders (the transformer's max_resolution
+  // in pixels, 1024 for HiDream-I1).
+  int area_side() const;
 
  private:
   torch::Tensor initial_latents(const HiDreamSampling& s, int64_t h, int64_t w) const;
@@ -122,10 +133,13 @@ class HiDreamPipeline {
   torch::Tensor run_transformer(const torch::Tensor& input, const torch::Tensor& t,
                                 const HiDreamEmbeddings& text,
                                 const models::HiDreamForwardOptions& fwd, HiDreamStep& step);
-  torch::Tensor denoise(const HiDreamSampling& s, torch::Tensor latents, const Velocity& velocity);
-  torch::Tensor decode(const torch::Tensor& latents);
-  void done_with_text_encoders();
-  int area_side() const;  // the transformer's max_resolution in pixels
+  torch::Tensor denoise(const HiDreamSampling& s, torch::Tensor latents, const Velocity& velocity,
+                        StageTimings& timings);
+  torch::Tensor decode(const torch::Tensor& latents, StageTimings& timings);
+  // NumericalError if the text encoders' outputs went NaN/Inf.
+  void check_text_stage(const HiDreamEmbeddings& e) const;
+  // Ends the text stage that began at `start`: frees the encoders if asked, records the stage.
+  void end_text_stage(double start, StageTimings& timings);
   // The source image as the VAE takes it ([1, 3, h, w] in [-1, 1]), resized if needed.
   torch::Tensor edit_source_pixels(const torch::Tensor& image) const;
   static std::string target_description(const HiDreamEdit& r);

@@ -13,6 +13,7 @@ std::string ImageParameters::to_text() const {
      << ", Seed: " << seed << ", Size: " << width << "x" << height
      << ", Model: " << std::filesystem::path(model).filename().string();
   if (strength) os << ", Denoising strength: " << *strength;
+  if (image_guidance) os << ", Image CFG scale: " << *image_guidance;
   os << ", Device: " << device << ", Dtype: " << dtype << ", Engine: diffuse " << DIFFUSE_VERSION;
   return os.str();
 }
@@ -25,6 +26,7 @@ nlohmann::json ImageParameters::to_json() const {
                       {"model", model},         {"device", device},
                       {"dtype", dtype}};
   if (strength) j["strength"] = *strength;
+  if (image_guidance) j["image_guidance_scale"] = *image_guidance;
   return j;
 }
 

@@ -18,6 +18,7 @@ struct ImageParameters {
   int width = 0, height = 0;
   std::string model;               // the path it was loaded from; the text shows its last component
   std::optional<double> strength;  // img2img
+  std::optional<double> image_guidance;  // instruction edits (HiDream-E1)
   std::string device, dtype;
 
   std::string to_text() const;

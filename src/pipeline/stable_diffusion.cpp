@@ -18,6 +18,8 @@
 #include "nn/attention_npu.h"
 #include "nn/layers.h"
 #include "nn/load_weights.h"
+#include "pipeline/finite_check.h"
+#include "pipeline/memory_report.h"
 #include "pipeline/model_source.h"
 #include "schedulers/scheduler.h"
 #include "text/clip_tokenizer.h"
@@ -265,9 +267,11 @@ PromptEmbeddings StableDiffusion::encode_for_run(const GenerationConfig& config,
   device::reset_peak_memory(c_->text_device);
   auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt,
                               /*guidance=*/config.guidance_scale > 1.0);
+  check_stage_finite(embeds.positive, "text encoder", c_->text_device, c_->text_dtype);
+  check_stage_finite(embeds.negative, "text encoder", c_->text_device, c_->text_dtype);
   c_->done_with(c_->text_encoder_module, c_->text_device);
   timings->text_encode_s = now_s() - t0;
-  record_memory(timings, "text_encode", c_->text_device);
+  record_stage_memory(timings, "text_encode", c_->text_device);
   return embeds;
 }
 
@@ -276,22 +280,6 @@ void StableDiffusion::seed_devices(uint64_t seed) const {
   // that operators sampling on the device are reproducible as well.
   for (const auto& d : {c_->device, c_->text_device, c_->vae_device})
     device::seed_device_generator(d, seed);
-}
-
-void StableDiffusion::record_memory(StageTimings* timings, const char* stage,
-                                    const torch::Device& where) {
-  auto m = device::device_memory(where);
-  StageMemory s;
-  s.stage = stage;
-  s.device = m.device;
-  if (m.has_allocator) {
-    s.allocated_bytes = m.allocator.allocated_bytes;
-    s.peak_allocated_bytes = m.allocator.peak_allocated_bytes;
-    s.reserved_bytes = m.allocator.reserved_bytes;
-  }
-  s.rss_bytes = m.process.rss_bytes;
-  s.peak_rss_bytes = m.process.peak_rss_bytes;
-  timings->memory.push_back(std::move(s));
 }
 
 torch::Tensor StableDiffusion::draw_noise(c10::IntArrayRef shape, at::Generator& gen) const {
@@ -421,7 +409,8 @@ GenerationResult StableDiffusion::denoise_and_decode(
     }
   }
   timings.denoise_s = now_s() - start;
-  record_memory(&timings, "denoise", c_->device);
+  check_stage_finite(latents, "denoising (UNet)", c_->device, c_->unet_dtype);
+  record_stage_memory(&timings, "denoise", c_->device);
   c_->done_with(c_->unet_module, c_->device);
   device::empty_cache(c_->device);  // the UNet's freed activations, before the decoder's peak
   trace("latents_out", latents);
@@ -429,8 +418,9 @@ GenerationResult StableDiffusion::denoise_and_decode(
   GenerationResult result;
   device::reset_peak_memory(c_->vae_device);
   result.images_float = decode_latents(latents);
+  check_stage_finite(result.images_float, "VAE decoder", c_->vae_device, c_->vae_dtype);
   timings.vae_decode_s = now_s() - d0;
-  record_memory(&timings, "vae_decode", c_->vae_device);
+  record_stage_memory(&timings, "vae_decode", c_->vae_device);
   trace("image", result.images_float);
   result.images = to_images(result.images_float);
   result.latents = latents.to(torch::kCPU);
@@ -457,6 +447,7 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
                              width / vae_scale_factor()};
   torch::Tensor latents;
   if (config.latents.defined()) {
+    check_input_tensor(config.latents, "given latents");
     if (config.latents.sizes() != c10::IntArrayRef(shape))
       throw InvalidArgument("given latents have shape " + c10::str(config.latents.sizes()) +
                             ", expected " + c10::str(c10::IntArrayRef(shape)) +
@@ -529,10 +520,12 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   if (init_latents.size(0) != batch)
     init_latents = init_latents.repeat({batch / init_latents.size(0), 1, 1, 1});
   trace("init_latents", init_latents);
+  check_stage_finite(init_latents, "VAE encoder", c_->vae_device, c_->vae_dtype);
   timings.vae_encode_s = now_s() - e0;
-  record_memory(&timings, "vae_encode", c_->vae_device);
+  record_stage_memory(&timings, "vae_encode", c_->vae_device);
   torch::Tensor noise;
   if (config.noise.defined()) {
+    check_input_tensor(config.noise, "given noise");
     if (config.noise.sizes() != init_latents.sizes())
       throw InvalidArgument("given noise has shape " + c10::str(config.noise.sizes()) +
                             ", expected " + c10::str(init_latents.sizes()));

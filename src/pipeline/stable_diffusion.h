@@ -73,7 +73,6 @@ class StableDiffusion {
   // guidance is on), time it and record the text encoder's memory.
   PromptEmbeddings encode_for_run(const GenerationConfig& config, uint64_t seed, double t0,
                                   StageTimings* timings);
-  static void record_memory(StageTimings* timings, const char* stage, const torch::Device& where);
 
   void trace(const std::string& name, const torch::Tensor& t) const {
     if (trace_) trace_(name, t);

@@ -30,7 +30,7 @@ bool is_loopback_host(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
 }
 
-HttpServer::HttpServer(SdEngine& engine, ServerOptions options) {
+HttpServer::HttpServer(Engine& engine, ServerOptions options) {
   if (!is_loopback_host(options.host) && options.api_key.empty())
     throw InvalidArgument(
         "--host " + options.host +

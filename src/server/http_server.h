@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "server/sd_engine.h"
+#include "server/engine.h"
 #include "server/server_options.h"
 
 namespace httplib {
@@ -19,7 +19,7 @@ struct ServerState;
 class HttpServer {
  public:
   // Refuses (InvalidArgument) a non-loopback host without an API key.
-  HttpServer(SdEngine& engine, ServerOptions options);
+  HttpServer(Engine& engine, ServerOptions options);
   ~HttpServer();
 
   // Binds the listening socket; returns the port (options.port 0 = a free one). IoError if the

@@ -3,7 +3,21 @@
 namespace diffuse::server {
 
 const char* to_string(JobKind kind) {
-  return kind == JobKind::txt2img ? "txt2img" : "img2img";
+  switch (kind) {
+    case JobKind::txt2img:
+      return "txt2img";
+    case JobKind::img2img:
+      return "img2img";
+    case JobKind::edit:
+      return "edit";
+  }
+  return "unknown";
+}
+
+std::optional<JobKind> job_kind_from_string(const std::string& name) {
+  for (auto k : {JobKind::txt2img, JobKind::img2img, JobKind::edit})
+    if (name == to_string(k)) return k;
+  return std::nullopt;
 }
 
 const char* to_string(JobState state) {
@@ -36,6 +50,11 @@ nlohmann::json JobRequest::describe() const {
                       {"num_images", c.images_per_prompt},
                       {"batch_count", batch_count}};
   if (kind == JobKind::img2img) j["strength"] = c.strength;
+  if (kind == JobKind::edit) {
+    j["image_guidance_scale"] = edit.image_guidance_scale;
+    j["clip_cfg_norm"] = edit.clip_cfg_norm;
+    j["refine_strength"] = edit.refine_strength;
+  }
   if (c.eta != 0) j["eta"] = c.eta;
   return j;
 }

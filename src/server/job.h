@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,21 +14,31 @@
 
 namespace diffuse::server {
 
-enum class JobKind { txt2img, img2img };
+// edit: instruction-based editing of the init image (HiDream-E1).
+enum class JobKind { txt2img, img2img, edit };
 enum class JobState { queued, running, succeeded, failed, cancelled };
 const char* to_string(JobKind kind);
+std::optional<JobKind> job_kind_from_string(const std::string& name);
 const char* to_string(JobState state);
 inline bool is_finished(JobState s) {
   return s != JobState::queued && s != JobState::running;
 }
 
+// What only an edit job has (HiDream-E1's guidance).
+struct EditOptions {
+  double image_guidance_scale = 4.0;
+  bool clip_cfg_norm = true;   // cap the text guidance's per-pixel norm (E1's default)
+  double refine_strength = 0;  // the last steps on I1's weights (needs the E1 LoRA)
+};
+
 struct JobRequest {
   JobKind kind = JobKind::txt2img;
   GenerationConfig config;  // seed always set (a random one is drawn at submission)
-  Image init_image;         // img2img
-  int batch_count = 1;      // runs one after another with seed, seed+1, ... (A1111's n_iter)
-  bool preview = true;      // per-step preview images (latents projected to RGB, no VAE)
-  std::string api;          // "native", "a1111", "openai": who asked, for the job list
+  Image init_image;         // img2img and edit: the source image
+  EditOptions edit;
+  int batch_count = 1;  // runs one after another with seed, seed+1, ... (A1111's n_iter)
+  bool preview = true;  // per-step preview images (latents projected to RGB, no VAE)
+  std::string api;      // "native", "a1111", "openai": who asked, for the job list
 
   int images() const {
     return static_cast<int>(config.prompts.size()) * config.images_per_prompt * batch_count;

@@ -26,24 +26,33 @@ void set_seed(JobRequest& r, std::optional<int64_t> seed) {
   r.config.seed = seed && *seed >= 0 ? static_cast<uint64_t>(*seed) : random_seed();
 }
 
-std::string scheduler_list() {
-  std::string s;
-  for (const auto& n : scheduler_names()) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
-
-void check_scheduler(const std::string& name) {
-  const auto names = scheduler_names();
-  if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end())
-    throw InvalidArgument("scheduler: unknown '" + name +
-                          "' (expected one of: " + scheduler_list() + ")");
+void check_scheduler(const std::string& name, const std::vector<std::string>& names) {
+  if (name.empty() || std::find(names.begin(), names.end(), name) != names.end()) return;
+  if (names.empty())
+    throw InvalidArgument("scheduler: this model runs only its own scheduler; leave '" + name +
+                          "' out");
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw InvalidArgument("scheduler: unknown '" + name + "' (expected one of: " + list + ")");
 }
 
 // Sizes, image count and the pipeline's own checks, once every field is read.
 void finish(JobRequest& r, const ModelDefaults& model, const ServerLimits& limits) {
   auto& c = r.config;
-  if (r.kind == JobKind::img2img) {
-    if (r.init_image.empty()) throw InvalidArgument("img2img needs an init image");
+  if (!model.supports(r.kind))
+    throw InvalidArgument(std::string("this model does not run ") + to_string(r.kind) +
+                          " jobs (it runs: " + model.kinds_text() + ")");
+  if (r.kind != JobKind::txt2img && r.init_image.empty())
+    throw InvalidArgument(std::string(to_string(r.kind)) + " needs an init image");
+  if (r.kind == JobKind::edit) {
+    // The edit pipeline scales the source to the model's area itself.
+    if (c.width != 0 || c.height != 0)
+      throw InvalidArgument(
+          "width/height (size): an edit keeps the source image's aspect ratio at the model's "
+          "area; leave them out");
+    c.width = r.init_image.width / 8 * 8;
+    c.height = r.init_image.height / 8 * 8;
+  } else if (r.kind == JobKind::img2img) {
     if (c.width == 0) c.width = r.init_image.width / 8 * 8;
     if (c.height == 0) c.height = r.init_image.height / 8 * 8;
   } else {
@@ -66,8 +75,10 @@ void finish(JobRequest& r, const ModelDefaults& model, const ServerLimits& limit
     throw InvalidArgument("the request asks for " + std::to_string(r.images()) +
                           " images, this server's limit per request is " +
                           std::to_string(limits.max_images));
-  check_scheduler(c.scheduler);
+  check_scheduler(c.scheduler, model.schedulers);
   pipeline::validate_generation_config(c, r.kind == JobKind::img2img);
+  if (r.kind == JobKind::edit && !(r.edit.image_guidance_scale >= 0))
+    throw InvalidArgument("image_guidance_scale must be >= 0");
 }
 
 int to_int(int64_t v) {
@@ -75,6 +86,16 @@ int to_int(int64_t v) {
 }
 
 }  // namespace
+
+bool ModelDefaults::supports(JobKind kind) const {
+  return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+}
+
+std::string ModelDefaults::kinds_text() const {
+  std::string s;
+  for (auto k : kinds) s += std::string(s.empty() ? "" : ", ") + to_string(k);
+  return s;
+}
 
 Image decode_image_field(const std::string& base64, const std::string& field,
                          const ServerLimits& limits) {
@@ -97,8 +118,8 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
       f.strings("negative_prompt", n, limits.max_prompt_chars).value_or(std::vector<std::string>{});
   c.width = to_int(f.integer("width", 0, limits.max_side).value_or(0));
   c.height = to_int(f.integer("height", 0, limits.max_side).value_or(0));
-  c.steps = to_int(f.integer("steps", 1, limits.max_steps).value_or(25));
-  c.guidance_scale = f.number("guidance_scale", 0, 100).value_or(7.5);
+  c.steps = to_int(f.integer("steps", 1, limits.max_steps).value_or(model.steps));
+  c.guidance_scale = f.number("guidance_scale", 0, 100).value_or(model.guidance_scale);
   c.scheduler = f.string("scheduler", 64).value_or(model.scheduler);
   c.images_per_prompt = to_int(f.integer("num_images", 1, limits.max_images).value_or(1));
   r.batch_count = to_int(f.integer("batch_count", 1, limits.max_images).value_or(1));
@@ -108,13 +129,27 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
   set_seed(r, f.integer("seed", -1, kMaxSeed));
   const auto mode = f.string("mode", 16);
   const auto init = f.string("init_image", limits.max_body_bytes);
-  if (mode && *mode != "txt2img" && *mode != "img2img")
-    throw InvalidArgument("mode: expected \"txt2img\" or \"img2img\", got \"" + *mode + "\"");
-  r.kind = (mode ? *mode == "img2img" : init.has_value()) ? JobKind::img2img : JobKind::txt2img;
-  if (r.kind == JobKind::img2img && !init)
-    throw InvalidArgument("init_image: required for img2img (base64 PNG)");
+  if (mode) {
+    const auto kind = job_kind_from_string(*mode);
+    if (!kind)
+      throw InvalidArgument("mode: expected \"txt2img\", \"img2img\" or \"edit\", got \"" + *mode +
+                            "\"");
+    r.kind = *kind;
+  } else if (init) {
+    // An image without a mode: whatever this model does with one.
+    r.kind = model.supports(JobKind::img2img) ? JobKind::img2img : JobKind::edit;
+  }
+  if (r.kind != JobKind::txt2img && !init)
+    throw InvalidArgument(std::string("init_image: required for ") + to_string(r.kind) +
+                          " (base64 PNG)");
   if (r.kind == JobKind::txt2img && init)
     throw InvalidArgument("init_image: given, but mode is txt2img");
+  r.edit.image_guidance_scale = f.number("image_guidance_scale", 0, 100).value_or(4.0);
+  r.edit.clip_cfg_norm = f.boolean("clip_cfg_norm").value_or(true);
+  r.edit.refine_strength = f.number("refine_strength", 0, 1).value_or(0.0);
+  if (r.kind != JobKind::edit)
+    for (const char* k : {"image_guidance_scale", "clip_cfg_norm", "refine_strength"})
+      if (f.has(k)) throw InvalidArgument(std::string(k) + ": only for edit jobs");
   f.reject_unknown();
   if (init) r.init_image = decode_image_field(*init, "init_image", limits);
   finish(r, model, limits);
@@ -131,6 +166,15 @@ const std::vector<A1111Sampler>& a1111_samplers() {
       {"PLMS", "pndm", {"plms", "PNDM"}},
   };
   return samplers;
+}
+
+std::vector<A1111Sampler> a1111_samplers(const ModelDefaults& model) {
+  std::vector<A1111Sampler> out;
+  for (const auto& s : a1111_samplers())
+    if (std::find(model.schedulers.begin(), model.schedulers.end(), s.scheduler) !=
+        model.schedulers.end())
+      out.push_back(s);
+  return out;
 }
 
 JobRequest parse_a1111(const nlohmann::json& body, bool img2img, const ModelDefaults& model,
@@ -157,17 +201,20 @@ JobRequest parse_a1111(const nlohmann::json& body, bool img2img, const ModelDefa
   if (!sampler || sampler->empty()) sampler = index;
   if (sampler && !sampler->empty()) {
     std::string found;
-    for (const auto& s : a1111_samplers()) {
+    const auto available = a1111_samplers(model);
+    for (const auto& s : available) {
       bool match = *sampler == s.name || *sampler == s.scheduler;
       for (const char* a : s.aliases) match = match || *sampler == a;
       if (match) found = s.scheduler;
     }
     if (found.empty()) {
       std::string names;
-      for (const auto& s : a1111_samplers())
-        names += std::string(names.empty() ? "" : ", ") + s.name;
-      throw InvalidArgument("sampler_name: '" + *sampler +
-                            "' is not available (available: " + names + ")");
+      for (const auto& s : available) names += std::string(names.empty() ? "" : ", ") + s.name;
+      throw InvalidArgument("sampler_name: '" + *sampler + "' is not available (" +
+                            (names.empty() ? "this model runs only its own scheduler: leave "
+                                             "sampler_name out"
+                                           : "available: " + names) +
+                            ")");
     }
     c.scheduler = found;
   } else {
@@ -216,10 +263,13 @@ void parse_size(const std::optional<std::string>& size, JobRequest& r) {
   r.config.height = h;
 }
 
-OpenAiRequest parse_openai_common(JsonFields& f, const ServerLimits& limits) {
+OpenAiRequest parse_openai_common(JsonFields& f, const ModelDefaults& model,
+                                  const ServerLimits& limits) {
   OpenAiRequest o;
   auto& r = o.job;
   r.api = "openai";
+  r.config.steps = model.steps;
+  r.config.guidance_scale = model.guidance_scale;
   const auto prompt = f.string("prompt", limits.max_prompt_chars);
   if (!prompt || prompt->empty()) throw InvalidArgument("prompt: required");
   r.config.prompts = {*prompt};
@@ -229,7 +279,6 @@ OpenAiRequest parse_openai_common(JsonFields& f, const ServerLimits& limits) {
   if (o.response_format != "b64_json" && o.response_format != "url")
     throw InvalidArgument("response_format: expected \"b64_json\" or \"url\", got \"" +
                           o.response_format + "\"");
-  r.config.steps = 25;
   set_seed(r, f.integer("seed", -1, kMaxSeed));
   // Fields of OpenAI's API that have no meaning for a local model.
   for (const char* k :
@@ -243,7 +292,7 @@ OpenAiRequest parse_openai_common(JsonFields& f, const ServerLimits& limits) {
 OpenAiRequest parse_openai_generation(const nlohmann::json& body, const ModelDefaults& model,
                                       const ServerLimits& limits) {
   JsonFields f(body);
-  auto o = parse_openai_common(f, limits);
+  auto o = parse_openai_common(f, model, limits);
   o.job.config.scheduler = model.scheduler;
   f.reject_unknown();
   finish(o.job, model, limits);
@@ -253,10 +302,11 @@ OpenAiRequest parse_openai_generation(const nlohmann::json& body, const ModelDef
 OpenAiRequest parse_openai_edit(const nlohmann::json& fields, Image image,
                                 const ModelDefaults& model, const ServerLimits& limits) {
   JsonFields f(fields);
-  auto o = parse_openai_common(f, limits);
-  o.job.kind = JobKind::img2img;
+  auto o = parse_openai_common(f, model, limits);
+  o.job.kind = model.supports(JobKind::edit) ? JobKind::edit : JobKind::img2img;
   o.job.config.scheduler = model.scheduler;
-  o.job.config.strength = f.number("strength", 0, 1).value_or(0.75);
+  if (o.job.kind == JobKind::img2img)
+    o.job.config.strength = f.number("strength", 0, 1).value_or(0.75);
   o.job.init_image = std::move(image);
   f.reject_unknown();
   finish(o.job, model, limits);

@@ -11,16 +11,28 @@
 
 namespace diffuse::server {
 
-// What a request falls back to.
+// What a request falls back to, and what the loaded model can do.
 struct ModelDefaults {
   int width = 512, height = 512;
   std::string scheduler;  // the model's own
+  int steps = 25;
+  double guidance_scale = 7.5;
+  std::vector<JobKind> kinds = {JobKind::txt2img, JobKind::img2img};
+  // Scheduler names a request may choose; empty: only the model's own.
+  std::vector<std::string> schedulers;
+  // Whether width x height is only the aspect ratio of an image rescaled to the model's area
+  // (HiDream-I1), rather than the size made.
+  bool rescales_to_area = false;
+
+  bool supports(JobKind kind) const;
+  std::string kinds_text() const;  // "txt2img, img2img"
 };
 
-// {"mode": "txt2img"|"img2img", "prompt": str|[str], "negative_prompt": str|[str], "width",
-//  "height", "steps", "guidance_scale", "scheduler", "seed" (-1/absent = random), "num_images",
-//  "batch_count", "strength", "eta", "init_image" (base64 PNG), "preview"}. Unknown fields are
-// errors.
+// {"mode": "txt2img"|"img2img"|"edit", "prompt": str|[str], "negative_prompt": str|[str],
+//  "width", "height", "steps", "guidance_scale", "scheduler", "seed" (-1/absent = random),
+//  "num_images", "batch_count", "strength", "eta", "init_image" (base64 PNG), "preview",
+//  edit: "image_guidance_scale", "clip_cfg_norm", "refine_strength"}. Unknown fields are
+// errors, and so are modes the model does not run.
 JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& model,
                             const ServerLimits& limits);
 
@@ -37,8 +49,11 @@ struct A1111Sampler {
   std::vector<const char*> aliases;
 };
 const std::vector<A1111Sampler>& a1111_samplers();
+// Those whose scheduler the model runs.
+std::vector<A1111Sampler> a1111_samplers(const ModelDefaults& model);
 
-// OpenAI images: generations (JSON) and edits (multipart fields, the image already decoded).
+// OpenAI images: generations (JSON) and edits (multipart fields, the image already decoded):
+// an edit is an instruction edit on a model that runs those (HiDream-E1), else img2img.
 struct OpenAiRequest {
   JobRequest job;
   std::string response_format;  // "b64_json" or "url"

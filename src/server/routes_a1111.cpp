@@ -124,9 +124,9 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
     reply_json(res, nlohmann::json::object());
   });
 
-  server.Get("/sdapi/v1/samplers", [](const httplib::Request&, httplib::Response& res) {
+  server.Get("/sdapi/v1/samplers", [&state](const httplib::Request&, httplib::Response& res) {
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& s : a1111_samplers()) {
+    for (const auto& s : a1111_samplers(state.defaults)) {
       nlohmann::json aliases = nlohmann::json::array();
       for (const char* a : s.aliases) aliases.push_back(a);
       aliases.push_back(s.scheduler);

@@ -10,14 +10,12 @@
 
 namespace diffuse::server {
 
-ServerState::ServerState(SdEngine& e, ServerOptions o)
+ServerState::ServerState(Engine& e, ServerOptions o)
     : engine(e),
       options(std::move(o)),
       queue([&e](const JobRequest& r, JobContext& c) { return e.run(r, c); }, options.max_waiting,
             options.keep_finished) {
-  defaults.width = e.default_width();
-  defaults.height = e.default_height();
-  defaults.scheduler = "";  // the model's own, resolved by the pipeline
+  defaults = e.defaults();
 }
 
 void reply_json(httplib::Response& res, const nlohmann::json& body, int status) {
@@ -128,6 +126,8 @@ nlohmann::json status_json(const ServerState& state) {
     if (l->output) last["timings"] = l->output->timings;
     if (!l->error.empty()) last["error"] = l->error;
   }
+  nlohmann::json modes = nlohmann::json::array();
+  for (auto k : state.defaults.kinds) modes.push_back(to_string(k));
   return {{"engine", "diffuse"},
           {"version", DIFFUSE_VERSION},
           {"model", state.engine.model_name()},
@@ -140,7 +140,10 @@ nlohmann::json status_json(const ServerState& state) {
           {"vae_dtype", info.vae_dtype},
           {"attention", info.attention},
           {"scheduler", info.scheduler},
-          {"schedulers", scheduler_names()},
+          {"schedulers", state.defaults.schedulers},
+          {"modes", modes},
+          {"default_steps", state.defaults.steps},
+          {"default_guidance_scale", state.defaults.guidance_scale},
           {"default_width", info.default_width},
           {"default_height", info.default_height},
           {"loras", info.loras},

@@ -3,9 +3,9 @@
 #include <chrono>
 #include <string>
 
+#include "server/engine.h"
 #include "server/job_queue.h"
 #include "server/requests.h"
-#include "server/sd_engine.h"
 #include "server/server_options.h"
 
 namespace httplib {
@@ -17,9 +17,9 @@ struct Response;
 namespace diffuse::server {
 
 struct ServerState {
-  ServerState(SdEngine& engine, ServerOptions options);
+  ServerState(Engine& engine, ServerOptions options);
 
-  SdEngine& engine;
+  Engine& engine;
   ServerOptions options;
   ModelDefaults defaults;
   JobQueue queue;

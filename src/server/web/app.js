@@ -3,7 +3,7 @@
 'use strict';
 
 const $ = (id) => document.getElementById(id);
-const state = { jobs: [], current: null, initImages: [], lastSeed: null, status: null };
+const state = { jobs: [], current: null, initImages: [], lastSeed: null, status: null, editMode: false, defaultsShown: false };
 
 // ---- API -----------------------------------------------------------------------------------
 function headers(extra = {}) {
@@ -77,6 +77,18 @@ async function refreshStatus() {
     const select = $('scheduler');
     if (select.options.length === 1)
       for (const name of s.schedulers) select.add(new Option(name, name));
+    $('scheduler-box').hidden = s.schedulers.length === 0;
+    if (!state.defaultsShown) {
+      // The model's own defaults, once (later refreshes keep what the user typed).
+      state.defaultsShown = true;
+      $('steps').value = s.default_steps;
+      $('guidance').value = s.default_guidance_scale;
+    }
+    // An editing model (HiDream-E1) edits the uploaded image by the prompt's instruction.
+    state.editMode = s.modes.includes('edit') && !s.modes.includes('img2img');
+    $('init-legend').textContent = state.editMode ? 'Image to edit (the prompt is the instruction)' : 'Image to image (optional)';
+    $('strength-box').hidden = state.editMode;
+    $('image-guidance-box').hidden = !state.editMode;
   } catch (e) {
     if (e.status !== 401) $('status-device').textContent = 'unreachable';
   }
@@ -127,7 +139,9 @@ function readForm() {
   const bodies = [];
   for (const prompt of prompts)
     for (const init of images)
-      bodies.push({ ...base, prompt, init_image: init, strength: init ? Number($('strength').value) : undefined });
+      bodies.push(init && state.editMode
+        ? { ...base, width: undefined, height: undefined, prompt, mode: 'edit', init_image: init, image_guidance_scale: Number($('image-guidance').value) }
+        : { ...base, prompt, init_image: init, strength: init ? Number($('strength').value) : undefined });
   return bodies;
 }
 

@@ -1,0 +1,60 @@
+#include "server/engine.h"
+
+#include <filesystem>
+
+#include "pipeline/hidream.h"
+#include "pipeline/memory_report.h"
+#include "server/hidream_engine.h"
+#include "server/sd_engine.h"
+
+namespace fs = std::filesystem;
+
+namespace diffuse::server {
+
+std::string Engine::model_name() const {
+  auto p = fs::path(model_path_);
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+const std::string& negative_prompt_for(const GenerationConfig& config, size_t index) {
+  static const std::string none;
+  const auto& n = config.negative_prompts;
+  return n.empty() ? none : n.size() == 1 ? n[0] : n.at(index);
+}
+
+void add_timings(StageTimings& sum, const StageTimings& t) {
+  sum.text_encode_s += t.text_encode_s;
+  sum.vae_encode_s += t.vae_encode_s;
+  sum.denoise_s += t.denoise_s;
+  sum.vae_decode_s += t.vae_decode_s;
+  sum.total_s += t.total_s;
+  sum.step_s.insert(sum.step_s.end(), t.step_s.begin(), t.step_s.end());
+  sum.peak_rss_bytes = std::max(sum.peak_rss_bytes, t.peak_rss_bytes);
+  sum.memory = t.memory;
+}
+
+nlohmann::json timings_json(const StageTimings& t) {
+  const size_t steps = t.step_s.size();
+  return {{"text_encode_s", t.text_encode_s},
+          {"vae_encode_s", t.vae_encode_s},
+          {"denoise_s", t.denoise_s},
+          {"s_per_step", steps ? t.denoise_s / static_cast<double>(steps) : 0.0},
+          {"steps", steps},
+          {"vae_decode_s", t.vae_decode_s},
+          {"total_s", t.total_s},
+          {"peak_rss_bytes", t.peak_rss_bytes},
+          {"memory", pipeline::memory_json(t.memory)}};
+}
+
+std::unique_ptr<Engine> load_engine(const std::string& path, const LoadOptions& options,
+                                    const HiDreamEngineOptions& hidream) {
+  if (pipeline::is_hidream_folder(path))
+    return std::make_unique<HiDreamEngine>(path, options, hidream);
+  if (!hidream.e1_lora.empty() || hidream.transformer != HiDreamEngineOptions{}.transformer)
+    throw InvalidArgument("--e1-lora/--transformer: only for HiDream model folders, and '" + path +
+                          "' is not one");
+  return std::make_unique<SdEngine>(path, options);
+}
+
+}  // namespace diffuse::server

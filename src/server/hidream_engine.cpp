@@ -1,0 +1,154 @@
+#include "server/hidream_engine.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+
+#include "device/cpu_threads.h"
+#include "device/device.h"
+#include "diffuse/errors.h"
+#include "io/model_folder.h"
+#include "nn/attention.h"
+#include "pipeline/stable_diffusion.h"  // to_images
+
+namespace diffuse::server {
+namespace {
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
+                             const HiDreamEngineOptions& hidream)
+    : Engine(std::move(model_path)) {
+  const double t0 = now_s();
+  if (!options.loras.empty())
+    throw InvalidArgument(
+        "--lora: adapters on HiDream models are not supported by the server yet (only the "
+        "E1-Full editing LoRA, --e1-lora)");
+  if (options.offload)
+    throw InvalidArgument("--offload: not supported for HiDream models by the server");
+  if (!options.text_encoder_device.empty() || !options.vae_device.empty())
+    throw InvalidArgument(
+        "--text-encoder-device/--vae-device: HiDream models run every stage on --device");
+  device::configure_cpu_threads();
+  const auto device = device::resolve_device(options.device);
+  device::prepare_device(device);
+  const auto dtype = device::resolve_dtype(options.dtype, device, "transformer");
+  nn::set_default_attention_backend(
+      nn::attention_backend_from_flag_or_env(options.attention, device));
+  auto folder = io::ModelFolder::open(this->model_path());
+  pipe_ = std::make_unique<pipeline::HiDreamPipeline>(folder, device, dtype, hidream.transformer);
+  if (!hidream.e1_lora.empty()) {
+    adapters::LoraOptions lo;
+    lo.alpha = hidream.lora_alpha;
+    lo.rank = hidream.lora_rank;
+    pipe_->set_editing_lora(hidream.e1_lora, lo);
+    has_editing_lora_ = true;
+    info_.loras.push_back(hidream.e1_lora + " (HiDream-E1-Full editing LoRA on " +
+                          hidream.transformer + ")");
+  }
+  info_.model = this->model_path();
+  info_.device = info_.text_encoder_device = info_.vae_device = device::device_name(device);
+  info_.unet_dtype = info_.text_encoder_dtype = device::dtype_name(dtype);
+  info_.vae_dtype = device::dtype_name(torch::kFloat32);  // the Flux VAE's force_upcast
+  info_.attention = nn::attention_backend_name(nn::default_attention_backend());
+  info_.scheduler = pipe_->scheduler().class_name();
+  info_.prediction_type = "flow";
+  info_.default_width = info_.default_height = pipe_->area_side();
+  info_.load_s = now_s() - t0;
+}
+
+ModelDefaults HiDreamEngine::defaults() const {
+  ModelDefaults d;
+  d.width = info_.default_width;
+  d.height = info_.default_height;
+  d.steps = 28;
+  d.guidance_scale = 5.0;
+  // I1 + the E1 LoRA is an editing model: its text-to-image would run on E1's weights.
+  d.kinds = has_editing_lora_ ? std::vector<JobKind>{JobKind::edit}
+                              : std::vector<JobKind>{JobKind::txt2img, JobKind::edit};
+  d.rescales_to_area = true;
+  return d;
+}
+
+pipeline::HiDreamResult HiDreamEngine::run_one(const JobRequest& request, size_t prompt,
+                                               uint64_t seed, int first_step, int total_steps,
+                                               JobContext& context) {
+  const auto& c = request.config;
+  pipeline::HiDreamSampling s;
+  s.steps = c.steps;
+  s.guidance_scale = c.guidance_scale;
+  s.seed = seed;
+  s.on_step = [&](const pipeline::HiDreamStep& st) {
+    std::string preview;
+    if (request.preview) preview = encode_png(preview_.project(st.latents));
+    if (!context.step(first_step + st.index + 1, total_steps, std::move(preview)))
+      throw Cancelled("cancelled at step " + std::to_string(st.index + 1) + "/" +
+                      std::to_string(c.steps));
+  };
+  const std::string& negative = negative_prompt_for(c, prompt);
+  if (request.kind == JobKind::edit) {
+    pipeline::HiDreamEdit e;
+    e.prompt = c.prompts[prompt];
+    e.negative_prompt = negative;
+    const auto& im = request.init_image;
+    e.image = torch::from_blob(const_cast<uint8_t*>(im.rgb.data()), {im.height, im.width, 3},
+                               torch::kUInt8)
+                  .clone();
+    e.image_guidance_scale = request.edit.image_guidance_scale;
+    e.clip_cfg_norm = request.edit.clip_cfg_norm;
+    e.refine_strength = request.edit.refine_strength;
+    e.sampling = std::move(s);
+    return pipe_->edit(e);
+  }
+  pipeline::HiDreamTextToImage t;
+  t.prompt = c.prompts[prompt];
+  t.negative_prompt = negative;
+  t.width = c.width;
+  t.height = c.height;
+  t.sampling = std::move(s);
+  return pipe_->text_to_image(t);
+}
+
+JobOutput HiDreamEngine::run(const JobRequest& request, JobContext& context) {
+  if (request.kind == JobKind::img2img)
+    throw InvalidArgument("HiDream models run txt2img and edit jobs, not img2img");
+  const auto& c = request.config;
+  const uint64_t base_seed = c.seed.value_or(0);
+  const int images = request.images();
+  const int total_steps = images * c.steps;
+  JobOutput out;
+  StageTimings sum;
+  for (int i = 0; i < images; ++i) {
+    // Prompt-major like the Stable Diffusion engine: batch b, prompt p, copy k; each image
+    // its own seed (seed + i), so any one of them can be made again alone.
+    const int per_batch = static_cast<int>(c.prompts.size()) * c.images_per_prompt;
+    const size_t prompt = static_cast<size_t>((i % per_batch) / c.images_per_prompt);
+    const uint64_t seed = base_seed + static_cast<uint64_t>(i);
+    auto r = run_one(request, prompt, seed, i * c.steps, total_steps, context);
+    preview_.learn(r.latents, r.image);
+    pipeline::ImageParameters p;
+    p.prompt = c.prompts[prompt];
+    p.negative_prompt = negative_prompt_for(c, prompt);
+    p.steps = c.steps;
+    p.scheduler = info_.scheduler;
+    p.cfg_scale = c.guidance_scale;
+    p.seed = seed;
+    p.width = static_cast<int>(r.image.size(2));
+    p.height = static_cast<int>(r.image.size(1));
+    p.model = model_path();
+    if (request.kind == JobKind::edit) p.image_guidance = request.edit.image_guidance_scale;
+    p.device = info_.device;
+    p.dtype = info_.unet_dtype;
+    out.images.push_back({encode_png(pipeline::to_images(r.image)[0], p.png_chunks()), p});
+    add_timings(sum, r.timings);
+  }
+  out.timings = timings_json(sum);
+  return out;
+}
+
+}  // namespace diffuse::server
