@@ -26,30 +26,28 @@ void check_block_types(const io::JsonConfig& cfg, const std::string& key,
 AutoencoderKLConfig AutoencoderKLConfig::from_json(const io::JsonConfig& cfg) {
   AutoencoderKLConfig c;
   c.source = cfg.source();
-  c.in_channels = cfg.get<int64_t>("in_channels", 3);
-  c.out_channels = cfg.get<int64_t>("out_channels", 3);
+  c.in_channels = read_int_in(cfg, "in_channels", 3, 1, kMaxConfigDim);
+  c.out_channels = read_int_in(cfg, "out_channels", 3, 1, kMaxConfigDim);
   c.block_out_channels = read_int_list(cfg, "block_out_channels");
   const size_t n = c.block_out_channels.size();
   c.down_block_types = read_string_list(cfg, "down_block_types", {"DownEncoderBlock2D"});
   c.up_block_types = read_string_list(cfg, "up_block_types", {"UpDecoderBlock2D"});
   check_block_types(cfg, "down_block_types", c.down_block_types, "DownEncoderBlock2D", n);
   check_block_types(cfg, "up_block_types", c.up_block_types, "UpDecoderBlock2D", n);
-  c.layers_per_block = cfg.get<int64_t>("layers_per_block", 1);
-  if (c.layers_per_block <= 0) cfg.fail("layers_per_block", "must be positive");
+  c.layers_per_block = read_int_in(cfg, "layers_per_block", 1, 1, kMaxConfigLayers);
   c.act_fn = cfg.get<std::string>("act_fn", "silu");
   nn::parse_activation(c.act_fn, c.source + ": key 'act_fn'");
-  c.latent_channels = cfg.get<int64_t>("latent_channels", 4);
-  if (c.latent_channels <= 0) cfg.fail("latent_channels", "must be positive");
-  c.norm_num_groups = cfg.get<int64_t>("norm_num_groups", 32);
-  if (c.norm_num_groups <= 0) cfg.fail("norm_num_groups", "must be positive");
+  c.latent_channels = read_int_in(cfg, "latent_channels", 4, 1, kMaxConfigDim);
+  c.norm_num_groups = read_int_in(cfg, "norm_num_groups", 32, 1, kMaxConfigDim);
   for (size_t i = 0; i < n; ++i)
     if (c.block_out_channels[i] % c.norm_num_groups != 0)
       cfg.fail("norm_num_groups",
                std::to_string(c.norm_num_groups) + " groups do not divide block_out_channels[" +
                    std::to_string(i) + "] = " + std::to_string(c.block_out_channels[i]));
-  c.sample_size = read_size(cfg, "sample_size");
-  c.scaling_factor = cfg.get<double>("scaling_factor", 0.18215);
-  c.shift_factor = cfg.get_optional<double>("shift_factor");
+  c.sample_size = read_size(cfg, "sample_size", kMaxImageSide);
+  // 0 or a negative factor turns every latent into the same image (black, for 0).
+  c.scaling_factor = read_positive_number(cfg, "scaling_factor", 0.18215, 1e4);
+  if (cfg.has("shift_factor")) c.shift_factor = read_number_in(cfg, "shift_factor", 0, -1e4, 1e4);
   c.force_upcast = cfg.get<bool>("force_upcast", true);
   c.use_quant_conv = cfg.get<bool>("use_quant_conv", true);
   c.use_post_quant_conv = cfg.get<bool>("use_post_quant_conv", true);
@@ -88,8 +86,8 @@ AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config) : config_(std::
   decoder = register_module("decoder", Decoder(dec));
   const int64_t lc = c.latent_channels;
   if (c.use_quant_conv)
-    quant_conv = register_module("quant_conv",
-                                 nn::make_conv2d(torch::nn::Conv2dOptions(2 * lc, 2 * lc, 1)));
+    quant_conv =
+        register_module("quant_conv", nn::make_conv2d(torch::nn::Conv2dOptions(2 * lc, 2 * lc, 1)));
   if (c.use_post_quant_conv)
     post_quant_conv =
         register_module("post_quant_conv", nn::make_conv2d(torch::nn::Conv2dOptions(lc, lc, 1)));

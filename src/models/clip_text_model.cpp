@@ -4,6 +4,7 @@
 
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
+#include "models/config_values.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
 #include "nn/load_weights.h"
@@ -12,16 +13,19 @@ namespace diffuse::models {
 
 ClipTextConfig ClipTextConfig::from_json(const io::JsonConfig& j) {
   ClipTextConfig c;
-  c.vocab_size = j.get<int64_t>("vocab_size", c.vocab_size);
-  c.hidden_size = j.get<int64_t>("hidden_size", c.hidden_size);
-  c.intermediate_size = j.get<int64_t>("intermediate_size", c.intermediate_size);
-  c.num_hidden_layers = j.get<int64_t>("num_hidden_layers", c.num_hidden_layers);
-  c.num_attention_heads = j.get<int64_t>("num_attention_heads", c.num_attention_heads);
-  c.max_position_embeddings = j.get<int64_t>("max_position_embeddings", c.max_position_embeddings);
-  c.layer_norm_eps = j.get<double>("layer_norm_eps", c.layer_norm_eps);
+  c.vocab_size = read_int_in(j, "vocab_size", c.vocab_size, 1, kMaxConfigVocab);
+  c.hidden_size = read_int_in(j, "hidden_size", c.hidden_size, 1, kMaxConfigDim);
+  c.intermediate_size = read_int_in(j, "intermediate_size", c.intermediate_size, 1, kMaxConfigDim);
+  c.num_hidden_layers =
+      read_int_in(j, "num_hidden_layers", c.num_hidden_layers, 1, kMaxConfigLayers);
+  c.num_attention_heads =
+      read_int_in(j, "num_attention_heads", c.num_attention_heads, 1, kMaxConfigDim);
+  c.max_position_embeddings =
+      read_int_in(j, "max_position_embeddings", c.max_position_embeddings, 1, kMaxConfigPositions);
+  c.layer_norm_eps = read_positive_number(j, "layer_norm_eps", c.layer_norm_eps, 1.0);
   c.hidden_act = j.get<std::string>("hidden_act", c.hidden_act);
-  c.eos_token_id = j.get<int64_t>("eos_token_id", c.eos_token_id);
-  c.projection_dim = j.get<int64_t>("projection_dim", c.projection_dim);
+  c.eos_token_id = read_int_in(j, "eos_token_id", c.eos_token_id, 0, c.vocab_size - 1);
+  c.projection_dim = read_int_in(j, "projection_dim", c.projection_dim, 1, kMaxConfigDim);
   if (c.hidden_act != "quick_gelu" && c.hidden_act != "gelu" && c.hidden_act != "gelu_new" &&
       c.hidden_act != "gelu_pytorch_tanh")
     j.fail("hidden_act", "unsupported activation '" + c.hidden_act +

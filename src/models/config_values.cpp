@@ -1,37 +1,74 @@
 #include "models/config_values.h"
 
+#include <cmath>
+#include <sstream>
+
 namespace diffuse::models {
 namespace {
 
-int64_t as_positive_int(const io::JsonConfig& cfg, const std::string& key,
-                        const nlohmann::json& v) {
-  if (!v.is_number_integer() || v.get<int64_t>() <= 0)
-    cfg.fail(key, "expected a positive integer, got " + v.dump());
+int64_t as_positive_int(const io::JsonConfig& cfg, const std::string& key, const nlohmann::json& v,
+                        int64_t max) {
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > max)
+    cfg.fail(key, "expected an integer in [1, " + std::to_string(max) + "], got " + v.dump());
   return v.get<int64_t>();
+}
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
 }
 
 }  // namespace
 
-std::vector<int64_t> read_int_list(const io::JsonConfig& cfg, const std::string& key) {
+int64_t read_int_in(const io::JsonConfig& cfg, const std::string& key, int64_t fallback, int64_t lo,
+                    int64_t hi) {
+  if (!cfg.has(key)) return fallback;
+  const auto& v = cfg.json()[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    cfg.fail(key, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                      "], got " + v.dump());
+  return v.get<int64_t>();
+}
+
+double read_number_in(const io::JsonConfig& cfg, const std::string& key, double fallback, double lo,
+                      double hi) {
+  const double v = cfg.get_number(key, fallback);
+  if (!(std::isfinite(v) && v >= lo && v <= hi))
+    cfg.fail(key, "expected a finite number in [" + number_text(lo) + ", " + number_text(hi) +
+                      "], got " + number_text(v));
+  return v;
+}
+
+double read_positive_number(const io::JsonConfig& cfg, const std::string& key, double fallback,
+                            double hi) {
+  const double v = cfg.get_number(key, fallback);
+  if (!(std::isfinite(v) && v > 0 && v <= hi))
+    cfg.fail(key,
+             "expected a finite number in (0, " + number_text(hi) + "], got " + number_text(v));
+  return v;
+}
+
+std::vector<int64_t> read_int_list(const io::JsonConfig& cfg, const std::string& key, int64_t max) {
   if (!cfg.has(key)) throw ConfigError(cfg.source() + ": missing required key '" + key + "'");
   const auto& v = cfg.json()[key];
   if (!v.is_array() || v.empty())
     cfg.fail(key, "expected a non-empty list of integers, got " + v.dump());
   std::vector<int64_t> out;
-  for (const auto& e : v) out.push_back(as_positive_int(cfg, key, e));
+  for (const auto& e : v) out.push_back(as_positive_int(cfg, key, e, max));
   return out;
 }
 
 std::vector<int64_t> read_per_block_ints(const io::JsonConfig& cfg, const std::string& key,
-                                         size_t n, int64_t fallback) {
+                                         size_t n, int64_t fallback, int64_t max) {
   if (!cfg.has(key)) return std::vector<int64_t>(n, fallback);
   const auto& v = cfg.json()[key];
-  if (!v.is_array()) return std::vector<int64_t>(n, as_positive_int(cfg, key, v));
+  if (!v.is_array()) return std::vector<int64_t>(n, as_positive_int(cfg, key, v, max));
   if (v.size() != n)
     cfg.fail(key, "has " + std::to_string(v.size()) + " entries, expected one per block (" +
                       std::to_string(n) + "): " + v.dump());
   std::vector<int64_t> out;
-  for (const auto& e : v) out.push_back(as_positive_int(cfg, key, e));
+  for (const auto& e : v) out.push_back(as_positive_int(cfg, key, e, max));
   return out;
 }
 
@@ -64,14 +101,14 @@ std::vector<std::string> read_string_list(const io::JsonConfig& cfg, const std::
   return out;
 }
 
-std::vector<int64_t> read_size(const io::JsonConfig& cfg, const std::string& key) {
+std::vector<int64_t> read_size(const io::JsonConfig& cfg, const std::string& key, int64_t max) {
   if (!cfg.has(key)) return {};
   const auto& v = cfg.json()[key];
   if (v.is_array()) {
     if (v.size() != 2) cfg.fail(key, "expected an integer or [height, width], got " + v.dump());
-    return {as_positive_int(cfg, key, v[0]), as_positive_int(cfg, key, v[1])};
+    return {as_positive_int(cfg, key, v[0], max), as_positive_int(cfg, key, v[1], max)};
   }
-  return {as_positive_int(cfg, key, v)};
+  return {as_positive_int(cfg, key, v, max)};
 }
 
 void reject_if_set(const io::JsonConfig& cfg, const std::string& key, const std::string& what) {

@@ -10,9 +10,7 @@ namespace diffuse::models {
 namespace {
 
 int64_t positive(const io::JsonConfig& cfg, const std::string& key, int64_t fallback) {
-  const int64_t v = cfg.get<int64_t>(key, fallback);
-  if (v <= 0) cfg.fail(key, "must be a positive integer, got " + std::to_string(v));
-  return v;
+  return read_int_in(cfg, key, fallback, 1, kMaxConfigDim);
 }
 
 std::string list_string(const std::vector<int64_t>& v) {
@@ -26,14 +24,12 @@ std::string list_string(const std::vector<int64_t>& v) {
 HiDreamTransformerConfig HiDreamTransformerConfig::from_json(const io::JsonConfig& cfg) {
   HiDreamTransformerConfig c;
   c.source = cfg.source();
-  c.patch_size = cfg.require<int64_t>("patch_size");
-  if (c.patch_size <= 0) cfg.fail("patch_size", "must be a positive integer");
+  if (!cfg.has("patch_size")) cfg.fail("patch_size", "is required");
+  c.patch_size = read_int_in(cfg, "patch_size", 0, 1, 64);
   c.in_channels = positive(cfg, "in_channels", 64);
   c.out_channels = positive(cfg, "out_channels", c.in_channels);
-  c.num_layers = cfg.get<int64_t>("num_layers", 16);
-  if (c.num_layers < 0) cfg.fail("num_layers", "must not be negative");
-  c.num_single_layers = cfg.get<int64_t>("num_single_layers", 32);
-  if (c.num_single_layers < 0) cfg.fail("num_single_layers", "must not be negative");
+  c.num_layers = read_int_in(cfg, "num_layers", 16, 0, kMaxConfigLayers);
+  c.num_single_layers = read_int_in(cfg, "num_single_layers", 32, 0, kMaxConfigLayers);
   c.attention_head_dim = positive(cfg, "attention_head_dim", 128);
   c.num_attention_heads = positive(cfg, "num_attention_heads", 20);
   c.caption_channels = read_int_list(cfg, "caption_channels");
@@ -42,9 +38,8 @@ HiDreamTransformerConfig HiDreamTransformerConfig::from_json(const io::JsonConfi
              "expected [T5 channels, Llama channels], got " + list_string(c.caption_channels));
   c.text_emb_dim = positive(cfg, "text_emb_dim", 2048);
 
-  c.num_routed_experts = cfg.get<int64_t>("num_routed_experts", 4);
-  if (c.num_routed_experts < 0) cfg.fail("num_routed_experts", "must not be negative");
-  c.num_activated_experts = cfg.get<int64_t>("num_activated_experts", 2);
+  c.num_routed_experts = read_int_in(cfg, "num_routed_experts", 4, 0, 1024);
+  c.num_activated_experts = read_int_in(cfg, "num_activated_experts", 2, 0, 1024);
   if (c.num_routed_experts > 0 &&
       (c.num_activated_experts <= 0 || c.num_activated_experts > c.num_routed_experts))
     cfg.fail("num_activated_experts", std::to_string(c.num_activated_experts) +
@@ -66,7 +61,7 @@ HiDreamTransformerConfig HiDreamTransformerConfig::from_json(const io::JsonConfi
                                    std::to_string(rope_dims) + "; expected attention_head_dim (" +
                                    std::to_string(c.attention_head_dim) + ") or half of it");
 
-  if (cfg.has("max_resolution")) c.max_resolution = read_int_list(cfg, "max_resolution");
+  if (cfg.has("max_resolution")) c.max_resolution = read_int_list(cfg, "max_resolution", 4096);
   if (c.max_resolution.size() != 2)
     cfg.fail("max_resolution", "expected [height, width], got " + list_string(c.max_resolution));
   if (c.max_seq() <= 0)

@@ -6,6 +6,7 @@
 
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
+#include "models/config_values.h"
 #include "models/load_component.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
@@ -14,14 +15,17 @@ namespace diffuse::models {
 
 LlamaConfig LlamaConfig::from_json(const io::JsonConfig& j) {
   LlamaConfig c;
-  c.vocab_size = j.get<int64_t>("vocab_size", c.vocab_size);
-  c.hidden_size = j.get<int64_t>("hidden_size", c.hidden_size);
-  c.intermediate_size = j.get<int64_t>("intermediate_size", c.intermediate_size);
-  c.num_hidden_layers = j.get<int64_t>("num_hidden_layers", c.num_hidden_layers);
-  c.num_attention_heads = j.get<int64_t>("num_attention_heads", c.num_attention_heads);
-  c.num_key_value_heads = j.get<int64_t>("num_key_value_heads", c.num_attention_heads);
-  c.rms_norm_eps = j.get<double>("rms_norm_eps", c.rms_norm_eps);
-  c.rope_theta = j.get<double>("rope_theta", 10000.0);
+  c.vocab_size = read_int_in(j, "vocab_size", c.vocab_size, 1, kMaxConfigVocab);
+  c.hidden_size = read_int_in(j, "hidden_size", c.hidden_size, 1, kMaxConfigDim);
+  c.intermediate_size = read_int_in(j, "intermediate_size", c.intermediate_size, 1, kMaxConfigDim);
+  c.num_hidden_layers =
+      read_int_in(j, "num_hidden_layers", c.num_hidden_layers, 1, kMaxConfigLayers);
+  c.num_attention_heads =
+      read_int_in(j, "num_attention_heads", c.num_attention_heads, 1, kMaxConfigDim);
+  c.num_key_value_heads =
+      read_int_in(j, "num_key_value_heads", c.num_attention_heads, 1, kMaxConfigDim);
+  c.rms_norm_eps = read_positive_number(j, "rms_norm_eps", c.rms_norm_eps, 1.0);
+  c.rope_theta = read_positive_number(j, "rope_theta", 10000.0, 1e12);
   c.attention_bias = j.get<bool>("attention_bias", false);
   c.mlp_bias = j.get<bool>("mlp_bias", false);
   for (auto [key, v] : {std::pair{"vocab_size", c.vocab_size},
@@ -35,7 +39,7 @@ LlamaConfig LlamaConfig::from_json(const io::JsonConfig& j) {
     j.fail("num_attention_heads", "hidden_size " + std::to_string(c.hidden_size) +
                                       " is not divisible by " +
                                       std::to_string(c.num_attention_heads) + " heads");
-  c.head_dim = j.get<int64_t>("head_dim", c.hidden_size / c.num_attention_heads);
+  c.head_dim = read_int_in(j, "head_dim", c.hidden_size / c.num_attention_heads, 1, kMaxConfigDim);
   if (c.head_dim <= 0 || c.head_dim % 2 != 0)
     j.fail("head_dim",
            "must be positive and even (RoPE rotates pairs), got " + std::to_string(c.head_dim));

@@ -6,6 +6,7 @@
 
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
+#include "models/config_values.h"
 #include "models/load_component.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
@@ -14,17 +15,18 @@ namespace diffuse::models {
 
 T5Config T5Config::from_json(const io::JsonConfig& j) {
   T5Config c;
-  c.vocab_size = j.get<int64_t>("vocab_size", c.vocab_size);
-  c.d_model = j.get<int64_t>("d_model", c.d_model);
-  c.d_kv = j.get<int64_t>("d_kv", c.d_kv);
-  c.d_ff = j.get<int64_t>("d_ff", c.d_ff);
-  c.num_layers = j.get<int64_t>("num_layers", c.num_layers);
-  c.num_heads = j.get<int64_t>("num_heads", c.num_heads);
-  c.relative_attention_num_buckets =
-      j.get<int64_t>("relative_attention_num_buckets", c.relative_attention_num_buckets);
+  c.vocab_size = read_int_in(j, "vocab_size", c.vocab_size, 1, kMaxConfigVocab);
+  c.d_model = read_int_in(j, "d_model", c.d_model, 1, kMaxConfigDim);
+  c.d_kv = read_int_in(j, "d_kv", c.d_kv, 1, kMaxConfigDim);
+  c.d_ff = read_int_in(j, "d_ff", c.d_ff, 1, kMaxConfigDim);
+  c.num_layers = read_int_in(j, "num_layers", c.num_layers, 1, kMaxConfigLayers);
+  c.num_heads = read_int_in(j, "num_heads", c.num_heads, 1, kMaxConfigDim);
+  c.relative_attention_num_buckets = read_int_in(j, "relative_attention_num_buckets",
+                                                 c.relative_attention_num_buckets, 1, 1 << 16);
   c.relative_attention_max_distance =
-      j.get<int64_t>("relative_attention_max_distance", c.relative_attention_max_distance);
-  c.layer_norm_epsilon = j.get<double>("layer_norm_epsilon", c.layer_norm_epsilon);
+      read_int_in(j, "relative_attention_max_distance", c.relative_attention_max_distance, 1,
+                  kMaxConfigPositions);
+  c.layer_norm_epsilon = read_positive_number(j, "layer_norm_epsilon", c.layer_norm_epsilon, 1.0);
   // transformers' T5Config: "gated-gelu" -> gated, activation gelu_new; "relu" -> plain relu.
   const auto proj = j.get<std::string>("feed_forward_proj", "relu");
   const bool gated = proj.rfind("gated-", 0) == 0;

@@ -58,12 +58,12 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
     cfg.fail("time_embedding_type",
              "only \"positional\" is supported, got " + cfg.json()["time_embedding_type"].dump());
 
-  c.sample_size = read_size(cfg, "sample_size");
-  c.in_channels = cfg.get<int64_t>("in_channels", 4);
-  c.out_channels = cfg.get<int64_t>("out_channels", 4);
+  c.sample_size = read_size(cfg, "sample_size", kMaxImageSide / 8);  // latent pixels
+  c.in_channels = read_int_in(cfg, "in_channels", 4, 1, kMaxConfigDim);
+  c.out_channels = read_int_in(cfg, "out_channels", 4, 1, kMaxConfigDim);
   c.center_input_sample = cfg.get<bool>("center_input_sample", false);
   c.flip_sin_to_cos = cfg.get<bool>("flip_sin_to_cos", true);
-  c.freq_shift = cfg.get<double>("freq_shift", 0.0);
+  c.freq_shift = read_number_in(cfg, "freq_shift", 0.0, -1e6, 1e6);
 
   c.block_out_channels = read_int_list(cfg, "block_out_channels");
   const size_t n = c.block_out_channels.size();
@@ -89,7 +89,7 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
                                      "' (supported: UNetMidBlock2DCrossAttn or null)");
   }
 
-  c.layers_per_block = read_per_block_ints(cfg, "layers_per_block", n, 2);
+  c.layers_per_block = read_per_block_ints(cfg, "layers_per_block", n, 2, kMaxConfigLayers);
   // diffusers' legacy naming: "attention_head_dim" holds the NUMBER OF HEADS for these blocks
   // (num_attention_heads = num_attention_heads or attention_head_dim). An explicit
   // num_attention_heads takes precedence.
@@ -108,32 +108,34 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
     for (const auto& e : cfg.json()["transformer_layers_per_block"])
       if (e.is_array())
         cfg.fail("transformer_layers_per_block", "nested per-layer lists are not supported");
-  c.transformer_layers_per_block = read_per_block_ints(cfg, "transformer_layers_per_block", n, 1);
+  c.transformer_layers_per_block =
+      read_per_block_ints(cfg, "transformer_layers_per_block", n, 1, kMaxConfigLayers);
   c.only_cross_attention = read_per_block_bools(cfg, "only_cross_attention", n, false);
 
-  c.downsample_padding = cfg.get<int64_t>("downsample_padding", 1);
-  c.mid_block_scale_factor = cfg.get<double>("mid_block_scale_factor", 1.0);
+  c.downsample_padding = read_int_in(cfg, "downsample_padding", 1, 0, 64);
+  c.mid_block_scale_factor = read_number_in(cfg, "mid_block_scale_factor", 1.0, -1e6, 1e6);
   c.act_fn = cfg.get<std::string>("act_fn", "silu");
   nn::parse_activation(c.act_fn, c.source + ": key 'act_fn'");
   if (cfg.json().contains("norm_num_groups") && cfg.json()["norm_num_groups"].is_null())
     cfg.fail("norm_num_groups", "null (no normalisation) is not supported");
-  c.norm_num_groups = cfg.get<int64_t>("norm_num_groups", 32);
-  c.norm_eps = cfg.get<double>("norm_eps", 1e-5);
+  c.norm_num_groups = read_int_in(cfg, "norm_num_groups", 32, 1, kMaxConfigDim);
+  c.norm_eps = read_positive_number(cfg, "norm_eps", 1e-5, 1.0);
   c.use_linear_projection = cfg.get<bool>("use_linear_projection", false);
   c.upcast_attention = cfg.get<bool>("upcast_attention", false);
   c.resnet_time_scale_shift = cfg.get<std::string>("resnet_time_scale_shift", "default");
   if (c.resnet_time_scale_shift != "default" && c.resnet_time_scale_shift != "scale_shift")
     cfg.fail("resnet_time_scale_shift",
              "expected \"default\" or \"scale_shift\", got \"" + c.resnet_time_scale_shift + "\"");
-  c.time_embedding_dim = cfg.get<int64_t>("time_embedding_dim", c.block_out_channels[0] * 4);
+  c.time_embedding_dim =
+      read_int_in(cfg, "time_embedding_dim", c.block_out_channels[0] * 4, 1, kMaxConfigDim);
   c.time_embedding_act_fn = cfg.get_optional<std::string>("time_embedding_act_fn");
   if (c.time_embedding_act_fn)
     nn::parse_activation(*c.time_embedding_act_fn, c.source + ": key 'time_embedding_act_fn'");
   c.timestep_post_act = cfg.get_optional<std::string>("timestep_post_act");
   if (c.timestep_post_act)
     nn::parse_activation(*c.timestep_post_act, c.source + ": key 'timestep_post_act'");
-  c.conv_in_kernel = cfg.get<int64_t>("conv_in_kernel", 3);
-  c.conv_out_kernel = cfg.get<int64_t>("conv_out_kernel", 3);
+  c.conv_in_kernel = read_int_in(cfg, "conv_in_kernel", 3, 1, 15);
+  c.conv_out_kernel = read_int_in(cfg, "conv_out_kernel", 3, 1, 15);
   if (c.conv_in_kernel % 2 == 0)
     cfg.fail("conv_in_kernel", "must be odd, got " + std::to_string(c.conv_in_kernel));
   if (c.conv_out_kernel % 2 == 0)

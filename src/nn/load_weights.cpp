@@ -8,6 +8,26 @@
 #include "io/safetensors.h"
 
 namespace diffuse::nn {
+namespace {
+
+// One pass over a loaded tensor: a single NaN in conv_in.weight is enough to make every image
+// black, so such a file is refused at load, naming the tensor.
+void check_finite(const torch::Tensor& loaded, const torch::Tensor& stored,
+                  const std::string& source, const std::string& key) {
+  if (!loaded.is_floating_point() || torch::isfinite(loaded).all().item<bool>()) return;
+  const int64_t bad = loaded.numel() - torch::isfinite(loaded).sum().item<int64_t>();
+  const bool in_file = !stored.is_floating_point() || !torch::isfinite(stored).all().item<bool>();
+  throw FormatError(
+      source + ": tensor '" + key + "' has " + std::to_string(bad) + " non-finite value" +
+      (bad == 1 ? "" : "s") + " (NaN/Inf) " +
+      (in_file ? std::string("in the file (a damaged file, or one saved after training diverged)")
+               : "after conversion to " + std::string(c10::toString(loaded.scalar_type())) +
+                     ": the file's values exceed that type's range; load it in bf16 or fp32 "
+                     "(--dtype)"));
+}
+
+}  // namespace
+
 LoadReport load_state_dict(torch::nn::Module& module,
                            const std::map<std::string, torch::Tensor>& weights,
                            const std::string& source, const std::set<std::string>& ignored) {
@@ -26,6 +46,7 @@ LoadReport load_state_dict(torch::nn::Module& module,
                         c10::str(it->second.sizes()) + ", the model expects " +
                         c10::str(param.sizes()));
     param.copy_(it->second);
+    check_finite(param, it->second, source, item.key());
     io::release_mapped_pages(it->second);  // the file's pages, now copied, leave the RSS
     used.insert(item.key());
   }
@@ -37,6 +58,7 @@ LoadReport load_state_dict(torch::nn::Module& module,
                         c10::str(it->second.sizes()) + ", the model expects " +
                         c10::str(item.value().sizes()));
     item.value().copy_(it->second);
+    check_finite(item.value(), it->second, source, item.key());
     used.insert(item.key());
   }
   if (!missing.empty()) {

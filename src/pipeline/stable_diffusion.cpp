@@ -146,7 +146,9 @@ void validate_generation_config(const GenerationConfig& c, bool image2image) {
   if (c.width > 8192 || c.height > 8192)
     throw InvalidArgument("width/height above 8192 are not supported, got " +
                           std::to_string(c.width) + "x" + std::to_string(c.height));
-  if (!(c.guidance_scale >= 0)) throw InvalidArgument("guidance scale must be >= 0");
+  if (!(c.guidance_scale >= 0 && std::isfinite(c.guidance_scale)))
+    throw InvalidArgument("guidance scale must be a finite number >= 0, got " +
+                          std::to_string(c.guidance_scale));
   if (image2image && !(c.strength > 0 && c.strength <= 1))
     throw InvalidArgument("strength must be in (0, 1], got " + std::to_string(c.strength));
 }
@@ -183,6 +185,9 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   c_->unet_config = models::UNet2DConditionConfig::from_json(src.unet_config);
   c_->vae_config = models::AutoencoderKLConfig::from_json(src.vae_config);
   c_->scheduler_config = src.scheduler_config;
+  // Built once now so that a bad scheduler config fails at load, naming its key, not at the
+  // first generation.
+  schedulers::make_scheduler(c_->scheduler_config);
   c_->offload = options.offload;
   if (!options.loras.empty()) setup_loras(options);
   if (!c_->offload) {

@@ -15,7 +15,7 @@ DDIMScheduler::DDIMScheduler(const SchedulerConfig& config)
                 alphas_cumprod_from_betas(config.betas("linear", 0.0001, 0.02, true))),
       prediction_type_(config.prediction_type()),
       spacing_(config.timestep_spacing("leading")),
-      steps_offset_(config.integer("steps_offset", 0)),
+      steps_offset_(config.steps_offset()),
       clip_sample_(config.flag("clip_sample", true)),
       clip_sample_range_(config.number("clip_sample_range", 1.0)),
       thresholding_(config.flag("thresholding", false)),

@@ -54,7 +54,7 @@ DPMSolverMultistepScheduler::DPMSolverMultistepScheduler(const SchedulerConfig& 
       lambda_min_clipped_(config.number("lambda_min_clipped", -INFINITY)),
       learned_variance_(false),
       spacing_(config.timestep_spacing("linspace")),
-      steps_offset_(config.integer("steps_offset", 0)) {
+      steps_offset_(config.steps_offset()) {
   if (solver_order_ < 1 || solver_order_ > 3)
     config.fail("solver_order", "must be 1, 2 or 3, got " + std::to_string(solver_order_));
   if (!is_data_prediction() && !final_sigma_min_)

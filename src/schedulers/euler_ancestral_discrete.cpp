@@ -13,7 +13,7 @@ EulerAncestralDiscreteScheduler::EulerAncestralDiscreteScheduler(const Scheduler
       // diffusers raises NotImplementedError for "sample" at the first step; fail early instead.
       prediction_type_(config.prediction_type({"epsilon", "v_prediction"})) {
   options_.spacing = spacing_;
-  options_.steps_offset = config.integer("steps_offset", 0);
+  options_.steps_offset = config.steps_offset();
 }
 
 void EulerAncestralDiscreteScheduler::set_timesteps(int n) {

@@ -11,7 +11,7 @@ namespace {
 SigmaScheduleOptions euler_options(const SchedulerConfig& config) {
   SigmaScheduleOptions o;
   o.spacing = config.timestep_spacing("linspace");
-  o.steps_offset = config.integer("steps_offset", 0);
+  o.steps_offset = config.steps_offset();
   o.log_linear =
       config.choice("interpolation_type", "linear", {"linear", "log_linear"}) == "log_linear";
   o.karras = config.flag("use_karras_sigmas", false);

@@ -14,7 +14,7 @@ LMSDiscreteScheduler::LMSDiscreteScheduler(const SchedulerConfig& config)
                      config.timestep_spacing("linspace")),
       prediction_type_(config.prediction_type()) {
   options_.spacing = spacing_;
-  options_.steps_offset = config.integer("steps_offset", 0);
+  options_.steps_offset = config.steps_offset();
   options_.karras = config.flag("use_karras_sigmas", false);
 }
 

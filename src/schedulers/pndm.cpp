@@ -29,7 +29,7 @@ PNDMScheduler::PNDMScheduler(const SchedulerConfig& config)
                 alphas_cumprod_from_betas(config.betas("linear", 0.0001, 0.02, false))),
       prediction_type_(config.prediction_type({"epsilon", "v_prediction"})),
       spacing_(config.timestep_spacing("leading")),
-      steps_offset_(config.integer("steps_offset", 0)),
+      steps_offset_(config.steps_offset()),
       skip_prk_steps_(config.flag("skip_prk_steps", false)),
       final_alpha_cumprod_(config.flag("set_alpha_to_one", false) ? 1.0f : alpha_cumprod_at(0)) {}
 

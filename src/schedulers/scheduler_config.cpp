@@ -72,7 +72,7 @@ int64_t SchedulerConfig::integer(const std::string& key, int64_t fallback) const
 
 std::optional<double> SchedulerConfig::optional_number(const std::string& key) const {
   if (!json_.has(key)) return std::nullopt;
-  return json_.get_number(key, 0.0);
+  return number(key, 0.0);
 }
 
 std::string SchedulerConfig::choice(const std::string& key, const std::string& fallback,
@@ -98,9 +98,22 @@ TimestepSpacing SchedulerConfig::timestep_spacing(const std::string& fallback) c
 }
 
 int64_t SchedulerConfig::num_train_timesteps() const {
+  // Every table the schedulers build has one entry per training timestep.
+  constexpr int64_t kMaxTrainTimesteps = 100000;
   int64_t n = integer("num_train_timesteps", 1000);
-  if (n < 1) fail("num_train_timesteps", "must be >= 1, got " + std::to_string(n));
+  if (n < 1 || n > kMaxTrainTimesteps)
+    fail("num_train_timesteps",
+         "must be in [1, " + std::to_string(kMaxTrainTimesteps) + "], got " + std::to_string(n));
   return n;
+}
+
+int64_t SchedulerConfig::steps_offset() const {
+  const int64_t n = num_train_timesteps();
+  const int64_t v = integer("steps_offset", 0);
+  if (v < 0 || v >= n)
+    fail("steps_offset", "must be in [0, num_train_timesteps - 1 = " + std::to_string(n - 1) +
+                             "], got " + std::to_string(v));
+  return v;
 }
 
 torch::Tensor SchedulerConfig::betas(const std::string& default_schedule, double default_start,
@@ -113,7 +126,11 @@ torch::Tensor SchedulerConfig::betas(const std::string& default_schedule, double
     std::vector<double> values;
     for (const auto& x : v) {
       if (!x.is_number()) fail("trained_betas", "expected an array of numbers");
-      values.push_back(x.get<double>());
+      const double b = x.get<double>();
+      if (!(b > 0 && b < 1))
+        fail("trained_betas", "entry " + std::to_string(values.size()) + " is " +
+                                  std::to_string(b) + ", expected a value in (0, 1)");
+      values.push_back(b);
     }
     if (static_cast<int64_t>(values.size()) != n)
       fail("trained_betas", "has " + std::to_string(values.size()) +
@@ -124,6 +141,12 @@ torch::Tensor SchedulerConfig::betas(const std::string& default_schedule, double
         choice("beta_schedule", default_schedule, {"linear", "scaled_linear", "squaredcos_cap_v2"});
     double start = number("beta_start", default_start);
     double end = number("beta_end", default_end);
+    if (!(start > 0 && start < 1))
+      fail("beta_start", "must be in (0, 1), got " + std::to_string(start));
+    if (!(end > 0 && end < 1)) fail("beta_end", "must be in (0, 1), got " + std::to_string(end));
+    if (start > end)
+      fail("beta_start", "is above beta_end (" + std::to_string(start) + " > " +
+                             std::to_string(end) + "): the noise schedule would run backwards");
     if (schedule == "linear") {
       betas = torch::linspace(start, end, n, torch::kFloat32);
     } else if (schedule == "scaled_linear") {

@@ -5,6 +5,7 @@
 // construction with the file and key in the message.
 #pragma once
 #include <torch/types.h>
+#include <cmath>
 
 #include <initializer_list>
 #include <optional>
@@ -27,8 +28,12 @@ class SchedulerConfig {
   bool flag(const std::string& key, bool fallback) const { return json_.get<bool>(key, fallback); }
   int64_t integer(const std::string& key, int64_t fallback) const;
   // Accepts "-inf"/"inf" strings for non-finite values.
+  // NaN is refused ("nan" is never a meaningful setting); +-inf is allowed where a key means
+  // "no bound" (lambda_min_clipped).
   double number(const std::string& key, double fallback) const {
-    return json_.get_number(key, fallback);
+    const double v = json_.get_number(key, fallback);
+    if (std::isnan(v)) fail(key, "is NaN, expected a number");
+    return v;
   }
   std::optional<double> optional_number(const std::string& key) const;
   // A string that must be one of `allowed`; ConfigError naming the key and the choices.
@@ -39,8 +44,11 @@ class SchedulerConfig {
                                      "epsilon", "v_prediction", "sample"}) const;
   TimestepSpacing timestep_spacing(const std::string& fallback) const;
 
-  // num_train_timesteps (default 1000), validated >= 1.
+  // num_train_timesteps (default 1000), validated in [1, 100000].
   int64_t num_train_timesteps() const;
+  // diffusers' steps_offset, in [0, num_train_timesteps): a larger one would step past the
+  // schedule's tables.
+  int64_t steps_offset() const;
 
   // float32 betas from trained_betas or beta_schedule/beta_start/beta_end with the class's
   // defaults, computed with the same torch operations as diffusers. If

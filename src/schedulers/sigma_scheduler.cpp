@@ -115,7 +115,8 @@ torch::Tensor predict_original_sample(PredictionType type, const torch::Tensor& 
       return sample - model_output * static_cast<double>(sigma);
     case PredictionType::kVPrediction: {
       const float c_out = -sigma / std::sqrt(sigma * sigma + 1.0f);
-      return model_output * static_cast<double>(c_out) + sample / static_cast<double>(sigma * sigma + 1.0f);
+      return model_output * static_cast<double>(c_out) +
+             sample / static_cast<double>(sigma * sigma + 1.0f);
     }
     case PredictionType::kSample:
       break;
