@@ -17,6 +17,7 @@
 #include "bench/text_encoder_bench.h"
 #include "commands.h"
 #include "device/device.h"
+#include "flag_checks.h"
 #include "nn/attention.h"
 
 namespace diffuse::app {
@@ -174,13 +175,20 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--attention", o->attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")
       ->capture_default_str();
-  app.add_option("-W,--width", o->width, "Width in pixels (default: the model's)");
-  app.add_option("-H,--height", o->height, "Height in pixels (default: the model's)");
+  // The same limits as txt2img: a benchmark allocates what a generation of that size would.
+  app.add_option("-W,--width", o->width, "Width in pixels (default: the model's)")
+      ->check(int_range(8, 8192, "a width in pixels"));
+  app.add_option("-H,--height", o->height, "Height in pixels (default: the model's)")
+      ->check(int_range(8, 8192, "a height in pixels"));
   app.add_option("--steps", o->steps, "Timed UNet steps (after the warm-up steps)")
-      ->capture_default_str();
-  app.add_option("--warmup", o->warmup, "Untimed UNet steps first")->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1, 10000, "a number of steps"));
+  app.add_option("--warmup", o->warmup, "Untimed UNet steps first")
+      ->capture_default_str()
+      ->check(int_range(0, 10000, "a number of steps"));
   app.add_option("--batch", o->batch, "UNet batch (2 = one image with guidance)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1, 256, "a batch size"));
   app.add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   app.add_flag("--baseline", o->baseline,
                "Also time a float32 UNet step with math attention and report the speed-up");

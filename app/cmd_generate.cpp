@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "device/device.h"
 #include "diffuse/pipeline.h"
+#include "flag_checks.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "load_flags.h"
@@ -33,7 +34,7 @@ struct GenerateFlags {
   int width = 0, height = 0;
   int steps = 25;
   double cfg_scale = 7.5;
-  std::optional<int64_t> seed;
+  std::optional<std::string> seed;
   std::string scheduler;
   double strength = 0.8;
   std::string init_image;
@@ -46,15 +47,25 @@ struct GenerateFlags {
   bool json = false;
 };
 
+// Beyond these a run is a typo, not a wish: each would size memory or work without bound.
+constexpr int64_t kMaxSide = 8192;  // as validate_generation_config
+constexpr int64_t kMaxSteps = 10000;
+constexpr int64_t kMaxBatch = 256;  // images of one batch, held in memory together
+constexpr int64_t kMaxBatchCount = 100000;
+
 void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
   app.add_option("-m,--model", f.model, "Diffusers folder or single-file .safetensors checkpoint")
       ->required();
   app.add_option("-p,--prompt", f.prompts, "Prompt (repeat for a batch of prompts)")->required();
   app.add_option("-n,--negative-prompt", f.negative_prompts,
                  "Negative prompt (one, or one per prompt)");
-  app.add_option("-W,--width", f.width, "Width in pixels, multiple of 8 (default: the model's)");
-  app.add_option("-H,--height", f.height, "Height in pixels, multiple of 8 (default: the model's)");
-  app.add_option("--steps", f.steps, "Denoising steps")->capture_default_str();
+  app.add_option("-W,--width", f.width, "Width in pixels, multiple of 8 (default: the model's)")
+      ->check(int_range(8, kMaxSide, "a width in pixels"));
+  app.add_option("-H,--height", f.height, "Height in pixels, multiple of 8 (default: the model's)")
+      ->check(int_range(8, kMaxSide, "a height in pixels"));
+  app.add_option("--steps", f.steps, "Denoising steps")
+      ->capture_default_str()
+      ->check(int_range(1, kMaxSteps, "a number of steps"));
   app.add_option("--cfg-scale", f.cfg_scale, "Classifier-free guidance scale (<= 1 disables it)")
       ->capture_default_str();
   app.add_option("-s,--seed", f.seed,
@@ -62,20 +73,23 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
   app.add_option("--scheduler", f.scheduler,
                  "ddim|pndm|euler|euler_a|dpmpp_2m|lms (default: the model's)");
   app.add_option("--num-images", f.num_images, "Images per prompt in one batch")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1, kMaxBatch, "images per prompt"));
   app.add_option("--batch-count", f.batch_count, "Repeat the generation with seed+1, seed+2, ...")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1, kMaxBatchCount, "a batch count"));
   app.add_option("-o,--out", f.out, "Output PNG (numbered when several images)")
       ->capture_default_str();
   add_load_flags(app, f.load);
-  app.add_option("--noise", f.noise_file,
-                 "safetensors file with the noise tensor to use (instead of the seed)");
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   app.add_flag("--json", f.json, "Print a JSON summary on stdout");
   if (img2img) {
     app.add_option("-i,--init-image", f.init_image, "Input PNG image")->required();
     app.add_option("--strength", f.strength, "How far to move from the init image, in (0, 1]")
         ->capture_default_str();
+    app.add_option("--noise", f.noise_file,
+                   "safetensors file with the noise added to the init image's latents (instead "
+                   "of the seed's)");
   } else {
     app.add_option("--latents", f.latents_file,
                    "safetensors file with the initial latents (instead of the seed)");
@@ -124,10 +138,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   g.strength = f.strength;
   g.images_per_prompt = f.num_images;
   g.scheduler = f.scheduler;
-  if (f.seed) {
-    if (*f.seed < 0) throw InvalidArgument("--seed must be >= 0");
-    g.seed = static_cast<uint64_t>(*f.seed);
-  }
+  if (f.seed) g.seed = parse_seed(*f.seed, "--seed");
   if (!f.scheduler.empty()) {
     auto names = scheduler_names();
     if (std::find(names.begin(), names.end(), f.scheduler) == names.end()) {

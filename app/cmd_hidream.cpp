@@ -12,6 +12,7 @@
 #include "device/device.h"
 #include "diffuse/errors.h"
 #include "diffuse/image.h"
+#include "flag_checks.h"
 #include "io/atomic_file.h"
 #include "io/model_folder.h"
 #include "nn/attention.h"
@@ -46,7 +47,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   const auto device = device::resolve_device(f.device);
   const auto dtype = device::resolve_dtype(f.dtype, device, "transformer");
   nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(f.attention, device));
-  const uint64_t seed = f.seed ? static_cast<uint64_t>(*f.seed) : std::random_device{}();
+  const uint64_t seed = f.seed ? parse_seed(*f.seed, "--seed") : std::random_device{}();
 
   if (!f.quiet) std::cerr << "loading " << f.model << " ...\n";
   const auto t0 = std::chrono::steady_clock::now();
@@ -140,15 +141,22 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
   app.add_option("-n,--negative-prompt", f.negative_prompt, "Negative prompt");
   app.add_option("--transformer", f.transformer, "Component folder of the transformer weights")
       ->capture_default_str();
-  app.add_option("--steps", f.steps, "Denoising steps")->capture_default_str();
+  app.add_option("--steps", f.steps, "Denoising steps")
+      ->capture_default_str()
+      ->check(int_range(1, 10000, "a number of steps"));
   app.add_option("--cfg-scale", f.cfg_scale, "Text guidance scale (<= 1 disables it)")
       ->capture_default_str();
   app.add_option("-s,--seed", f.seed, "Seed (default: random)");
   app.add_option("-o,--out", f.out, "Output PNG")->capture_default_str();
-  app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N]")->capture_default_str();
+  app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N]")
+      ->capture_default_str()
+      ->check(non_empty());
   app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for encoders and transformer")
-      ->capture_default_str();
-  app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu")->capture_default_str();
+      ->capture_default_str()
+      ->check(non_empty());
+  app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu")
+      ->capture_default_str()
+      ->check(non_empty());
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   if (edit) {
     app.add_option("-i,--image", f.image,
@@ -169,9 +177,11 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
                  "Plain 3-branch guidance instead of E1's norm-capped text guidance");
   } else {
     app.add_option("-W,--width", f.width, "Width (rescaled to the model's area)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(int_range(1, 65536, "a width (the aspect ratio)"));
     app.add_option("-H,--height", f.height, "Height (rescaled to the model's area)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(int_range(1, 65536, "a height (the aspect ratio)"));
   }
 }
 

@@ -34,7 +34,7 @@ struct HiDreamCliFlags {
   bool no_clip_cfg_norm = false;
   std::string e1_lora;  // edit: HiDream-E1-Full's peft LoRA on the I1 transformer
   std::optional<double> lora_alpha, lora_rank;
-  std::optional<int64_t> seed;
+  std::optional<std::string> seed;
   std::string out = "output.png";
   std::string device = "auto", dtype = "auto", attention = "auto";
   bool quiet = false;

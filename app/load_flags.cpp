@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "device/device.h"
+#include "flag_checks.h"
 #include "nn/attention.h"
 
 namespace diffuse::app {
@@ -27,16 +28,22 @@ LoraSpec parse_lora_flag(const std::string& value) {
 
 void add_load_flags(CLI::App& app, LoadFlags& f) {
   app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N] (env DIFFUSE_DEVICE)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_empty());
   app.add_option("--text-encoder-device", f.text_encoder_device,
-                 "Device for the text encoder (default: --device)");
-  app.add_option("--vae-device", f.vae_device, "Device for the VAE (default: --device)");
+                 "Device for the text encoder (default: --device)")
+      ->check(non_empty());
+  app.add_option("--vae-device", f.vae_device, "Device for the VAE (default: --device)")
+      ->check(non_empty());
   app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_empty());
   app.add_option("--vae-dtype", f.vae_dtype, "auto|fp32|bf16|fp16 for the VAE")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_empty());
   app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_empty());
   app.add_flag(
       "--offload", f.offload,
       "Keep each network in memory only while it runs (lowest peak memory, ~1 s more per image)");
@@ -46,7 +53,8 @@ void add_load_flags(CLI::App& app, LoadFlags& f) {
   app.add_flag("--lora-lenient", f.lora_lenient,
                "Warn about LoRA tensors that match no weight instead of failing");
   app.add_option("--config", f.config_dir,
-                 "Diffusers folder giving configs/tokenizer for a single-file checkpoint");
+                 "Diffusers folder giving configs/tokenizer for a single-file checkpoint")
+      ->check(non_empty());
   app.add_flag("--v-prediction", f.v_prediction,
                "Single-file checkpoint is v-prediction (SD2.x 768-v)");
   app.add_flag("--epsilon", f.epsilon, "Single-file checkpoint is epsilon-prediction");

@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "diffuse/errors.h"
+#include "interrupt.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"diffuse: diffusion image models on CPU, CUDA and Ascend NPU"};
@@ -38,8 +39,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // One line, like every other error.
+    std::cerr << "error: " << e.what() << " (see --help)\n";
+    return 2;  // a usage error, as getopt-style tools report it
   }
+  diffuse::app::install_interrupt_handlers();
   try {
     for (auto& [sub, run] : commands)
       if (sub->parsed()) return run();

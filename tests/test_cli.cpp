@@ -4,10 +4,13 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -303,11 +306,17 @@ TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
       {{"create-demo-model", "--arch", "sd9", "--out", dir.file("model")}, "sd2.1-base"},
       {{"train-demo", "--out", dir.path().string(), "--minutes", "1"}, "--force"},
       {{"train-demo", "--out", dir.file("m"), "--precision", "fp8"}, "--precision"},
+      {{"txt2img", "-m", model, "-p", "x", "--seed", "18446744073709551616"}, "2^64 - 1"},
+      {{"txt2img", "-m", model, "-p", "x", "--seed", "-1"}, "expected an integer in [0,"},
+      {{"txt2img", "-m", model, "-p", "x", "--device", ""}, "empty value is not allowed"},
+      {{"txt2img", "-m", model, "-p", "x", "-W", "0"}, "a width in pixels"},
+      {{"txt2img", "-m", model, "-p", "x", "--num-images", "1000000"}, "images per prompt"},
+      {{"bench", "-W", "100000"}, "a width in pixels"},
   };
   for (const auto& c : cases) {
     auto args = c.args;
     if (std::find(args.begin(), args.end(), "-o") == args.end() && args[0] != "verify" &&
-        args[0] != "create-demo-model" && args[0] != "train-demo")
+        args[0] != "create-demo-model" && args[0] != "train-demo" && args[0] != "bench")
       args.insert(args.end(), {"-o", dir.file("out.png")});
     auto r = run_cli(args, dir);
     EXPECT_NE(r.exit_code, 0) << c.needle;
@@ -342,6 +351,65 @@ TEST(Cli, RefusesOutputsThatAreNotNewOrRegularPngFiles) {
   EXPECT_TRUE(std::filesystem::is_directory(dir.path() / "folder.png"));
   EXPECT_TRUE(std::filesystem::is_fifo(dir.path() / "fifo.png"));
   EXPECT_FALSE(std::filesystem::exists(dir.file("out.jpg")));
+}
+
+TEST(Cli, FullSeedRangeIsKeptAndNoiseIsOnlyAnImg2ImgFlag) {
+  test::TempDir dir;
+  const std::string model = verify::GoldenSet::load(test::golden_dir()).model_dir();
+  auto r = run_cli({"txt2img", "-m", model, "-p", "x", "--steps", "1", "-q", "--seed",
+                    "18446744073709551615", "-o", dir.file("max.png")},
+                   dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto text = read_png_text(dir.file("max.png"));
+  EXPECT_NE(text["parameters"].find("Seed: 18446744073709551615"), std::string::npos)
+      << text["parameters"];
+  // txt2img has no use for --noise: refused, not read and ignored.
+  auto n = run_cli({"txt2img", "-m", model, "-p", "x", "--noise", dir.file("n.safetensors"), "-o",
+                    dir.file("n.png")},
+                   dir);
+  EXPECT_NE(n.exit_code, 0);
+  EXPECT_NE(n.err.find("--noise"), std::string::npos) << n.err;
+}
+
+// SIGINT/SIGTERM while generating: "interrupted", exit 128 + signal, no output file.
+TEST(Cli, InterruptPrintsInterruptedAndExitsWith128PlusTheSignal) {
+  const std::string model = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
+  for (int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig);
+    test::TempDir dir;
+    const std::string out = dir.file("out.png");
+    int err_pipe[2];
+    ASSERT_EQ(::pipe(err_pipe), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::dup2(err_pipe[1], STDERR_FILENO);
+      ::close(err_pipe[0]);
+      ::close(err_pipe[1]);
+      ::execl(DIFFUSE_CLI_PATH, "diffuse", "txt2img", "-m", model.c_str(), "-p", "a red circle",
+              "--steps", "900", "-o", out.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(err_pipe[1]);
+    std::string err;
+    bool signalled = false;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(err_pipe[0], buf, sizeof buf)) > 0;) {
+      err.append(buf, static_cast<size_t>(n));
+      if (!signalled && err.find("step ") != std::string::npos) {
+        ::kill(pid, sig);  // once the denoising loop runs
+        signalled = true;
+      }
+    }
+    ::close(err_pipe[0]);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(signalled) << err;
+    ASSERT_TRUE(WIFEXITED(status)) << err;
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
+    EXPECT_NE(err.find("interrupted"), std::string::npos) << err;
+    EXPECT_FALSE(std::filesystem::exists(out));
+  }
 }
 
 TEST(Cli, VerifyJsonReportsEveryCase) {

@@ -1,0 +1,50 @@
+#include "flag_checks.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+
+#include "diffuse/errors.h"
+
+namespace diffuse::app {
+
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& value) {
+        return value.empty() ? std::string(
+                                   "an empty value is not allowed (leave the flag out "
+                                   "for the default)")
+                             : std::string();
+      },
+      "NON-EMPTY");
+}
+
+CLI::Validator int_range(int64_t lo, int64_t hi, const std::string& what) {
+  return CLI::Validator(
+      [lo, hi, what](std::string& value) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(value.c_str(), &end, 10);
+        if (value.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+          return "expected " + what + ": an integer in [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "], got '" + value + "'";
+        return "";
+      },
+      "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+uint64_t parse_seed(const std::string& text, const std::string& flag) {
+  const bool digits_only =
+      !text.empty() && text.size() <= 20 &&
+      std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c); });
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = digits_only ? std::strtoull(text.c_str(), &end, 10) : 0;
+  if (!digits_only || *end != '\0' || errno == ERANGE)
+    throw InvalidArgument(flag + " '" + text +
+                          "': expected an integer in [0, 18446744073709551615] (2^64 - 1)");
+  return static_cast<uint64_t>(v);
+}
+
+}  // namespace diffuse::app
