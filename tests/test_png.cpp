@@ -33,7 +33,8 @@ TEST(Png, WritesANameAtTheFileSystemLimit) {
 TEST(Png, RoundTripsPixelsAndText) {
   test::TempDir dir;
   auto img = gradient(13, 7);
-  write_png(dir.file("a.png"), img, {{"parameters", "a cat; Seed: 42"}, {"diffuse", "{\"seed\":42}"}});
+  write_png(dir.file("a.png"), img,
+            {{"parameters", "a cat; Seed: 42"}, {"diffuse", "{\"seed\":42}"}});
   auto back = read_png(dir.file("a.png"));
   EXPECT_EQ(back.width, 13);
   EXPECT_EQ(back.height, 7);
@@ -64,7 +65,44 @@ TEST(Png, BadFilesGiveClearErrors) {
     std::ofstream out(dir.file("cut.png"), std::ios::binary);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
   }
-  EXPECT_THROW(read_png(dir.file("cut.png")), FormatError);
+  const auto cut = test::expect_throw<FormatError>([&] { read_png(dir.file("cut.png")); });
+  EXPECT_NE(cut.find("truncated or corrupt PNG"), std::string::npos) << cut;
+  EXPECT_NE(cut.find("cut.png"), std::string::npos) << cut;
+  EXPECT_NE(cut.find(std::to_string(bytes.size() / 2) + " bytes"), std::string::npos) << cut;
+}
+
+// CRC-32 of a PNG chunk (type + data), to forge a consistent header.
+uint32_t png_crc(const std::string& bytes) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (unsigned char b : bytes) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return c ^ 0xFFFFFFFFu;
+}
+
+void put_be32(std::string& s, size_t at, uint32_t v) {
+  for (int i = 0; i < 4; ++i) s[at + i] = static_cast<char>((v >> (24 - 8 * i)) & 0xFF);
+}
+
+TEST(Png, HeaderDeclaringMorePixelsThanTheDataCanHoldIsRefusedBeforeDecoding) {
+  // A real 16x16 PNG whose IHDR (with a valid CRC) claims 16384x16384: a few hundred bytes
+  // that would otherwise make the reader allocate 768 MiB before noticing.
+  std::string png = encode_png(gradient(16, 16));
+  ASSERT_EQ(png.substr(12, 4), "IHDR");
+  put_be32(png, 16, 16384);
+  put_be32(png, 20, 16384);
+  put_be32(png, 29, png_crc(png.substr(12, 17)));
+  const auto msg = test::expect_throw<FormatError>([&] { decode_png(png, "forged", 1ull << 40); });
+  EXPECT_NE(msg.find("16384x16384"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("more than " + std::to_string(png.size()) + " bytes"), std::string::npos)
+      << msg;
+  test::TempDir dir;
+  {
+    std::ofstream out(dir.file("forged.png"), std::ios::binary);
+    out << png;
+  }
+  EXPECT_THROW(read_png(dir.file("forged.png")), FormatError);
 }
 
 TEST(Png, WriteFailuresLeaveNoFile) {

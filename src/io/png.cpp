@@ -2,6 +2,7 @@
 // whose only locals are trivially destructible, and errors are rethrown as typed exceptions
 // after the jump, so no C++ destructor is skipped.
 #include <png.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -28,6 +29,7 @@ constexpr uint64_t kMaxPngPixels = 1ull << 28;
 
 struct ErrorBuffer {
   char message[256] = {0};
+  bool from_libpng = true;  // false: one of our own checks (size limits)
 };
 
 void on_error(png_structp png, png_const_charp msg) {
@@ -72,6 +74,15 @@ void attach_io(png_structp png, const PngIo& io, bool reading) {
     png_set_write_fn(png, io.writer, write_memory, flush_memory);
 }
 
+// Bytes of input (the file's size, or the buffer's); 0 if unknown.
+uint64_t input_bytes(const PngIo& io) {
+  if (io.reader) return io.reader->size;
+  struct stat st {};
+  if (io.file && ::fstat(::fileno(io.file), &st) == 0 && S_ISREG(st.st_mode))
+    return static_cast<uint64_t>(st.st_size);
+  return 0;
+}
+
 // Returns false (with err->message set) if libpng failed. Images of more than max_pixels are
 // refused from the header, before the pixel buffer is allocated.
 bool decode(const PngIo& io, ErrorBuffer* err, Image* out, std::vector<png_bytep>* rows,
@@ -88,9 +99,25 @@ bool decode(const PngIo& io, ErrorBuffer* err, Image* out, std::vector<png_bytep
   png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
   int color = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
   if (w == 0 || h == 0 || static_cast<uint64_t>(w) * h > max_pixels) {
+    err->from_libpng = false;
     std::snprintf(err->message, sizeof(err->message),
                   "image size %ux%u is not supported (at most %llu pixels)", w, h,
                   static_cast<unsigned long long>(max_pixels));
+    png_destroy_read_struct(&png, &info, nullptr);
+    return false;
+  }
+  // Deflate compresses at most 1032:1, so pixel rows larger than that much of the input are
+  // a lie of the header (a few hundred bytes declaring 16384x16384): refused before the
+  // buffer is allocated, not after.
+  const uint64_t row_bytes = static_cast<uint64_t>(h) * (png_get_rowbytes(png, info) + 1);
+  const uint64_t input = input_bytes(io);
+  if (input > 0 && row_bytes > input * 1032 + (64u << 10)) {
+    err->from_libpng = false;
+    std::snprintf(err->message, sizeof(err->message),
+                  "truncated or corrupt PNG: its header declares %ux%u (%llu bytes of pixel "
+                  "rows), more than %llu bytes of data can hold",
+                  w, h, static_cast<unsigned long long>(row_bytes),
+                  static_cast<unsigned long long>(input));
     png_destroy_read_struct(&png, &info, nullptr);
     return false;
   }
@@ -121,6 +148,15 @@ bool decode(const PngIo& io, ErrorBuffer* err, Image* out, std::vector<png_bytep
   }
   png_destroy_read_struct(&png, &info, nullptr);
   return true;
+}
+
+// libpng's own complaints ("Read Error", "IDAT: CRC error") mean the data is cut or damaged:
+// said so, with the size that was there to read.
+FormatError decode_error(const std::string& what, const ErrorBuffer& err, uint64_t size) {
+  const std::string detail = err.message[0] ? err.message : "libpng error";
+  if (!err.from_libpng) return FormatError("cannot decode " + what + ": " + detail);
+  return FormatError("truncated or corrupt PNG: " + what + " (" + std::to_string(size) +
+                     " bytes): " + detail);
 }
 
 bool encode(const PngIo& io, ErrorBuffer* err, const Image& image,
@@ -159,8 +195,7 @@ Image read_png_impl(const std::string& path, std::map<std::string, std::string>*
   PngIo io;
   io.file = f.get();
   if (!decode(io, &err, &image, &rows, text, kMaxPngPixels))
-    throw FormatError("cannot decode PNG '" + path +
-                      "': " + (err.message[0] ? err.message : "libpng error"));
+    throw decode_error("PNG '" + path + "'", err, input_bytes(io));
   return image;
 }
 
@@ -241,8 +276,7 @@ Image decode_png(const std::string& bytes, const std::string& what, uint64_t max
   Image image;
   std::vector<png_bytep> rows;
   if (!decode(io, &err, &image, &rows, text, std::min(max_pixels, kMaxPngPixels)))
-    throw FormatError("cannot decode " + what + ": " +
-                      (err.message[0] ? err.message : "libpng error"));
+    throw decode_error(what, err, bytes.size());
   return image;
 }
 
