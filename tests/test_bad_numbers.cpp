@@ -21,6 +21,7 @@
 #include "models/t5_encoder.h"
 #include "models/unet2d_condition.h"
 #include "pipeline/finite_check.h"
+#include "pipeline/memory_estimate.h"
 #include "schedulers/scheduler.h"
 #include "test_util.h"
 
@@ -185,6 +186,25 @@ TEST(BadNumbers, GuidanceAndLatentsMustBeFinite) {
   g.latents = torch::zeros({1, 4, side, side}, torch::kInt32);
   EXPECT_NE(expect_throw<InvalidArgument>([&] { t2i.generate(g); }).find("floating-point"),
             std::string::npos);
+}
+
+TEST(BadNumbers, AGenerationThatCannotFitIsRefusedBeforeAllocating) {
+  LoadOptions lo;
+  lo.device = "cpu";
+  auto t2i = Text2Image::load(kDemo.string(), lo);
+  GenerationConfig g;
+  g.prompts = {"a red circle"};
+  g.steps = 1;
+  g.width = g.height = 8192;
+  g.images_per_prompt = 256;
+  const auto msg = expect_throw<InvalidArgument>([&] { t2i.generate(g); });
+  EXPECT_NE(msg.find("needs about"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("256 images at 8192x8192"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("available"), std::string::npos) << msg;
+  // Saturating arithmetic: sizes whose product overflows int64 are "too much", not wrapped.
+  EXPECT_EQ(pipeline::activation_bytes(int64_t{1} << 40, 1 << 20, 1 << 20, 1 << 20, 4, 3),
+            std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(pipeline::activation_bytes(2, 128, 64, 64, 4, 3), int64_t{2} * 128 * 64 * 64 * 4 * 3);
 }
 
 TEST(BadNumbers, StageCheckSuggestsAnotherDtypeForFp16) {

@@ -8,6 +8,7 @@
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
+#include "device/memory.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/llama.h"
@@ -19,17 +20,6 @@ namespace diffuse::bench {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-// /proc/meminfo MemAvailable in bytes (0 if unknown).
-double mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024.0;
-  return 0;
-}
 
 // Parameters of the model the config describes, without building it.
 double t5_params(const models::T5Config& c) {
@@ -110,7 +100,7 @@ TextEncoderBenchResult run_text_encoder_bench(const TextEncoderBenchOptions& o) 
   const double params = t5 ? t5_params(t5c) : llama_params(llc);
   r.params_b = params / 1e9;
   r.weights_gib = params * static_cast<double>(c10::elementSize(dtype)) / kGiB;
-  r.available_gib = mem_available_bytes() / kGiB;
+  r.available_gib = static_cast<double>(device::host_available_bytes()) / kGiB;
   // Weights plus ~10 % for activations and the allocator must fit in what is free now.
   if (device.is_cpu() && r.available_gib > 0 && r.weights_gib * 1.1 > r.available_gib) {
     r.skipped = true;

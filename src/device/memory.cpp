@@ -1,5 +1,6 @@
 #include "device/memory.h"
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 
@@ -42,6 +43,24 @@ DeviceMemory device_memory(const torch::Device& device) {
     }
   }
   return m;
+}
+
+int64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemAvailable:") return kb * 1024;
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
+
+int64_t available_bytes(const torch::Device& device) {
+  if (device.is_cpu()) return host_available_bytes();
+  const auto m = device_memory(device);
+  if (!m.has_allocator || m.allocator.total_bytes <= 0) return 0;
+  return std::max<int64_t>(0, m.allocator.total_bytes - m.allocator.reserved_bytes);
 }
 
 void reset_peak_memory(const torch::Device& device) {

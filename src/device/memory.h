@@ -33,6 +33,11 @@ struct DeviceMemory {
 };
 
 DeviceMemory device_memory(const torch::Device& device);
+// Memory a new allocation on `device` can still get: MemAvailable of the host for the CPU,
+// total minus reserved for a device with an allocator; 0 when unknown.
+int64_t available_bytes(const torch::Device& device);
+// /proc/meminfo's MemAvailable (0 if unknown).
+int64_t host_available_bytes();
 // Starts a new peak window for the device's allocator (no-op on the CPU).
 void reset_peak_memory(const torch::Device& device);
 // Returns cached, unused blocks of the device's allocator to the driver; on the CPU, returns

@@ -19,6 +19,7 @@
 #include "nn/layers.h"
 #include "nn/load_weights.h"
 #include "pipeline/finite_check.h"
+#include "pipeline/memory_estimate.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/model_source.h"
 #include "schedulers/scheduler.h"
@@ -280,6 +281,25 @@ PromptEmbeddings StableDiffusion::encode_for_run(const GenerationConfig& config,
   return embeds;
 }
 
+void StableDiffusion::check_memory(const GenerationConfig& config, int width, int height) const {
+  const int64_t images = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
+  const int64_t unet_batch = images * (config.guidance_scale > 1.0 ? 2 : 1);
+  const int64_t f = vae_scale_factor();
+  const std::string what = std::to_string(images) + " image" + (images == 1 ? "" : "s") + " at " +
+                           std::to_string(width) + "x" + std::to_string(height);
+  const auto element = [](torch::Dtype d) { return static_cast<int64_t>(c10::elementSize(d)); };
+  // The UNet's top level holds at least its input, the resnet's hidden state and the skip
+  // connection; the VAE decoder's last level at least input, hidden and residual, per image.
+  check_memory_fits({{"UNet step", c_->device,
+                      activation_bytes(unet_batch, c_->unet_config.block_out_channels.front(),
+                                       height / f, width / f, element(c_->unet_dtype), 3),
+                      what},
+                     {"VAE decode", c_->vae_device,
+                      activation_bytes(images, c_->vae_config.block_out_channels.front(), height,
+                                       width, element(c_->vae_dtype), 3),
+                      what}});
+}
+
 void StableDiffusion::seed_devices(uint64_t seed) const {
   // The pipeline's own noise comes from the CPU generator; device generators are seeded so
   // that operators sampling on the device are reproducible as well.
@@ -438,6 +458,8 @@ GenerationResult StableDiffusion::denoise_and_decode(
 GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
                                              const StepCallback& on_step) {
   validate_generation_config(config, false);
+  check_memory(config, config.width ? config.width : info_.default_width,
+               config.height ? config.height : info_.default_height);
   torch::InferenceMode guard;
   double t0 = now_s();
   StageTimings timings;
@@ -458,7 +480,6 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
                             ", expected " + c10::str(c10::IntArrayRef(shape)) +
                             " for this batch and size");
     latents = config.latents.to(torch::kFloat32);
-  } else {
   }
   auto gen = at::detail::createCPUGenerator(seed);
   if (!latents.defined()) latents = cpu_randn(shape, gen);
@@ -484,6 +505,7 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   if (init.size(0) != 1 && init.size(0) != batch && batch % init.size(0) != 0)
     throw InvalidArgument("init image batch " + std::to_string(init.size(0)) +
                           " does not divide the prompt batch " + std::to_string(batch));
+  check_memory(config, static_cast<int>(init.size(3)), static_cast<int>(init.size(2)));
   int sf = vae_scale_factor();
   if (init.size(2) % sf != 0 || init.size(3) % sf != 0)
     throw InvalidArgument("init image size " + std::to_string(init.size(3)) + "x" +

@@ -54,6 +54,8 @@ class StableDiffusion {
   torch::Tensor decode_latents(
       const torch::Tensor& latents);  // -> [N, H, W, 3] float in [0,1], CPU
   int vae_scale_factor() const;
+  // InvalidArgument when a generation of this size cannot fit in the devices' free memory.
+  void check_memory(const GenerationConfig& config, int width, int height) const;
   int64_t latent_channels() const;
 
  private:

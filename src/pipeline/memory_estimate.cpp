@@ -1,0 +1,42 @@
+#include "pipeline/memory_estimate.h"
+
+#include <cstdio>
+#include <limits>
+
+#include "device/device.h"
+#include "device/memory.h"
+#include "diffuse/errors.h"
+
+namespace diffuse::pipeline {
+namespace {
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+}  // namespace
+
+int64_t activation_bytes(int64_t batch, int64_t channels, int64_t height, int64_t width,
+                         int64_t element_bytes, int64_t copies) {
+  long double v = 1;
+  for (int64_t f : {batch, channels, height, width, element_bytes, copies})
+    v *= static_cast<long double>(f);
+  const auto max = static_cast<long double>(std::numeric_limits<int64_t>::max());
+  return v >= max ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
+}
+
+void check_memory_fits(const std::vector<StageNeed>& needs) {
+  for (const auto& n : needs) {
+    const int64_t available = device::available_bytes(n.device);
+    if (available <= 0 || n.bytes <= available) continue;
+    throw InvalidArgument("this generation needs about " + gib(n.bytes) + " for the " + n.stage +
+                          " of " + n.what + " on " + device::device_name(n.device) + ", " +
+                          gib(available) +
+                          " available: use a smaller size or fewer images per batch "
+                          "(--num-images; --batch-count runs them one after another)");
+  }
+}
+
+}  // namespace diffuse::pipeline
