@@ -82,17 +82,15 @@ try {
     })
   ).jsonValue();
   await page.click('#cancel');
-  const state = await (
-    await page.waitForFunction(
-      async (id) => {
-        const s = (await (await fetch(`/v1/jobs/${id}`)).json()).state;
-        return s !== 'running' && s !== 'queued' ? s : null;
-      },
-      running.id,
-      { timeout: 60000, polling: 50 },
-    )
-  ).jsonValue();
-  if (state !== 'cancelled') fail(`the second job ended '${state}', expected cancelled`);
+  // Polled from Node (page.evaluate awaits the fetch), until the job has ended.
+  let state = null;
+  for (const deadline = Date.now() + 60000; Date.now() < deadline; ) {
+    state = await page.evaluate(async (id) => (await (await fetch(`/v1/jobs/${id}`)).json()).state, running.id);
+    if (state !== 'running' && state !== 'queued') break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  if (state !== 'cancelled')
+    fail(`the second job ended '${state}', expected cancelled (job ${JSON.stringify(running)})`);
   const after = await page.$$eval('#gallery .result', (r) => r.length);
   if (after !== before) fail('a cancelled job added an image to the gallery');
   await page.screenshot({ path: `${shots}/web-page-cancelled.png`, fullPage: true });
