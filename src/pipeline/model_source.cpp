@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
+#include <tuple>
 
 #include "diffuse/errors.h"
 #include "io/ldm_checkpoint.h"
@@ -13,8 +16,33 @@ namespace fs = std::filesystem;
 namespace diffuse::pipeline {
 namespace {
 
+// The pipelines and component classes a Stable Diffusion folder may name in model_index.json:
+// anything else (an inpainting or SDXL pipeline, a UNet2DModel) would load into the wrong
+// networks, so it is refused here instead of failing, or worse not failing, later.
+void check_model_index(const io::ModelFolder& folder) {
+  const auto& index = folder.model_index();
+  const std::string pipeline = index.get<std::string>("_class_name", "");
+  static const char* kPipelines[] = {"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"};
+  if (!pipeline.empty() &&
+      std::find(std::begin(kPipelines), std::end(kPipelines), pipeline) == std::end(kPipelines))
+    index.fail("_class_name", "pipeline '" + pipeline +
+                                  "' is not supported (expected StableDiffusionPipeline or "
+                                  "StableDiffusionImg2ImgPipeline; HiDream folders: "
+                                  "HiDreamImagePipeline)");
+  for (auto [component, expected, also] : {std::tuple{"unet", "UNet2DConditionModel", ""},
+                                           {"vae", "AutoencoderKL", ""},
+                                           {"text_encoder", "CLIPTextModel", ""},
+                                           {"tokenizer", "CLIPTokenizer", "CLIPTokenizerFast"}}) {
+    const std::string cls = folder.component_class(component);
+    if (!cls.empty() && cls != expected && cls != also)
+      index.fail(component,
+                 "class '" + cls + "' is not supported here (expected " + expected + ")");
+  }
+}
+
 ModelSource from_folder(const std::string& path) {
   auto folder = io::ModelFolder::open(path);
+  check_model_index(folder);
   ModelSource s;
   s.path = path;
   s.kind = "diffusers";
@@ -42,7 +70,8 @@ ModelSource from_single_file(const std::string& path, const ModelSourceOptions& 
   s.kind = "single-file";
   s.unet_config = io::JsonConfig(parts.unet_config, path + " (inferred unet config)");
   s.vae_config = io::JsonConfig(parts.vae_config, path + " (inferred vae config)");
-  s.text_encoder_config = io::JsonConfig(parts.text_encoder_config, path + " (inferred text_encoder config)");
+  s.text_encoder_config =
+      io::JsonConfig(parts.text_encoder_config, path + " (inferred text_encoder config)");
   s.scheduler_config = io::JsonConfig(parts.scheduler_config, path + " (scheduler config)");
   s.unet_weights = std::move(parts.unet);
   s.vae_weights = std::move(parts.vae);
@@ -58,8 +87,10 @@ ModelSource from_single_file(const std::string& path, const ModelSourceOptions& 
       break;
     }
   if (s.tokenizer_dir.empty())
-    throw IoError("single-file checkpoint '" + path + "' carries no tokenizer: pass a diffusers folder with "
-                  "--config DIR (its tokenizer/ is used), or put a tokenizer/ folder next to the file");
+    throw IoError(
+        "single-file checkpoint '" + path +
+        "' carries no tokenizer: pass a diffusers folder with "
+        "--config DIR (its tokenizer/ is used), or put a tokenizer/ folder next to the file");
   return s;
 }
 
@@ -70,7 +101,9 @@ ModelSource open_model_source(const std::string& path, const ModelSourceOptions&
   if (fs::is_directory(path)) return from_folder(path);
   auto ext = fs::path(path).extension().string();
   if (ext == ".ckpt" || ext == ".pt" || ext == ".pth" || ext == ".bin")
-    throw FormatError("'" + path + "' is a pickled checkpoint; diffuse only reads .safetensors (convert it first)");
+    throw FormatError(
+        "'" + path +
+        "' is a pickled checkpoint; diffuse only reads .safetensors (convert it first)");
   return from_single_file(path, options);
 }
 

@@ -1,7 +1,8 @@
-// Bad numbers never end as a black image or an allocator crash (issue 18, classes 1 and 3):
-// NaN/Inf in weights, config values out of range or non-finite, sizes that would allocate
-// without bound, non-finite guidance and latents, and a stage whose output went non-finite.
-// Each error names the file, key or tensor and what was expected.
+// Bad model input never ends as a black image, an allocator crash or a silently wrong model
+// (issue 18, classes 1, 3, 5): NaN/Inf in weights, config values out of range or non-finite,
+// sizes that would allocate without bound, non-finite guidance and latents, a stage whose
+// output went non-finite, and model_index.json naming pipelines or classes diffuse does not
+// run. Each error names the file, key or tensor and what was expected.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -205,6 +206,22 @@ TEST(BadNumbers, AGenerationThatCannotFitIsRefusedBeforeAllocating) {
   EXPECT_EQ(pipeline::activation_bytes(int64_t{1} << 40, 1 << 20, 1 << 20, 1 << 20, 4, 3),
             std::numeric_limits<int64_t>::max());
   EXPECT_EQ(pipeline::activation_bytes(2, 128, 64, 64, 4, 3), int64_t{2} * 128 * 64 * 64 * 4 * 3);
+}
+
+TEST(BadModelFolder, UnsupportedPipelineOrComponentClassIsRefused) {
+  for (auto [key, value] :
+       {std::pair<std::string, json>{"_class_name", "StableDiffusionInpaintPipeline"},
+        {"unet", json::array({"diffusers", "UNet2DModel"})},
+        {"vae", json::array({"diffusers", "AutoencoderTiny"})}}) {
+    SCOPED_TRACE(key);
+    test::TempDir dir;
+    const auto model = demo_copy(dir);
+    set_config_key(model / "model_index.json", key, value);
+    const auto msg = load_error(model);
+    EXPECT_NE(msg.find("model_index.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'" + key + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("not supported"), std::string::npos) << msg;
+  }
 }
 
 TEST(BadNumbers, StageCheckSuggestsAnotherDtypeForFp16) {
