@@ -224,6 +224,17 @@ TEST(BadModelFolder, UnsupportedPipelineOrComponentClassIsRefused) {
   }
 }
 
+TEST(BadModelFolder, TokenizerIdsBeyondTheTextEncodersVocabularyAreRefused) {
+  test::TempDir dir;
+  const auto model = demo_copy(dir);
+  auto vocab = read_json(model / "tokenizer" / "vocab.json");
+  vocab["zzzz</w>"] = 100000;
+  write_json(model / "tokenizer" / "vocab.json", vocab);
+  const auto msg = load_error(model);
+  EXPECT_NE(msg.find("'zzzz</w>' has id 100000"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("vocab_size"), std::string::npos) << msg;
+}
+
 TEST(BadNumbers, StageCheckSuggestsAnotherDtypeForFp16) {
   auto t = torch::ones({2, 2}, torch::kFloat16);
   pipeline::check_stage_finite(t, "VAE decoder", torch::kCPU, torch::kFloat16);  // finite: fine

@@ -83,6 +83,19 @@ TEST(ClipTokenizer, MalformedMergesAndConfigAreReported) {
   expect_error<ConfigError>(t.dir.path().string(), "pad_token");
 }
 
+TEST(ClipTokenizer, MergesAndVocabMustBelongTogether) {
+  TinyTokenizer t;
+  write(t.dir.file("merges.txt"), "#version: 0.2\na b\na q\n");
+  expect_error<FormatError>(t.dir.path().string(), "line 3: symbol 'q' is not in vocab.json");
+  write(t.dir.file("merges.txt"), "#version: 0.2\na b\nb c\n");
+  expect_error<FormatError>(t.dir.path().string(), "merged token 'bc' is not in vocab.json");
+  write(t.dir.file("merges.txt"), std::string("#version: 0.2\n\x89PNG\x01 \xff\xfe\n", 19));
+  expect_error<FormatError>(t.dir.path().string(), "merges.txt: line 2");
+  write(t.dir.file("merges.txt"), "#version: 0.2\na b\n");
+  write(t.dir.file("vocab.json"), R"({"a": 1, "b": 2, "ab": 1})");
+  expect_error<FormatError>(t.dir.path().string(), "id 1 is given to both");
+}
+
 TEST(ClipTokenizer, MergesByRankAndMarksWordEnds) {
   const auto tok = TinyTokenizer().load();
   EXPECT_EQ(tok.tokenize("abc"), (Tokens{"abc</w>"}));

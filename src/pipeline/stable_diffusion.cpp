@@ -183,6 +183,12 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   c_->tokenizer =
       std::make_unique<text::ClipTokenizer>(text::ClipTokenizer::from_folder(src.tokenizer_dir));
   c_->text_config = models::ClipTextConfig::from_json(src.text_encoder_config);
+  if (auto [token, id] = c_->tokenizer->largest_id_token(); id >= c_->text_config.vocab_size)
+    throw ConfigError("tokenizer '" + src.tokenizer_dir + "': token '" + token + "' has id " +
+                      std::to_string(id) + ", outside the text encoder's vocabulary [0, " +
+                      std::to_string(c_->text_config.vocab_size) + ") (" +
+                      src.text_encoder_config.source() +
+                      " vocab_size): the tokenizer and the text encoder do not match");
   c_->unet_config = models::UNet2DConditionConfig::from_json(src.unet_config);
   c_->vae_config = models::AutoencoderKLConfig::from_json(src.vae_config);
   c_->scheduler_config = src.scheduler_config;

@@ -49,6 +49,9 @@ class ClipTokenizer {
   int64_t unk_id() const { return unk_id_; }
   int64_t model_max_length() const { return model_max_length_; }
   size_t vocab_size() const { return vocab_.size(); }
+  // The token with the largest id (vocabulary and added tokens), to check it against the text
+  // encoder's embedding table.
+  std::pair<std::string, int64_t> largest_id_token() const;
   const std::vector<AddedToken>& added_tokens() const { return added_; }
 
   // Id of one token string (added tokens first, then the vocabulary, else unk_id).

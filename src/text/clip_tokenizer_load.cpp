@@ -162,6 +162,15 @@ class ClipTokenizerLoader {
     nlohmann::json::sax_parse(text, &reader);  // throws FormatError through the reader
     if (t.vocab_.empty())
       throw FormatError(path.string() + ": expected a non-empty JSON object token -> id");
+    // Two tokens with one id would decode ambiguously and point at one embedding row.
+    std::unordered_map<int64_t, const std::string*> by_id;
+    by_id.reserve(t.vocab_.size());
+    for (const auto& [token, id] : t.vocab_) {
+      auto [it, fresh] = by_id.emplace(id, &token);
+      if (!fresh)
+        throw FormatError(path.string() + ": id " + std::to_string(id) + " is given to both '" +
+                          *it->second + "' and '" + token + "'");
+    }
   }
 
   static void load_merges(const fs::path& path, ClipTokenizer& t) {
@@ -185,6 +194,19 @@ class ClipTokenizerLoader {
         throw FormatError(path.string() + ": line " + std::to_string(rank + 2) +
                           ": expected two space-separated symbols, got '" +
                           std::string(lines[rank + 1]) + "'");
+      // Each merge joins two vocabulary tokens into a third; one that does not (binary
+      // garbage, a merges.txt from another tokenizer) would make unknown tokens silently.
+      for (const auto& symbol : {fields[0], fields[1]})
+        if (!t.vocab_.count(std::string(symbol)))
+          throw FormatError(path.string() + ": line " + std::to_string(rank + 2) + ": symbol '" +
+                            std::string(symbol) +
+                            "' is not in vocab.json (merges.txt and vocab.json must come from "
+                            "the same tokenizer)");
+      if (!t.vocab_.count(std::string(fields[0]) + std::string(fields[1])))
+        throw FormatError(path.string() + ": line " + std::to_string(rank + 2) +
+                          ": merged token '" + std::string(fields[0]) + std::string(fields[1]) +
+                          "' is not in vocab.json (merges.txt and vocab.json must come from the "
+                          "same tokenizer)");
       // A repeated pair keeps its last rank, as Python's dict(zip(merges, range(n))) does.
       std::string key;
       key.reserve(fields[0].size() + fields[1].size() + 1);
@@ -283,6 +305,15 @@ class ClipTokenizerLoader {
     t.added_ids_[tok.content] = tok.id;
   }
 };
+
+std::pair<std::string, int64_t> ClipTokenizer::largest_id_token() const {
+  std::pair<std::string, int64_t> best{"", -1};
+  for (const auto& [token, id] : vocab_)
+    if (id > best.second) best = {token, id};
+  for (const auto& a : added_)
+    if (a.id > best.second) best = {a.content, a.id};
+  return best;
+}
 
 ClipTokenizer ClipTokenizer::from_folder(const std::string& dir) {
   return ClipTokenizerLoader::load(dir);
