@@ -133,6 +133,11 @@ TEST(Safetensors, RejectsBadFilesWithClearErrors) {
   write_raw(p,
             with_header(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "abcdefgh"));
   expect_format_error(p, "need 12 bytes");
+  // 2^62 elements of 8 bytes: the byte count overflows (it used to print a wrapped number).
+  write_raw(p, with_header(
+                   R"({"x":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})",
+                   "abcdefgh"));
+  expect_format_error(p, "need more than 2^64 bytes");
   write_raw(p,
             with_header(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", "abcdefgh"));
   expect_format_error(p, "reversed");

@@ -177,8 +177,10 @@ void parse_safetensors_header(const std::string& header_json, uint64_t data_size
       throw FormatError(ctx + ": data_offsets end " + std::to_string(info.end) +
                         " is beyond the data section (" + std::to_string(data_size) + " bytes)");
     uint64_t nbytes = 0;
-    if (mul_overflows(numel, dt->size, &nbytes) || nbytes != info.end - info.begin)
-      throw FormatError(ctx + ": shape and dtype need " + std::to_string(numel * dt->size) +
+    const bool overflow = mul_overflows(numel, dt->size, &nbytes);
+    if (overflow || nbytes != info.end - info.begin)
+      throw FormatError(ctx + ": shape and dtype need " +
+                        (overflow ? std::string("more than 2^64") : std::to_string(nbytes)) +
                         " bytes but data_offsets span " + std::to_string(info.end - info.begin));
     infos->push_back(std::move(info));
   }
