@@ -25,6 +25,7 @@
 #include "pipeline/memory_estimate.h"
 #include "schedulers/scheduler.h"
 #include "test_util.h"
+#include "verify/golden.h"
 
 namespace fs = std::filesystem;
 
@@ -233,6 +234,31 @@ TEST(BadModelFolder, TokenizerIdsBeyondTheTextEncodersVocabularyAreRefused) {
   const auto msg = load_error(model);
   EXPECT_NE(msg.find("'zzzz</w>' has id 100000"), std::string::npos) << msg;
   EXPECT_NE(msg.find("vocab_size"), std::string::npos) << msg;
+}
+
+TEST(BadModelFolder, SingleFileWhoseInferredConfigFailsSuggestsAConfigFolder) {
+  const auto set = verify::GoldenSet::load(test::golden_dir());
+  const std::string file = set.single_file_checkpoint();
+  if (file.empty()) GTEST_SKIP() << "golden set has no single-file checkpoint";
+  test::TempDir dir;
+  // Two rows of token embeddings: the inferred vocab_size (2) cannot hold CLIP's eos id (2).
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  auto f = io::SafetensorsFile::open(file);
+  for (const auto& name : f->names()) {
+    auto t = f->get(name);
+    const std::string suffix = "token_embedding.weight";
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      t = t.narrow(0, 0, 2);
+    tensors.emplace_back(name, t);
+  }
+  const auto ckpt = dir.path() / "model.safetensors";
+  io::save_safetensors(ckpt.string(), tensors);
+  fs::copy(fs::path(set.model_dir()) / "tokenizer", dir.path() / "tokenizer",
+           fs::copy_options::recursive);
+  const auto msg = load_error(ckpt);
+  EXPECT_NE(msg.find("eos_token_id"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--config DIR"), std::string::npos) << msg;
 }
 
 TEST(BadNumbers, StageCheckSuggestsAnotherDtypeForFp16) {

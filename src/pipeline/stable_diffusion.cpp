@@ -182,15 +182,24 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   auto& src = c_->source;
   c_->tokenizer =
       std::make_unique<text::ClipTokenizer>(text::ClipTokenizer::from_folder(src.tokenizer_dir));
-  c_->text_config = models::ClipTextConfig::from_json(src.text_encoder_config);
+  // A single file carries no config: its configs were inferred from the weights' shapes, and
+  // when one does not work the fix is the model's own config folder.
+  try {
+    c_->text_config = models::ClipTextConfig::from_json(src.text_encoder_config);
+    c_->unet_config = models::UNet2DConditionConfig::from_json(src.unet_config);
+    c_->vae_config = models::AutoencoderKLConfig::from_json(src.vae_config);
+  } catch (const ConfigError& e) {
+    if (src.kind != "single-file" || !options.config_dir.empty()) throw;
+    throw ConfigError(std::string(e.what()) +
+                      " (the configs were inferred from the checkpoint's weights; pass the "
+                      "model's diffusers folder with --config DIR)");
+  }
   if (auto [token, id] = c_->tokenizer->largest_id_token(); id >= c_->text_config.vocab_size)
     throw ConfigError("tokenizer '" + src.tokenizer_dir + "': token '" + token + "' has id " +
                       std::to_string(id) + ", outside the text encoder's vocabulary [0, " +
                       std::to_string(c_->text_config.vocab_size) + ") (" +
                       src.text_encoder_config.source() +
                       " vocab_size): the tokenizer and the text encoder do not match");
-  c_->unet_config = models::UNet2DConditionConfig::from_json(src.unet_config);
-  c_->vae_config = models::AutoencoderKLConfig::from_json(src.vae_config);
   c_->scheduler_config = src.scheduler_config;
   // Built once now so that a bad scheduler config fails at load, naming its key, not at the
   // first generation.
