@@ -42,6 +42,7 @@ struct GenerateFlags {
   int batch_count = 1;
   std::string out = "output.png";
   std::string latents_file, noise_file;
+  std::string prompt_syntax = "a1111";
   LoadFlags load;
   bool quiet = false;
   bool json = false;
@@ -70,6 +71,10 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
       ->capture_default_str();
   app.add_option("-s,--seed", f.seed,
                  "Seed (default: random); same seed, same image on every device");
+  app.add_option("--prompt-syntax", f.prompt_syntax,
+                 "a1111: (word:1.3) weights, BREAK, prompts past 77 tokens; plain: as diffusers")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"a1111", "plain"}));
   app.add_option("--scheduler", f.scheduler,
                  "ddim|pndm|euler|euler_a|dpmpp_2m|lms (default: the model's)");
   app.add_option("--num-images", f.num_images, "Images per prompt in one batch")
@@ -138,6 +143,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   g.strength = f.strength;
   g.images_per_prompt = f.num_images;
   g.scheduler = f.scheduler;
+  g.prompt_syntax = f.prompt_syntax;
   if (f.seed) g.seed = parse_seed(*f.seed, "--seed");
   if (!f.scheduler.empty()) {
     auto names = scheduler_names();

@@ -200,3 +200,41 @@ TEST(Pipeline, MissingModelIsAnIoError) {
 
 }  // namespace
 }  // namespace diffuse
+
+namespace diffuse {
+namespace {
+
+// AUTOMATIC1111's prompt syntax through the pipeline (the demo model: real CLIP-style
+// tokenizer, 77-token text encoder).
+TEST(PipelinePromptSyntax, PlainPromptsAreExactWeightsAndLongPromptsChangeTheImage) {
+  LoadOptions lo;
+  lo.device = "cpu";
+  auto t2i = Text2Image::load(std::string(DIFFUSE_SOURCE_DIR) + "/models/demo", lo);
+  auto run = [&](const std::string& prompt, const std::string& syntax) {
+    GenerationConfig g;
+    g.prompts = {prompt};
+    g.negative_prompts = {"blurry"};
+    g.steps = 2;
+    g.seed = 5;
+    g.prompt_syntax = syntax;
+    return t2i.generate(g);
+  };
+  const std::string plain = "a red circle on the left and a blue square on the right";
+  EXPECT_EQ(run(plain, "a1111").images[0].rgb, run(plain, "plain").images[0].rgb);
+  EXPECT_NE(run("a (red circle:1.6) on the left and a blue square on the right", "a1111")
+                .images[0]
+                .rgb,
+            run(plain, "a1111").images[0].rgb);
+  std::string longer = plain;
+  for (int i = 0; i < 30; ++i) longer += ", and a green triangle";
+  const auto truncated = run(longer, "plain");
+  ASSERT_FALSE(truncated.warnings.empty());
+  EXPECT_NE(truncated.warnings[0].find("truncated"), std::string::npos);
+  const auto chunked = run(longer, "a1111");
+  EXPECT_TRUE(chunked.warnings.empty()) << chunked.warnings[0];
+  EXPECT_NE(chunked.images[0].rgb, truncated.images[0].rgb);
+  EXPECT_THROW(run(plain, "compel"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace diffuse

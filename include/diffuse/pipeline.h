@@ -67,6 +67,10 @@ struct GenerationConfig {
   int images_per_prompt = 1;
   std::string scheduler;  // ddim|pndm|euler|euler_a|dpmpp_2m|lms; "" = the model's own
   double eta = 0.0;       // DDIM only
+  // "plain": the prompt as diffusers reads it (truncated at 77 tokens; exact parity).
+  // "a1111": AUTOMATIC1111's syntax: (word:1.3) / (word) / [word] weights, BREAK, and prompts
+  // of any length in chunks of 75 tokens (the CLI's and the server's default).
+  std::string prompt_syntax = "plain";
   // Advanced: start from these latents ([N, C, h, w], before init_noise_sigma scaling) instead
   // of seeded noise (txt2img), or use this noise for add_noise (img2img).
   torch::Tensor latents;

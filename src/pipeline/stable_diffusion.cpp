@@ -24,6 +24,7 @@
 #include "pipeline/model_source.h"
 #include "schedulers/scheduler.h"
 #include "text/clip_tokenizer.h"
+#include "text/prompt_weighting.h"
 
 namespace diffuse::pipeline {
 namespace {
@@ -150,6 +151,8 @@ void validate_generation_config(const GenerationConfig& c, bool image2image) {
   if (!(c.guidance_scale >= 0 && std::isfinite(c.guidance_scale)))
     throw InvalidArgument("guidance scale must be a finite number >= 0, got " +
                           std::to_string(c.guidance_scale));
+  if (c.prompt_syntax != "plain" && c.prompt_syntax != "a1111")
+    throw InvalidArgument("prompt syntax must be plain or a1111, got '" + c.prompt_syntax + "'");
   if (image2image && !(c.strength > 0 && c.strength <= 1))
     throw InvalidArgument("strength must be in (0, 1], got " + std::to_string(c.strength));
 }
@@ -287,7 +290,7 @@ PromptEmbeddings StableDiffusion::encode_for_run(const GenerationConfig& config,
   seed_devices(seed);
   device::reset_peak_memory(c_->text_device);
   auto embeds = encode_prompt(config.prompts, config.negative_prompts, config.images_per_prompt,
-                              /*guidance=*/config.guidance_scale > 1.0);
+                              /*guidance=*/config.guidance_scale > 1.0, config.prompt_syntax);
   check_stage_finite(embeds.positive, "text encoder", c_->text_device, c_->text_dtype);
   check_stage_finite(embeds.negative, "text encoder", c_->text_device, c_->text_dtype);
   c_->done_with(c_->text_encoder_module, c_->text_device);
@@ -345,9 +348,78 @@ int64_t StableDiffusion::latent_channels() const {
   return c_->unet_config.in_channels;
 }
 
+std::optional<PromptEmbeddings> StableDiffusion::encode_weighted_prompts(
+    const std::vector<std::string>& prompts, const std::vector<std::string>& negative_prompts,
+    int images_per_prompt, bool guidance) {
+  std::vector<std::string> texts = prompts;
+  if (guidance) {
+    for (size_t i = 0; i < prompts.size(); ++i)
+      texts.push_back(negative_prompts.empty()       ? ""
+                      : negative_prompts.size() == 1 ? negative_prompts[0]
+                                                     : negative_prompts[i]);
+  }
+  PromptEmbeddings e;
+  std::vector<std::vector<text::PromptChunk>> chunks;
+  size_t most = 1;
+  bool plain = true;
+  for (const auto& t : texts) {
+    chunks.push_back(
+        text::chunk_prompt(*c_->tokenizer, text::parse_prompt_attention(t, &e.warnings)));
+    most = std::max(most, chunks.back().size());
+    for (const auto& c : chunks.back()) plain = plain && c.all_weights_one();
+  }
+  // One chunk each and no weights: exactly the plain path (same ids; same batches, so the
+  // same bits as diffusers' encode_prompt).
+  if (plain && most == 1) return std::nullopt;
+  const auto empty = text::chunk_prompt(*c_->tokenizer, text::parse_prompt_attention(""));
+  const int64_t len = c_->tokenizer->model_max_length();
+  const int64_t n = static_cast<int64_t>(texts.size()), k = static_cast<int64_t>(most);
+  auto ids = torch::empty({n * k, len}, torch::kInt64);
+  auto weights = torch::ones({n * k, len}, torch::kFloat32);
+  std::vector<bool> weighted(static_cast<size_t>(n * k), false);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      // Shorter prompts (and the negative prompt) are padded with empty chunks, as A1111 does.
+      const auto& c = j < static_cast<int64_t>(chunks[static_cast<size_t>(i)].size())
+                          ? chunks[static_cast<size_t>(i)][static_cast<size_t>(j)]
+                          : empty[0];
+      const int64_t row = i * k + j;
+      for (int64_t t = 0; t < len; ++t) {
+        ids[row][t] = c.ids[static_cast<size_t>(t)];
+        weights[row][t] = c.weights[static_cast<size_t>(t)];
+      }
+      weighted[static_cast<size_t>(row)] = !c.all_weights_one();
+    }
+  trace("weighted_input_ids", ids);
+  auto hidden = c_->text_encoder()->forward(ids.to(c_->text_device)).last_hidden_state;
+  auto w = weights.to(hidden.device(), hidden.scalar_type());
+  std::vector<torch::Tensor> rows;
+  for (int64_t r = 0; r < n * k; ++r) {
+    auto z = hidden[r];
+    if (weighted[static_cast<size_t>(r)]) {
+      // A1111's emphasis: scale each token's output, then restore the chunk's mean.
+      const auto mean = z.mean();
+      z = z * w[r].unsqueeze(-1);
+      z = z * (mean / z.mean());
+    }
+    rows.push_back(z);
+  }
+  auto all = torch::stack(rows).reshape({n, k * len, hidden.size(-1)});
+  const int64_t np = static_cast<int64_t>(prompts.size());
+  e.truncated.assign(prompts.size(), false);
+  e.positive = all.narrow(0, 0, np).repeat_interleave(images_per_prompt, 0);
+  if (guidance) e.negative = all.narrow(0, np, np).repeat_interleave(images_per_prompt, 0);
+  return e;
+}
+
 PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& prompts,
                                                 const std::vector<std::string>& negative_prompts,
-                                                int images_per_prompt, bool guidance) {
+                                                int images_per_prompt, bool guidance,
+                                                const std::string& prompt_syntax) {
+  if (prompt_syntax == "a1111") {
+    auto weighted = encode_weighted_prompts(prompts, negative_prompts, images_per_prompt, guidance);
+    if (weighted) return *weighted;
+  }
   auto encode = [&](const std::vector<std::string>& texts, std::vector<bool>* truncated,
                     const char* name) {
     auto batch = c_->tokenizer->encode_padded(texts);

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,13 @@ class StableDiffusion {
   // Stages, public for tools and tests.
   PromptEmbeddings encode_prompt(const std::vector<std::string>& prompts,
                                  const std::vector<std::string>& negative_prompts,
-                                 int images_per_prompt, bool guidance);
+                                 int images_per_prompt, bool guidance,
+                                 const std::string& prompt_syntax = "plain");
+  // The "a1111" syntax: chunks of 75 tokens, weights; nullopt when every text is one chunk
+  // without weights (then the plain path gives exactly the same).
+  std::optional<PromptEmbeddings> encode_weighted_prompts(
+      const std::vector<std::string>& prompts, const std::vector<std::string>& negative_prompts,
+      int images_per_prompt, bool guidance);
   torch::Tensor decode_latents(
       const torch::Tensor& latents);  // -> [N, H, W, 3] float in [0,1], CPU
   int vae_scale_factor() const;

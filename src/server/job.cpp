@@ -46,6 +46,7 @@ nlohmann::json JobRequest::describe() const {
                       {"steps", c.steps},
                       {"guidance_scale", c.guidance_scale},
                       {"scheduler", c.scheduler},
+                      {"prompt_syntax", c.prompt_syntax},
                       {"seed", c.seed.value_or(0)},
                       {"num_images", c.images_per_prompt},
                       {"batch_count", batch_count}};

@@ -76,6 +76,13 @@ void finish(JobRequest& r, const ModelDefaults& model, const ServerLimits& limit
                           " images, this server's limit per request is " +
                           std::to_string(limits.max_images));
   check_scheduler(c.scheduler, model.schedulers);
+  if (std::find(model.prompt_syntaxes.begin(), model.prompt_syntaxes.end(), c.prompt_syntax) ==
+      model.prompt_syntaxes.end()) {
+    std::string list;
+    for (const auto& p : model.prompt_syntaxes) list += (list.empty() ? "" : ", ") + p;
+    throw InvalidArgument("prompt_syntax: '" + c.prompt_syntax +
+                          "' is not available for this model (available: " + list + ")");
+  }
   pipeline::validate_generation_config(c, r.kind == JobKind::img2img);
   if (r.kind == JobKind::edit && !(r.edit.image_guidance_scale >= 0))
     throw InvalidArgument("image_guidance_scale must be >= 0");
@@ -121,6 +128,7 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
   c.steps = to_int(f.integer("steps", 1, limits.max_steps).value_or(model.steps));
   c.guidance_scale = f.number("guidance_scale", 0, 100).value_or(model.guidance_scale);
   c.scheduler = f.string("scheduler", 64).value_or(model.scheduler);
+  c.prompt_syntax = f.string("prompt_syntax", 16).value_or(model.prompt_syntaxes.front());
   c.images_per_prompt = to_int(f.integer("num_images", 1, limits.max_images).value_or(1));
   r.batch_count = to_int(f.integer("batch_count", 1, limits.max_images).value_or(1));
   c.strength = f.number("strength", 0, 1).value_or(0.8);
@@ -184,6 +192,7 @@ JobRequest parse_a1111(const nlohmann::json& body, bool img2img, const ModelDefa
   r.api = "a1111";
   r.kind = img2img ? JobKind::img2img : JobKind::txt2img;
   auto& c = r.config;
+  c.prompt_syntax = model.prompt_syntaxes.front();  // A1111 clients write A1111 prompts
   c.prompts = {f.string("prompt", limits.max_prompt_chars).value_or("")};
   const auto neg = f.string("negative_prompt", limits.max_prompt_chars).value_or("");
   if (!neg.empty()) c.negative_prompts = {neg};

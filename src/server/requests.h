@@ -23,6 +23,9 @@ struct ModelDefaults {
   // Whether width x height is only the aspect ratio of an image rescaled to the model's area
   // (HiDream-I1), rather than the size made.
   bool rescales_to_area = false;
+  // Prompt syntaxes the model's text encoder takes ("a1111" needs a CLIP tokenizer), the first
+  // being the default of the native and A1111 APIs.
+  std::vector<std::string> prompt_syntaxes = {"a1111", "plain"};
 
   bool supports(JobKind kind) const;
   std::string kinds_text() const;  // "txt2img, img2img"
@@ -31,7 +34,8 @@ struct ModelDefaults {
 // {"mode": "txt2img"|"img2img"|"edit", "prompt": str|[str], "negative_prompt": str|[str],
 //  "width", "height", "steps", "guidance_scale", "scheduler", "seed" (-1/absent = random),
 //  "num_images", "batch_count", "strength", "eta", "init_image" (base64 PNG), "preview",
-//  edit: "image_guidance_scale", "clip_cfg_norm", "refine_strength"}. Unknown fields are
+//  "prompt_syntax" ("a1111" | "plain"), edit: "image_guidance_scale", "clip_cfg_norm",
+//  "refine_strength"}. Unknown fields are
 // errors, and so are modes the model does not run.
 JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& model,
                             const ServerLimits& limits);
