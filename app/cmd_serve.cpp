@@ -1,9 +1,11 @@
 // `diffuse serve`: loads the model once and serves the web page and the HTTP APIs until
 // SIGINT/SIGTERM.
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -27,25 +29,40 @@ struct ServeFlags {
   bool quiet = false;
 };
 
-// SIGINT/SIGTERM are taken by a thread of their own (sigwait), never by a handler: stopping
-// the server is not async-signal-safe. The first signal stops accepting and cancels (or lets
-// finish) the running job; a second one cancels it in any case.
+// SIGINT/SIGTERM go through a pipe to a thread of their own: the handler only writes the
+// signal number (async-signal-safe), since stopping the server is not. Blocking the signals
+// and sigwait-ing would not do: threads that libraries start before main() runs keep them
+// unblocked, and a signal delivered there would end the process. The first signal stops
+// accepting and cancels (or lets finish) the running job; a second one cancels it in any case.
+int g_signal_pipe_write = -1;
+
+extern "C" void diffuse_serve_forward_signal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  const ssize_t written = ::write(g_signal_pipe_write, &byte, 1);
+  (void)written;
+}
+
 class SignalWatcher {
  public:
   SignalWatcher() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGUSR1);                   // our own wake-up at exit
-    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // inherited by every thread started later
+    if (::pipe2(fds_, O_CLOEXEC) != 0) throw Error("cannot create the signal pipe");
+    g_signal_pipe_write = fds_[1];
+    struct sigaction action {};
+    action.sa_handler = diffuse_serve_forward_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &action, &previous_[0]);
+    ::sigaction(SIGTERM, &action, &previous_[1]);
   }
   void watch(server::HttpServer& http, bool cancel_running, bool quiet) {
     thread_ = std::thread([this, &http, cancel_running, quiet] {
       int signals = 0;
       std::thread stopper;
       for (;;) {
-        int sig = 0;
-        if (sigwait(&set_, &sig) != 0 || sig == SIGUSR1) break;
+        unsigned char sig = 0;
+        const ssize_t n = ::read(fds_[0], &sig, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n != 1 || sig == 0) break;  // 0: our own wake-up at exit
         ++signals;
         if (signals == 1) {
           if (!quiet)
@@ -61,14 +78,22 @@ class SignalWatcher {
     });
   }
   ~SignalWatcher() {
+    ::sigaction(SIGINT, &previous_[0], nullptr);
+    ::sigaction(SIGTERM, &previous_[1], nullptr);
     if (thread_.joinable()) {
-      pthread_kill(thread_.native_handle(), SIGUSR1);
+      const unsigned char stop = 0;
+      const ssize_t written = ::write(fds_[1], &stop, 1);
+      (void)written;
       thread_.join();
     }
+    g_signal_pipe_write = -1;
+    ::close(fds_[0]);
+    ::close(fds_[1]);
   }
 
  private:
-  sigset_t set_;
+  int fds_[2] = {-1, -1};
+  struct sigaction previous_[2]{};
   std::thread thread_;
 };
 

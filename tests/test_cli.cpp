@@ -1,6 +1,7 @@
 // The `diffuse` binary as a user runs it: golden pipeline cases end to end through the CLI
 // (PNG output), and bad input giving one clear line, a non-zero exit and no output file.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -10,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -371,6 +373,52 @@ TEST(Cli, FullSeedRangeIsKeptAndNoiseIsOnlyAnImg2ImgFlag) {
   EXPECT_NE(n.err.find("--noise"), std::string::npos) << n.err;
 }
 
+struct SignalledRun {
+  bool signalled = false;
+  int status = 0;
+  std::string err;
+};
+
+// Runs the CLI with `args`, sends `sig` once `trigger` appears on its stderr, and waits for it.
+SignalledRun run_and_signal(const std::vector<std::string>& args, const std::string& trigger,
+                            int sig,
+                            const std::function<void(const std::string&)>& before_signal = {},
+                            bool default_threads = false) {
+  SignalledRun r;
+  int err_pipe[2];
+  if (::pipe(err_pipe) != 0) return r;
+  std::vector<char*> argv;
+  std::string path = DIFFUSE_CLI_PATH;
+  argv.push_back(path.data());
+  std::vector<std::string> copy = args;
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return r;
+  if (pid == 0) {
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    // As a user runs it: OpenMP and LibTorch start their threads as they do by default.
+    if (default_threads) ::unsetenv("OMP_NUM_THREADS");
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(err_pipe[1]);
+  char buf[4096];
+  for (ssize_t n; (n = ::read(err_pipe[0], buf, sizeof buf)) > 0;) {
+    r.err.append(buf, static_cast<size_t>(n));
+    if (!r.signalled && r.err.find(trigger) != std::string::npos) {
+      if (before_signal) before_signal(r.err);
+      ::kill(pid, sig);
+      r.signalled = true;
+    }
+  }
+  ::close(err_pipe[0]);
+  ::waitpid(pid, &r.status, 0);
+  return r;
+}
+
 // SIGINT/SIGTERM while generating: "interrupted", exit 128 + signal, no output file.
 TEST(Cli, InterruptPrintsInterruptedAndExitsWith128PlusTheSignal) {
   const std::string model = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
@@ -378,38 +426,41 @@ TEST(Cli, InterruptPrintsInterruptedAndExitsWith128PlusTheSignal) {
     SCOPED_TRACE(sig);
     test::TempDir dir;
     const std::string out = dir.file("out.png");
-    int err_pipe[2];
-    ASSERT_EQ(::pipe(err_pipe), 0);
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::dup2(err_pipe[1], STDERR_FILENO);
-      ::close(err_pipe[0]);
-      ::close(err_pipe[1]);
-      ::execl(DIFFUSE_CLI_PATH, "diffuse", "txt2img", "-m", model.c_str(), "-p", "a red circle",
-              "--steps", "900", "-o", out.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(err_pipe[1]);
-    std::string err;
-    bool signalled = false;
-    char buf[4096];
-    for (ssize_t n; (n = ::read(err_pipe[0], buf, sizeof buf)) > 0;) {
-      err.append(buf, static_cast<size_t>(n));
-      if (!signalled && err.find("step ") != std::string::npos) {
-        ::kill(pid, sig);  // once the denoising loop runs
-        signalled = true;
-      }
-    }
-    ::close(err_pipe[0]);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(signalled) << err;
-    ASSERT_TRUE(WIFEXITED(status)) << err;
-    EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
-    EXPECT_NE(err.find("interrupted"), std::string::npos) << err;
+    // Once the denoising loop runs.
+    auto r = run_and_signal(
+        {"txt2img", "-m", model, "-p", "a red circle", "--steps", "900", "-o", out}, "step ", sig);
+    ASSERT_TRUE(r.signalled) << r.err;
+    ASSERT_TRUE(WIFEXITED(r.status)) << r.err;
+    EXPECT_EQ(WEXITSTATUS(r.status), 128 + sig);
+    EXPECT_NE(r.err.find("interrupted"), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(out));
   }
+}
+
+// `serve` stops cleanly on either signal, whichever of its threads the kernel hands it to
+// (libraries start threads before main that do not block signals): exit 0, "stopped".
+TEST(Cli, ServeStopsCleanlyOnSigintAndSigterm) {
+  const std::string model = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
+  for (int round = 0; round < 3; ++round)
+    for (int sig : {SIGINT, SIGTERM}) {
+      SCOPED_TRACE(sig);
+      // Signalled after one request has been served, as a user would.
+      auto r = run_and_signal(
+          {"serve", "-m", model, "--port", "0", "--device", "cpu"}, "/\n", sig,
+          [](const std::string& err) {
+            const auto at = err.find("http://127.0.0.1:");
+            ASSERT_NE(at, std::string::npos) << err;
+            const int port = std::atoi(err.c_str() + at + 17);
+            httplib::Client c("127.0.0.1", port);
+            auto res = c.Get("/v1/status");
+            EXPECT_TRUE(res && res->status == 200);
+          },
+          /*default_threads=*/true);
+      ASSERT_TRUE(r.signalled) << r.err;
+      ASSERT_TRUE(WIFEXITED(r.status)) << r.err;
+      EXPECT_EQ(WEXITSTATUS(r.status), 0) << r.err;
+      EXPECT_NE(r.err.find("diffuse serve: stopped"), std::string::npos) << r.err;
+    }
 }
 
 TEST(Cli, VerifyJsonReportsEveryCase) {

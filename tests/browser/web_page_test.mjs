@@ -30,7 +30,8 @@ function startServer() {
     server.stderr.on('data', (chunk) => {
       process.stderr.write(chunk);
       text += chunk.toString();
-      const m = text.match(/diffuse serve: (http:\/\/[^\s]+)/);
+      // The whole line: a chunk may end in the middle of the address.
+      const m = text.match(/diffuse serve: (http:\/\/\S+)[ \n]/);
       if (m) resolve(m[1]);
     });
     server.on('exit', (code) => reject(new Error(`server exited early with ${code}`)));
