@@ -24,6 +24,7 @@ Command add_verify_command(CLI::App& app) {
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() {
     auto set = verify::GoldenSet::load(o->golden);
+    set.check_files();  // a damaged reference is not an engine mismatch
     verify::VerifyOptions options;
     options.device = device::resolve_device(o->device);  // also npu[:N], which torch::Device cannot parse
     options.components = o->components;

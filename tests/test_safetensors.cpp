@@ -134,10 +134,15 @@ TEST(Safetensors, RejectsBadFilesWithClearErrors) {
             with_header(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "abcdefgh"));
   expect_format_error(p, "need 12 bytes");
   // 2^62 elements of 8 bytes: the byte count overflows (it used to print a wrapped number).
-  write_raw(p, with_header(
-                   R"({"x":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})",
-                   "abcdefgh"));
+  write_raw(
+      p, with_header(R"({"x":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})",
+                     "abcdefgh"));
   expect_format_error(p, "need more than 2^64 bytes");
+  // A tensor named twice: JSON would keep the later entry silently.
+  write_raw(p, with_header(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                           "abcdefgh"));
+  expect_format_error(p, "names 'x' more than once");
   write_raw(p,
             with_header(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", "abcdefgh"));
   expect_format_error(p, "reversed");

@@ -1,4 +1,5 @@
 #include "io/json_config.h"
+#include "io/input_file.h"
 
 #include <cmath>
 #include <fstream>
@@ -8,6 +9,7 @@
 namespace diffuse::io {
 
 JsonConfig JsonConfig::load(const std::string& path) {
+  require_regular_file(path, "JSON file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError("cannot open '" + path + "'");
   std::stringstream ss;

@@ -1,4 +1,5 @@
 #include "io/ldm_checkpoint.h"
+#include "io/input_file.h"
 
 #include <filesystem>
 #include <fstream>
@@ -49,6 +50,7 @@ bool ignored(const std::string& name) {
 
 // torch.save writes a zip archive (since 1.6) or a bare pickle; neither is safe to read.
 bool looks_like_pickle(const std::string& path) {
+  require_regular_file(path, "checkpoint");
   std::ifstream in(path, std::ios::binary);
   unsigned char b[9] = {};
   in.read(reinterpret_cast<char*>(b), sizeof b);

@@ -1,4 +1,5 @@
 #include "io/model_folder.h"
+#include "io/input_file.h"
 
 #include <filesystem>
 #include <set>
@@ -11,7 +12,8 @@ namespace fs = std::filesystem;
 namespace diffuse::io {
 
 ModelFolder ModelFolder::open(const std::string& dir) {
-  if (!fs::is_directory(dir)) throw IoError("model folder '" + dir + "' does not exist or is not a folder");
+  if (!fs::is_directory(dir))
+    throw IoError("model folder '" + dir + "' does not exist or is not a folder");
   std::string index = (fs::path(dir) / "model_index.json").string();
   if (!fs::exists(index))
     throw IoError("'" + dir + "' is not a diffusers pipeline folder: model_index.json is missing");
@@ -45,20 +47,22 @@ JsonConfig ModelFolder::component_config(const std::string& component,
   return JsonConfig::load(path);
 }
 
-std::map<std::string, torch::Tensor> ModelFolder::component_weights(const std::string& component) const {
+std::map<std::string, torch::Tensor> ModelFolder::component_weights(
+    const std::string& component) const {
   fs::path cdir = component_dir(component);
   if (!fs::is_directory(cdir))
     throw IoError("model folder '" + dir_ + "': component folder '" + component + "' is missing");
   // Preference order follows diffusers: the canonical names first, then any single file.
-  for (const char* name : {"diffusion_pytorch_model.safetensors", "model.safetensors",
-                           "diffusion_pytorch_model.safetensors.index.json",
-                           "model.safetensors.index.json"}) {
+  for (const char* name :
+       {"diffusion_pytorch_model.safetensors", "model.safetensors",
+        "diffusion_pytorch_model.safetensors.index.json", "model.safetensors.index.json"}) {
     if (fs::exists(cdir / name)) return load_weights_file((cdir / name).string());
   }
   std::vector<fs::path> candidates;
   for (const auto& e : fs::directory_iterator(cdir)) {
     auto p = e.path().string();
-    if (p.size() > 12 && p.compare(p.size() - 12, 12, ".safetensors") == 0) candidates.push_back(e.path());
+    if (p.size() > 12 && p.compare(p.size() - 12, 12, ".safetensors") == 0)
+      candidates.push_back(e.path());
   }
   if (candidates.size() == 1) return load_weights_file(candidates[0].string());
   if (candidates.empty())
@@ -70,13 +74,18 @@ std::map<std::string, torch::Tensor> ModelFolder::component_weights(const std::s
 
 std::map<std::string, torch::Tensor> load_weights_file(const std::string& path) {
   const std::string suffix = ".index.json";
-  if (path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+  if (path.size() > suffix.size() &&
+      path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
     JsonConfig index = JsonConfig::load(path);
     if (!index.has("weight_map") || !index.json()["weight_map"].is_object())
       throw FormatError(path + ": missing object 'weight_map'");
     std::set<std::string> shards;
-    for (auto it = index.json()["weight_map"].begin(); it != index.json()["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) throw FormatError(path + ": weight_map['" + it.key() + "'] is not a file name");
+    for (auto it = index.json()["weight_map"].begin(); it != index.json()["weight_map"].end();
+         ++it) {
+      if (!it.value().is_string())
+        throw FormatError(path + ": weight_map['" + it.key() + "'] is not a file name");
+      require_inside_folder(it.value().get<std::string>(), path,
+                            "weight_map['" + it.key() + "'] shard");
       shards.insert(it.value().get<std::string>());
     }
     std::map<std::string, torch::Tensor> out;

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "diffuse/errors.h"
+#include "io/input_file.h"
 #include "diffuse/image.h"
 #include "io/atomic_file.h"
 
@@ -183,6 +184,7 @@ bool encode(const PngIo& io, ErrorBuffer* err, const Image& image,
 }
 
 Image read_png_impl(const std::string& path, std::map<std::string, std::string>* text) {
+  io::require_regular_file(path, "image");
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (!f) throw IoError("cannot open image '" + path + "': " + std::strerror(errno));
   unsigned char sig[8] = {0};

@@ -1,4 +1,5 @@
 #include "io/safetensors.h"
+#include "io/input_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "diffuse/errors.h"
@@ -121,7 +123,23 @@ void parse_safetensors_header(const std::string& header_json, uint64_t data_size
                               std::map<std::string, std::string>* metadata) {
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(header_json);
+    // JSON lets a later duplicate key silently replace an earlier one; a header that names a
+    // tensor twice is refused instead.
+    std::vector<std::set<std::string>> keys;
+    std::string duplicate;
+    header = nlohmann::json::parse(
+        header_json, [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+          using Event = nlohmann::json::parse_event_t;
+          if (event == Event::object_start) keys.emplace_back();
+          if (event == Event::object_end && !keys.empty()) keys.pop_back();
+          if (event == Event::key && !keys.empty() && duplicate.empty() &&
+              !keys.back().insert(parsed.get<std::string>()).second)
+            duplicate = parsed.get<std::string>();
+          return true;
+        });
+    if (!duplicate.empty())
+      throw FormatError(where + ": header names '" + duplicate +
+                        "' more than once (a later entry would silently replace the first)");
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(where + ": header is not valid JSON (" + e.what() + ")");
   }
@@ -203,6 +221,7 @@ void parse_safetensors_header(const std::string& header_json, uint64_t data_size
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
+  require_regular_file(path, "safetensors file");
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw IoError("cannot open safetensors file '" + path + "': " + std::strerror(errno));
   struct stat st {};

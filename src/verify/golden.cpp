@@ -7,8 +7,10 @@
 #include <sstream>
 
 #include "diffuse/errors.h"
+#include "io/input_file.h"
 #include "io/json_config.h"
 #include "io/safetensors.h"
+#include "io/sha256.h"
 
 namespace fs = std::filesystem;
 
@@ -29,13 +31,25 @@ GoldenSet GoldenSet::load(const std::string& dir) {
   set.index = cfg.json();
   if (!set.index.contains("cases") || !set.index["cases"].is_array())
     throw FormatError(path + ": missing array 'cases'");
+  if (set.index["cases"].empty())
+    throw FormatError(path + ": 'cases' is empty: a golden set without cases verifies nothing");
   for (const auto& c : set.index["cases"]) {
     GoldenCase gc;
-    if (!c.contains("name") || !c.contains("component") || !c.contains("file"))
-      throw FormatError(path + ": every case needs 'name', 'component' and 'file'");
+    if (!c.is_object()) throw FormatError(path + ": every case must be an object");
+    for (const char* key : {"name", "component", "file"})
+      if (!c.contains(key) || !c[key].is_string())
+        throw FormatError(path +
+                          ": every case needs string fields 'name', 'component' and "
+                          "'file' (case: " +
+                          c.dump().substr(0, 120) + ")");
     gc.name = c["name"].get<std::string>();
     gc.component = c["component"].get<std::string>();
+    io::require_inside_folder(c["file"].get<std::string>(), path, "case '" + gc.name + "' file");
     gc.file = (fs::path(dir) / c["file"].get<std::string>()).string();
+    for (const char* key : {"params", "tolerance"})
+      if (c.contains(key) && !c[key].is_object())
+        throw FormatError(path + ": case '" + gc.name + "': '" + key + "' must be an object, got " +
+                          c[key].dump().substr(0, 80));
     gc.params = c.value("params", nlohmann::json::object());
     gc.tolerance = c.value("tolerance", nlohmann::json::object());
     gc.raw = c;
@@ -44,12 +58,37 @@ GoldenSet GoldenSet::load(const std::string& dir) {
   return set;
 }
 
+void GoldenSet::check_files() const {
+  const std::string source = (fs::path(dir) / "cases.json").string();
+  if (!index.contains("files")) return;
+  if (!index["files"].is_object())
+    throw FormatError(source + ": 'files' must be an object path -> {bytes, sha256}");
+  for (const auto& [name, entry] : index["files"].items()) {
+    io::require_inside_folder(name, source, "files entry");
+    if (!entry.is_object() || !entry.contains("sha256") || !entry["sha256"].is_string())
+      throw FormatError(source + ": files['" + name + "'] needs a 'sha256' string");
+    const std::string path = (fs::path(dir) / name).string();
+    if (!fs::exists(path))
+      throw FormatError("golden file missing: " + path + " (listed in " + source + ")");
+    if (entry.contains("bytes") && entry["bytes"].is_number_unsigned() &&
+        entry["bytes"].get<uint64_t>() != fs::file_size(path))
+      throw FormatError("golden file corrupted: " + path + ": " +
+                        std::to_string(fs::file_size(path)) + " bytes, cases.json says " +
+                        std::to_string(entry["bytes"].get<uint64_t>()));
+    const std::string got = io::sha256_file_hex(path);
+    if (got != entry["sha256"].get<std::string>())
+      throw FormatError("golden file corrupted: " + path + ": sha256 " + got +
+                        ", cases.json says " + entry["sha256"].get<std::string>());
+  }
+}
+
 std::string GoldenSet::model_dir() const {
   return (fs::path(dir) / index.value("model_dir", std::string("model"))).string();
 }
 
 std::string GoldenSet::single_file_checkpoint() const {
-  if (!index.contains("single_file_checkpoint") || !index["single_file_checkpoint"].is_string()) return "";
+  if (!index.contains("single_file_checkpoint") || !index["single_file_checkpoint"].is_string())
+    return "";
   return (fs::path(dir) / index["single_file_checkpoint"].get<std::string>()).string();
 }
 
@@ -61,10 +100,13 @@ const GoldenCase* GoldenSet::find(const std::string& name) const {
 
 CaseTensors::CaseTensors(const std::string& path) : file_(io::SafetensorsFile::open(path)) {}
 
-bool CaseTensors::has(const std::string& name) const { return file_->contains(name); }
+bool CaseTensors::has(const std::string& name) const {
+  return file_->contains(name);
+}
 
 torch::Tensor CaseTensors::get(const std::string& name) const {
-  if (!file_->contains(name)) throw FormatError(file_->path() + ": case has no tensor '" + name + "'");
+  if (!file_->contains(name))
+    throw FormatError(file_->path() + ": case has no tensor '" + name + "'");
   return file_->get(name);
 }
 
@@ -79,7 +121,8 @@ Comparison compare(const std::string& what, const torch::Tensor& got, const torc
                    double atol, double rtol) {
   Comparison c;
   if (got.sizes() != expected.sizes()) {
-    c.reason = what + ": shape " + c10::str(got.sizes()) + ", expected " + c10::str(expected.sizes());
+    c.reason =
+        what + ": shape " + c10::str(got.sizes()) + ", expected " + c10::str(expected.sizes());
     c.max_abs_err = std::numeric_limits<double>::infinity();
     return c;
   }
@@ -108,10 +151,12 @@ Comparison compare(const std::string& what, const torch::Tensor& got, const torc
   return c;
 }
 
-Comparison compare_exact(const std::string& what, const torch::Tensor& got, const torch::Tensor& expected) {
+Comparison compare_exact(const std::string& what, const torch::Tensor& got,
+                         const torch::Tensor& expected) {
   Comparison c;
   if (got.sizes() != expected.sizes()) {
-    c.reason = what + ": shape " + c10::str(got.sizes()) + ", expected " + c10::str(expected.sizes());
+    c.reason =
+        what + ": shape " + c10::str(got.sizes()) + ", expected " + c10::str(expected.sizes());
     c.max_abs_err = std::numeric_limits<double>::infinity();
     return c;
   }

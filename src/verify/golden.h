@@ -33,8 +33,13 @@ struct GoldenSet {
   nlohmann::json index;
   std::vector<GoldenCase> cases;
 
-  // Loads `dir`/cases.json. Throws IoError/FormatError naming the file.
+  // Loads `dir`/cases.json. Throws IoError/FormatError naming the file: also for a set with no
+  // cases, fields of the wrong type, and file names that leave the folder.
   static GoldenSet load(const std::string& dir);
+  // Checks every file cases.json lists under "files" (size and sha256): FormatError "golden
+  // file corrupted: ..." for the first that differs, so that a damaged reference is never
+  // reported as an engine mismatch (or, worse, passes).
+  void check_files() const;
   std::string model_dir() const;
   // The single-file checkpoint, or "" if the set has none.
   std::string single_file_checkpoint() const;
@@ -65,7 +70,8 @@ struct Comparison {
 Comparison compare(const std::string& what, const torch::Tensor& got, const torch::Tensor& expected,
                    double atol, double rtol);
 // Exact comparison for integer tensors (token ids, timesteps).
-Comparison compare_exact(const std::string& what, const torch::Tensor& got, const torch::Tensor& expected);
+Comparison compare_exact(const std::string& what, const torch::Tensor& got,
+                         const torch::Tensor& expected);
 
 struct CaseResult {
   std::string name;
