@@ -9,6 +9,7 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread libicu-dev libsentencepiece-dev libpcre2-dev
   nlohmann-json3-dev libcli11-dev libpng-dev libcpp-httplib-dev libssl-dev libgtest-dev
   chromium chromium-driver
+  clang libclang-rt-14-dev
 )
 # Node.js + npm drive the browser test (tests/browser); a Node.js from elsewhere is kept.
 if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
