@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -21,6 +22,7 @@
 #include "pipeline/memory_report.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
+#include "text/lora_tags.h"
 
 namespace fs = std::filesystem;
 
@@ -43,6 +45,7 @@ struct GenerateFlags {
   std::string out = "output.png";
   std::string latents_file, noise_file;
   std::string prompt_syntax = "a1111";
+  std::string lora_dir;
   LoadFlags load;
   bool quiet = false;
   bool json = false;
@@ -75,6 +78,9 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
                  "a1111: (word:1.3) weights, BREAK, prompts past 77 tokens; plain: as diffusers")
       ->capture_default_str()
       ->check(CLI::IsMember({"a1111", "plain"}));
+  app.add_option("--lora-dir", f.lora_dir,
+                 "Folder of LoRA files that <lora:NAME:SCALE> in a prompt refers to (a1111 syntax)")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--scheduler", f.scheduler,
                  "ddim|pndm|euler|euler_a|dpmpp_2m|lms (default: the model's)");
   app.add_option("--num-images", f.num_images, "Images per prompt in one batch")
@@ -130,6 +136,21 @@ std::string memory_text(const std::vector<StageMemory>& memory) {
   return s;
 }
 
+// A1111's <lora:NAME:SCALE> tags: out of the prompts (and negative prompts), into the load
+// options, each adapter once (the same name with two scales is an error).
+void add_prompt_loras(GenerationConfig& g, const std::string& lora_dir, LoadOptions& lo) {
+  std::vector<text::LoraTag> tags;
+  for (auto* list : {&g.prompts, &g.negative_prompts})
+    for (auto& p : *list) p = text::extract_lora_tags(p, &tags);
+  std::map<std::string, double> seen;
+  for (const auto& t : tags) {
+    auto [it, fresh] = seen.emplace(t.name, t.scale);
+    if (!fresh && it->second != t.scale)
+      throw InvalidArgument("prompt: <lora:" + t.name + "> is given twice with different scales");
+    if (fresh) lo.loras.push_back({text::resolve_lora_tag(t, lora_dir), t.scale});
+  }
+}
+
 int run_generate(const GenerateFlags& f, bool img2img) {
   if (f.batch_count < 1)
     throw InvalidArgument("--batch-count must be >= 1, got " + std::to_string(f.batch_count));
@@ -177,7 +198,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   // Check everything that does not need the model before the (slow) load.
   pipeline::validate_generation_config(g, img2img);
   if (!fs::exists(f.model)) throw IoError("model '" + f.model + "' does not exist");
-  const LoadOptions lo = to_load_options(f.load);
+  LoadOptions lo = to_load_options(f.load);
+  if (f.prompt_syntax == "a1111") add_prompt_loras(g, f.lora_dir, lo);
   {
     // The output is checked before the (slow) load: PNG only, and never a path whose final
     // rename would destroy a directory, device, FIFO or socket.

@@ -197,6 +197,25 @@ TEST(Cli, LoraFlagTakesPathAndScale) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("lora_unet_nothing"), std::string::npos) << bad.err;
   EXPECT_FALSE(std::ifstream(dir.file("bad.png")).good());
+
+  // A1111's <lora:NAME:SCALE> in the prompt, resolved in --lora-dir: the same image as --lora,
+  // and the tag is not part of the prompt the text encoder sees.
+  auto tagged = run_cli({"txt2img", "-m", set.model_dir(), "-p", "a fox <lora:conv:0.5>", "--steps",
+                         "2", "-W", "64", "-H", "64", "--seed", "7", "--quiet", "--lora-dir",
+                         dir.path().string(), "-o", dir.file("tag.png")},
+                        dir);
+  ASSERT_EQ(tagged.exit_code, 0) << tagged.err;
+  EXPECT_EQ(read_png(dir.file("tag.png")).rgb, read_png(dir.file("lora.png")).rgb);
+  auto no_dir = run_cli(
+      {"txt2img", "-m", set.model_dir(), "-p", "a fox <lora:conv>", "-o", dir.file("nodir.png")},
+      dir);
+  EXPECT_NE(no_dir.exit_code, 0);
+  EXPECT_NE(no_dir.err.find("needs --lora-dir"), std::string::npos) << no_dir.err;
+  auto missing = run_cli({"txt2img", "-m", set.model_dir(), "-p", "a fox <lora:../conv>",
+                          "--lora-dir", dir.path().string(), "-o", dir.file("up.png")},
+                         dir);
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("inside the folder"), std::string::npos) << missing.err;
 }
 
 TEST(Cli, Img2ImgFromAPng) {

@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <sstream>
 
+#include "diffuse/errors.h"
 #include "test_util.h"
 #include "text/clip_tokenizer.h"
+#include "text/lora_tags.h"
 #include "text/prompt_weighting.h"
 
 namespace diffuse {
@@ -80,6 +82,21 @@ TEST(PromptAttention, LongInputIsLinearNotRecursive) {
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(p[0].first, "x");
   EXPECT_DOUBLE_EQ(p[0].second, text::kMaxPromptWeight);  // 1.1^50000, clamped
+}
+
+TEST(LoraTags, AreTakenOutOfThePromptWithTheirScales) {
+  std::vector<text::LoraTag> tags;
+  EXPECT_EQ(text::extract_lora_tags("a <lora:film:0.7>fox<lora:grain> <lora:x", &tags),
+            "a fox <lora:x");
+  ASSERT_EQ(tags.size(), 2u);
+  EXPECT_EQ(tags[0].name, "film");
+  EXPECT_DOUBLE_EQ(tags[0].scale, 0.7);
+  EXPECT_EQ(tags[1].name, "grain");
+  EXPECT_DOUBLE_EQ(tags[1].scale, 1.0);
+  EXPECT_THROW(text::extract_lora_tags("<lora:a:lots>", &tags), InvalidArgument);
+  EXPECT_THROW(text::extract_lora_tags("<lora::1>", &tags), InvalidArgument);
+  EXPECT_THROW(text::resolve_lora_tag({"a", 1.0}, ""), InvalidArgument);
+  EXPECT_THROW(text::resolve_lora_tag({"/etc/passwd", 1.0}, "/tmp"), InvalidArgument);
 }
 
 class PromptChunks : public ::testing::Test {

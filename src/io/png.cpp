@@ -27,6 +27,8 @@ using FilePtr = std::unique_ptr<FILE, FileCloser>;
 
 // The largest image any reader accepts (2^28 pixels, 768 MiB of RGB).
 constexpr uint64_t kMaxPngPixels = 1ull << 28;
+// The largest ancillary chunk (text, ICC profile...) and decompressed text read: 16 MiB.
+constexpr png_alloc_size_t kMaxChunkBytes = png_alloc_size_t{16} << 20;
 
 struct ErrorBuffer {
   char message[256] = {0};
@@ -96,6 +98,10 @@ bool decode(const PngIo& io, ErrorBuffer* err, Image* out, std::vector<png_bytep
     return false;
   }
   attach_io(png, io, true);
+  // libpng allocates a chunk's declared length, and inflates compressed text, before it knows
+  // the data is there: bounded so that a few bytes cannot make it allocate gigabytes.
+  png_set_chunk_malloc_max(png, kMaxChunkBytes);
+  png_set_chunk_cache_max(png, 1000);
   png_read_info(png, info);
   png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
   int color = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
