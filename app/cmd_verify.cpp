@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "device/device.h"
+#include "diffuse/errors.h"
 #include "verify/verify.h"
 
 namespace diffuse::app {
@@ -18,33 +19,47 @@ Command add_verify_command(CLI::App& app) {
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--golden", o->golden, "Golden set folder (with cases.json)")->required();
+  app.add_option("golden,--golden", o->golden, "Golden set folder (with cases.json)")->required();
   app.add_option("--component", o->components, "Only cases of this component (repeatable)");
   app.add_option("--device", o->device, "Device to run on");
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() {
     auto set = verify::GoldenSet::load(o->golden);
-    set.check_files();  // a damaged reference is not an engine mismatch
     verify::VerifyOptions options;
-    options.device = device::resolve_device(o->device);  // also npu[:N], which torch::Device cannot parse
+    options.device =
+        device::resolve_device(o->device);  // also npu[:N], which torch::Device cannot parse
     options.components = o->components;
     auto results = verify::run_all(set, options);
+    if (results.empty()) {  // "0 passed, 0 failed" would read as a success
+      std::string wanted, present;
+      for (const auto& c : o->components) wanted += (wanted.empty() ? "" : ", ") + c;
+      for (const auto& c : set.cases)
+        if (present.find("'" + c.component + "'") == std::string::npos)
+          present += (present.empty() ? "'" : ", '") + c.component + "'";
+      throw InvalidArgument("--component " + wanted + ": no case in " + o->golden +
+                            "/cases.json has that component (expected one of " + present + ")");
+    }
     int passed = 0, failed = 0;
     nlohmann::json cases = nlohmann::json::array();
     for (const auto& r : results) {
       (r.passed ? passed : failed)++;
-      cases.push_back({{"name", r.name}, {"component", r.component}, {"passed", r.passed},
-                       {"max_abs_err", std::isfinite(r.max_abs_err) ? nlohmann::json(r.max_abs_err) : nlohmann::json(nullptr)},
+      cases.push_back({{"name", r.name},
+                       {"component", r.component},
+                       {"passed", r.passed},
+                       {"max_abs_err", std::isfinite(r.max_abs_err) ? nlohmann::json(r.max_abs_err)
+                                                                    : nlohmann::json(nullptr)},
                        {"reason", r.reason}});
       if (!o->json) {
         std::cout << std::left << std::setw(30) << r.name << std::setw(14) << r.component
-                  << " max_abs_err=" << std::setw(12) << r.max_abs_err << (r.passed ? " PASS" : " FAIL");
+                  << " max_abs_err=" << std::setw(12) << r.max_abs_err
+                  << (r.passed ? " PASS" : " FAIL");
         if (!r.passed) std::cout << "  (" << r.reason << ")";
         std::cout << "\n";
       }
     }
     if (o->json) {
-      std::cout << nlohmann::json{{"cases", cases}, {"passed", passed}, {"failed", failed}}.dump(2) << "\n";
+      std::cout << nlohmann::json{{"cases", cases}, {"passed", passed}, {"failed", failed}}.dump(2)
+                << "\n";
     } else {
       std::cout << passed << " passed, " << failed << " failed\n";
     }

@@ -72,7 +72,7 @@ TEST(Cli, GoldenTxt2ImgCasesThroughTheCli) {
   int ran = 0;
   for (const auto& c : set.cases) {
     if (c.component != "pipeline") continue;
-    verify::CaseTensors t(c.file);
+    verify::CaseTensors t(c);
     if (!t.has("latents") || !t.has("image")) continue;
     const auto& p = c.params;
     test::TempDir dir;

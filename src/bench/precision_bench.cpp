@@ -33,7 +33,7 @@ std::vector<PrecisionRow> run_precision_bench(const PrecisionOptions& o) {
     const double mse = (a - b).pow(2).mean().item<double>();
     row.psnr_db = mse > 0 ? 10.0 * std::log10(1.0 / mse) : std::numeric_limits<double>::infinity();
     row.max_abs_diff = (a - b).abs().max().item<double>();
-    verify::CaseTensors t(c.file);
+    verify::CaseTensors t(c);
     if (t.has("image")) {
       auto golden = t.get("image").to(torch::kFloat64);
       if (golden.sizes() == b.sizes())

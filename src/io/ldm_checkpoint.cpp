@@ -50,7 +50,6 @@ bool ignored(const std::string& name) {
 
 // torch.save writes a zip archive (since 1.6) or a bare pickle; neither is safe to read.
 bool looks_like_pickle(const std::string& path) {
-  require_regular_file(path, "checkpoint");
   std::ifstream in(path, std::ios::binary);
   unsigned char b[9] = {};
   in.read(reinterpret_cast<char*>(b), sizeof b);
@@ -121,6 +120,7 @@ SingleFileComponents load_single_file_checkpoint(const std::string& path,
   if (fs::is_directory(path))
     throw FormatError("'" + path +
                       "' is a folder; a single-file checkpoint is one .safetensors file");
+  require_regular_file(path, "single-file checkpoint");
   if (looks_like_pickle(path))
     throw FormatError(path +
                       ": a PyTorch pickle checkpoint (.ckpt/.pt/.bin); pickles can run "

@@ -78,8 +78,7 @@ LlamaTokenizer& LlamaTokenizer::operator=(LlamaTokenizer&&) noexcept = default;
 LlamaTokenizer LlamaTokenizer::from_folder(const std::string& dir_str) {
   const fs::path dir(dir_str);
   const fs::path path = dir / "tokenizer.json";
-  if (!fs::is_regular_file(path))
-    throw IoError("tokenizer folder '" + dir_str + "' has no tokenizer.json");
+  if (!fs::exists(path)) throw IoError("tokenizer folder '" + dir_str + "' has no tokenizer.json");
   const std::string where = path.string();
   nlohmann::json j;
   try {

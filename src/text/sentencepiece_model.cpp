@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "diffuse/errors.h"
+#include "io/input_file.h"
 #include "text/sentencepiece_api.h"
 
 namespace fs = std::filesystem;
@@ -88,8 +89,7 @@ const Api& api() {
 }  // namespace
 
 std::shared_ptr<SentencePieceModel> SentencePieceModel::load(const std::string& path) {
-  if (!fs::is_regular_file(path))
-    throw IoError("SentencePiece model '" + path + "' does not exist");
+  io::require_regular_file(path, "SentencePiece model");
   const Api& a = api();
   char err[512] = {0};
   void* handle = a.load(path.c_str(), err, sizeof(err));

@@ -38,7 +38,7 @@ int64_t T5Tokenizer::token_to_id(const std::string& token) const {
 T5Tokenizer T5Tokenizer::from_folder(const std::string& dir_str) {
   const fs::path dir(dir_str);
   const fs::path model_path = dir / "spiece.model";
-  if (!fs::is_regular_file(model_path))
+  if (!fs::exists(model_path))
     throw IoError("T5 tokenizer folder '" + dir_str + "' has no spiece.model");
   T5Tokenizer t;
   t.sp_ = SentencePieceModel::load(model_path.string());

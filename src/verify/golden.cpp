@@ -2,8 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <sstream>
 
 #include "diffuse/errors.h"
@@ -15,11 +18,78 @@
 namespace fs = std::filesystem;
 
 namespace diffuse::verify {
+namespace {
+
+// Paths compare equal however cases.json spells them ("./cases/a" and "cases/a").
+std::string normal(const std::string& relative) {
+  return fs::path(relative).lexically_normal().generic_string();
+}
+
+void check_listed_file(const std::string& path, const ListedFile& want) {
+  if (!fs::exists(path))
+    throw FormatError("golden file missing: " + path + " (listed in cases.json 'files')");
+  io::require_regular_file(path, "golden file");
+  if (want.bytes && fs::file_size(path) != *want.bytes)
+    throw FormatError("golden file corrupted: " + path + ": " +
+                      std::to_string(fs::file_size(path)) + " bytes, cases.json says " +
+                      std::to_string(*want.bytes));
+  const std::string got = io::sha256_file_hex(path);
+  if (got != want.sha256)
+    throw FormatError("golden file corrupted: " + path + ": sha256 " + got + ", cases.json says " +
+                      want.sha256);
+}
+
+std::map<std::string, ListedFile> parse_files(const GoldenSet& set, const std::string& source) {
+  std::map<std::string, ListedFile> out;
+  if (!set.index.contains("files")) return out;
+  if (!set.index["files"].is_object())
+    throw FormatError(source + ": 'files' is " + set.index["files"].dump().substr(0, 80) +
+                      ", expected an object path -> {bytes, sha256}");
+  for (const auto& [name, entry] : set.index["files"].items()) {
+    set.path_inside(name, "files entry");
+    ListedFile f;
+    if (entry.is_object() && entry.contains("sha256") && entry["sha256"].is_string())
+      f.sha256 = entry["sha256"].get<std::string>();
+    for (auto& ch : f.sha256) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (f.sha256.size() != 64 ||
+        f.sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw FormatError(source + ": files['" + name + "'] is " + entry.dump().substr(0, 120) +
+                        ", expected {\"sha256\": 64 hex digits, \"bytes\": size}");
+    if (entry.contains("bytes")) {
+      if (!entry["bytes"].is_number_unsigned())
+        throw FormatError(source + ": files['" + name + "'].bytes is " + entry["bytes"].dump() +
+                          ", expected a size in bytes");
+      f.bytes = entry["bytes"].get<uint64_t>();
+    }
+    out[normal(name)] = f;
+  }
+  return out;
+}
+
+}  // namespace
 
 double GoldenCase::tol(const std::string& key, double fallback) const {
-  if (tolerance.is_object() && tolerance.contains(key) && tolerance[key].is_number())
-    return tolerance[key].get<double>();
-  return fallback;
+  const auto it = tolerance.find(key);
+  if (it == tolerance.end()) return fallback;
+  if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0)
+    throw FormatError(where + ": tolerance." + key + " is " + it->dump().substr(0, 80) +
+                      ", expected a number >= 0");
+  return it->get<double>();
+}
+
+void GoldenCase::bad_param(const std::string& key, const char* expected) const {
+  throw FormatError(where + ": params." + key + " is " + params[key].dump().substr(0, 80) +
+                    ", expected " + expected);
+}
+
+std::vector<std::string> GoldenCase::param_strings(const std::string& key) const {
+  const auto it = params.find(key);
+  if (it == params.end()) return {};
+  bool ok = it->is_string() || it->is_array();
+  if (it->is_array())
+    for (const auto& s : *it) ok = ok && s.is_string();
+  if (!ok) bad_param(key, "a string or a list of strings");
+  return string_list(*it);
 }
 
 GoldenSet GoldenSet::load(const std::string& dir) {
@@ -29,10 +99,19 @@ GoldenSet GoldenSet::load(const std::string& dir) {
   GoldenSet set;
   set.dir = dir;
   set.index = cfg.json();
+  if (!set.index.is_object()) throw FormatError(path + ": expected a JSON object");
   if (!set.index.contains("cases") || !set.index["cases"].is_array())
     throw FormatError(path + ": missing array 'cases'");
   if (set.index["cases"].empty())
     throw FormatError(path + ": 'cases' is empty: a golden set without cases verifies nothing");
+  for (const char* key : {"model_dir", "single_file_checkpoint"})
+    if (set.index.contains(key)) {
+      if (!set.index[key].is_string())
+        throw FormatError(path + ": '" + key + "' is " + set.index[key].dump().substr(0, 80) +
+                          ", expected a path inside the folder");
+      set.path_inside(set.index[key].get<std::string>(), key);
+    }
+  set.files = parse_files(set, path);
   for (const auto& c : set.index["cases"]) {
     GoldenCase gc;
     if (!c.is_object()) throw FormatError(path + ": every case must be an object");
@@ -43,13 +122,22 @@ GoldenSet GoldenSet::load(const std::string& dir) {
                           "'file' (case: " +
                           c.dump().substr(0, 120) + ")");
     gc.name = c["name"].get<std::string>();
+    if (set.find(gc.name)) throw FormatError(path + ": two cases are named '" + gc.name + "'");
+    gc.where = path + ": case '" + gc.name + "'";
     gc.component = c["component"].get<std::string>();
-    io::require_inside_folder(c["file"].get<std::string>(), path, "case '" + gc.name + "' file");
-    gc.file = (fs::path(dir) / c["file"].get<std::string>()).string();
+    const std::string file = c["file"].get<std::string>();
+    gc.file = set.path_inside(file, "case '" + gc.name + "' file");
+    if (!set.files.empty()) {
+      const auto it = set.files.find(normal(file));
+      if (it == set.files.end())
+        throw FormatError(gc.where + ": file '" + file +
+                          "' is not listed in 'files' (no sha256 to check it against)");
+      gc.listed = it->second;
+    }
     for (const char* key : {"params", "tolerance"})
       if (c.contains(key) && !c[key].is_object())
-        throw FormatError(path + ": case '" + gc.name + "': '" + key + "' must be an object, got " +
-                          c[key].dump().substr(0, 80));
+        throw FormatError(gc.where + ": '" + key + "' is " + c[key].dump().substr(0, 80) +
+                          ", expected an object");
     gc.params = c.value("params", nlohmann::json::object());
     gc.tolerance = c.value("tolerance", nlohmann::json::object());
     gc.raw = c;
@@ -58,38 +146,25 @@ GoldenSet GoldenSet::load(const std::string& dir) {
   return set;
 }
 
-void GoldenSet::check_files() const {
-  const std::string source = (fs::path(dir) / "cases.json").string();
-  if (!index.contains("files")) return;
-  if (!index["files"].is_object())
-    throw FormatError(source + ": 'files' must be an object path -> {bytes, sha256}");
-  for (const auto& [name, entry] : index["files"].items()) {
-    io::require_inside_folder(name, source, "files entry");
-    if (!entry.is_object() || !entry.contains("sha256") || !entry["sha256"].is_string())
-      throw FormatError(source + ": files['" + name + "'] needs a 'sha256' string");
-    const std::string path = (fs::path(dir) / name).string();
-    if (!fs::exists(path))
-      throw FormatError("golden file missing: " + path + " (listed in " + source + ")");
-    if (entry.contains("bytes") && entry["bytes"].is_number_unsigned() &&
-        entry["bytes"].get<uint64_t>() != fs::file_size(path))
-      throw FormatError("golden file corrupted: " + path + ": " +
-                        std::to_string(fs::file_size(path)) + " bytes, cases.json says " +
-                        std::to_string(entry["bytes"].get<uint64_t>()));
-    const std::string got = io::sha256_file_hex(path);
-    if (got != entry["sha256"].get<std::string>())
-      throw FormatError("golden file corrupted: " + path + ": sha256 " + got +
-                        ", cases.json says " + entry["sha256"].get<std::string>());
-  }
+std::string GoldenSet::path_inside(const std::string& relative, const std::string& what) const {
+  io::require_inside_folder(relative, (fs::path(dir) / "cases.json").string(), what);
+  return (fs::path(dir) / relative).string();
+}
+
+void GoldenSet::check_model_files() const {
+  std::set<std::string> case_files;
+  for (const auto& c : cases) case_files.insert(normal(c.raw["file"].get<std::string>()));
+  for (const auto& [name, listed] : files)
+    if (!case_files.count(name)) check_listed_file(path_inside(name, "files entry"), listed);
 }
 
 std::string GoldenSet::model_dir() const {
-  return (fs::path(dir) / index.value("model_dir", std::string("model"))).string();
+  return path_inside(index.value("model_dir", std::string("model")), "model_dir");
 }
 
 std::string GoldenSet::single_file_checkpoint() const {
-  if (!index.contains("single_file_checkpoint") || !index["single_file_checkpoint"].is_string())
-    return "";
-  return (fs::path(dir) / index["single_file_checkpoint"].get<std::string>()).string();
+  if (!index.contains("single_file_checkpoint")) return "";
+  return path_inside(index["single_file_checkpoint"].get<std::string>(), "single_file_checkpoint");
 }
 
 const GoldenCase* GoldenSet::find(const std::string& name) const {
@@ -98,7 +173,17 @@ const GoldenCase* GoldenSet::find(const std::string& name) const {
   return nullptr;
 }
 
-CaseTensors::CaseTensors(const std::string& path) : file_(io::SafetensorsFile::open(path)) {}
+namespace {
+
+std::shared_ptr<io::SafetensorsFile> open_case_file(const GoldenCase& c) {
+  // Hashed before parsing, so that damage anywhere (also in the header) reads as such.
+  if (c.listed) check_listed_file(c.file, *c.listed);
+  return io::SafetensorsFile::open(c.file);
+}
+
+}  // namespace
+
+CaseTensors::CaseTensors(const GoldenCase& c) : file_(open_case_file(c)) {}
 
 bool CaseTensors::has(const std::string& name) const {
   return file_->contains(name);

@@ -4,10 +4,14 @@
 #pragma once
 #include <torch/types.h>
 
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace diffuse::io {
@@ -16,30 +20,50 @@ class SafetensorsFile;
 
 namespace diffuse::verify {
 
+// A file's size and SHA-256 as cases.json's "files" lists them.
+struct ListedFile {
+  std::string sha256;
+  std::optional<uint64_t> bytes;
+};
+
 struct GoldenCase {
   std::string name;
   std::string component;
-  std::string file;  // absolute path of the case's safetensors file
-  nlohmann::json params;
-  nlohmann::json tolerance;
-  nlohmann::json raw;  // the whole cases.json entry
+  std::string file;                  // absolute path of the case's safetensors file
+  std::optional<ListedFile> listed;  // the case file's "files" entry (absent if the set has none)
+  std::string where;                 // "<dir>/cases.json: case '<name>'", for messages
+  nlohmann::json params;             // an object
+  nlohmann::json tolerance;          // an object
+  nlohmann::json raw;                // the whole cases.json entry
 
-  // Tolerance field as a number, or `fallback` if absent / not numeric.
+  // Tolerance field, or `fallback` if absent; FormatError unless a finite number >= 0.
   double tol(const std::string& key, double fallback) const;
+  // params[key] as T (bool, an integer type, double, std::string, or nlohmann::json for an
+  // object), or `fallback` if absent. A value of another type is a FormatError naming
+  // cases.json, the case, the key, the value and the type expected, never a silent default.
+  template <typename T>
+  T param(const std::string& key, T fallback) const;
+  // params[key] as one string or a list of strings (prompts); empty if absent.
+  std::vector<std::string> param_strings(const std::string& key) const;
+  [[noreturn]] void bad_param(const std::string& key, const char* expected) const;
 };
 
 struct GoldenSet {
   std::string dir;
   nlohmann::json index;
   std::vector<GoldenCase> cases;
+  std::map<std::string, ListedFile> files;  // "files", by path relative to `dir`
 
   // Loads `dir`/cases.json. Throws IoError/FormatError naming the file: also for a set with no
-  // cases, fields of the wrong type, and file names that leave the folder.
+  // cases, fields of the wrong type, and paths that leave the folder.
   static GoldenSet load(const std::string& dir);
-  // Checks every file cases.json lists under "files" (size and sha256): FormatError "golden
-  // file corrupted: ..." for the first that differs, so that a damaged reference is never
-  // reported as an engine mismatch (or, worse, passes).
-  void check_files() const;
+  // `relative` (a path cases.json gives) inside the set's folder; FormatError naming
+  // cases.json and `what` if it is absolute or has "..".
+  std::string path_inside(const std::string& relative, const std::string& what) const;
+  // Checks the size and SHA-256 of every listed file except the case files (CaseTensors
+  // checks those as it reads them): FormatError "golden file corrupted: ..." for the first
+  // that differs, so that a damaged model is never reported as an engine mismatch.
+  void check_model_files() const;
   std::string model_dir() const;
   // The single-file checkpoint, or "" if the set has none.
   std::string single_file_checkpoint() const;
@@ -49,7 +73,9 @@ struct GoldenSet {
 // The tensors of one case file.
 class CaseTensors {
  public:
-  explicit CaseTensors(const std::string& path);
+  // Checks the file against its "files" entry first: FormatError "golden file corrupted:
+  // <file>: sha256 <got>, cases.json says <want>" (a damaged reference, not an engine mismatch).
+  explicit CaseTensors(const GoldenCase& c);
   bool has(const std::string& name) const;
   torch::Tensor get(const std::string& name) const;  // FormatError if absent
   // Names that start with `prefix`, e.g. "step." -> all per-step tensors.
@@ -87,6 +113,31 @@ struct CaseResult {
 
 // A params entry that may be one string or a list of strings ("prompt"), as a list.
 std::vector<std::string> string_list(const nlohmann::json& j);
+
+template <typename T>
+T GoldenCase::param(const std::string& key, T fallback) const {
+  const auto it = params.find(key);
+  if (it == params.end()) return fallback;
+  const nlohmann::json& v = *it;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) bad_param(key, "true or false");
+  } else if constexpr (std::is_integral_v<T>) {
+    const bool fits = v.is_number_unsigned()
+                          ? v.get<uint64_t>() <= uint64_t{std::numeric_limits<T>::max()}
+                          : v.is_number_integer() &&
+                                v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+                                v.get<int64_t>() <= int64_t{std::numeric_limits<T>::max()};
+    if (!fits) bad_param(key, "an integer");
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) bad_param(key, "a number");
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) bad_param(key, "a string");
+  } else {
+    static_assert(std::is_same_v<T, nlohmann::json>, "param<T>: unsupported type");
+    if (!v.is_object()) bad_param(key, "an object");
+  }
+  return v.get<T>();
+}
 
 // Where the golden data lives: $DIFFUSE_GOLDEN_DIR if set, else `fallback`.
 std::string golden_dir_from_env(const std::string& fallback);

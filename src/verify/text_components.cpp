@@ -30,13 +30,14 @@ std::vector<std::string> components_with_prefix(const GoldenSet& set, const std:
 
 // The folder a params path ("model/tokenizer_4") names, relative to the set.
 std::string param_dir(const GoldenSet& set, const GoldenCase& c, const char* key) {
-  if (!c.params.contains(key) || !c.params[key].is_string()) return "";
-  return (fs::path(set.dir) / c.params[key].get<std::string>()).lexically_normal().string();
+  if (!c.params.contains(key)) return "";
+  const std::string dir =
+      set.path_inside(c.param(key, std::string()), std::string("params.") + key);
+  return fs::path(dir).lexically_normal().string();
 }
 
 bool id_agrees(const GoldenCase& c, const char* key, int64_t id) {
-  return !c.params.contains(key) || !c.params[key].is_number_integer() ||
-         c.params[key].get<int64_t>() == id;
+  return !c.params.contains(key) || c.param(key, int64_t{0}) == id;
 }
 
 bool tokenizer_agrees(const GoldenCase& c, const text::Tokenizer& tok) {

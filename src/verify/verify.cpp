@@ -18,14 +18,9 @@ struct RunnerEntry {
 
 // Add a line here when a component gets a runner.
 const std::vector<RunnerEntry> kRunners = {
-    {"text_encoder", verify_text_encoder},
-    {"tokenizer", verify_tokenizer},
-    {"unet", verify_unet},
-    {"transformer", verify_transformer},
-    {"lora", verify_lora},
-    {"vae", verify_vae},
-    {"scheduler", verify_scheduler},
-    {"pipeline", verify_pipeline},
+    {"text_encoder", verify_text_encoder}, {"tokenizer", verify_tokenizer}, {"unet", verify_unet},
+    {"transformer", verify_transformer},   {"lora", verify_lora},           {"vae", verify_vae},
+    {"scheduler", verify_scheduler},       {"pipeline", verify_pipeline},
 };
 
 Runner find_runner(const std::string& component) {
@@ -69,6 +64,7 @@ CaseResult run_case(const GoldenSet& set, const GoldenCase& c, const VerifyOptio
 }
 
 std::vector<CaseResult> run_all(const GoldenSet& set, const VerifyOptions& options) {
+  set.check_model_files();
   std::vector<CaseResult> out;
   for (const auto& c : set.cases) {
     if (!options.components.empty() &&

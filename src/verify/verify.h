@@ -17,7 +17,8 @@ struct VerifyOptions {
 // Runs one case; never throws: errors become a failed result with the message as reason.
 // A component without a runner fails with reason "unsupported component".
 CaseResult run_case(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
-// Runs every case whose component is selected.
+// Runs every case whose component is selected, after checking the set's listed model files
+// (FormatError "golden file corrupted: ..." if one differs; case files are checked as read).
 std::vector<CaseResult> run_all(const GoldenSet& set, const VerifyOptions& options);
 // Components this build can verify.
 std::vector<std::string> supported_components();

@@ -37,24 +37,24 @@ void trace_ids(Traced& out, const std::string& prefix, const pipeline::HiDreamEm
   out[p + "llama_attention_mask"] = pipeline::token_mask_tensor(e.llama_ids);
 }
 
-std::string first_string(const nlohmann::json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_array() && !v.empty() && v[0].is_string()) return v[0].get<std::string>();
-  return "";
+// The replay runs one prompt: a list of several would be silently cut to its first.
+std::string one_prompt(const GoldenCase& c, const std::string& key) {
+  const auto prompts = c.param_strings(key);
+  if (prompts.size() > 1) c.bad_param(key, "one prompt (the HiDream replay runs batch 1)");
+  return prompts.empty() ? "" : prompts[0];
 }
 
 }  // namespace
 
 CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
                                    const VerifyOptions& o) {
-  CaseTensors t(c.file);
-  const auto& p = c.params;
+  CaseTensors t(c);
   auto folder = io::ModelFolder::open(set.model_dir());
   const bool editing = t.has("image_uint8");
   // E1 editing runs on the E1 weights: with a refine phase as I1 + the set's peft LoRA file
   // (E1-Full, whose refine steps need the exact I1 weights), else the merged E1 folder when the
   // set has one.
-  const double refine = p.value("refine_strength", 0.0);
+  const double refine = c.param("refine_strength", 0.0);
   const auto lora = set.index.value("e1_weights", nlohmann::json::object());
   const bool use_lora = editing && refine > 0 && lora.contains("lora_file");
   std::string component = "transformer";
@@ -64,17 +64,18 @@ CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
     adapters::LoraOptions lo;
     if (lora.contains("lora_alpha")) lo.alpha = lora["lora_alpha"].get<double>();
     if (lora.contains("lora_rank")) lo.rank = lora["lora_rank"].get<double>();
-    pipe.set_editing_lora(set.dir + "/" + lora["lora_file"].get<std::string>(), lo);
+    pipe.set_editing_lora(
+        set.path_inside(lora["lora_file"].get<std::string>(), "e1_weights.lora_file"), lo);
   }
-  if (p.contains("scheduler") && p["scheduler"].is_object())
-    pipe.set_scheduler(
-        schedulers::make_scheduler(io::JsonConfig(p["scheduler"], c.file + ": params.scheduler")));
+  if (c.params.contains("scheduler"))
+    pipe.set_scheduler(schedulers::make_scheduler(
+        io::JsonConfig(c.param("scheduler", nlohmann::json()), c.where + ": params.scheduler")));
 
   Traced traced;
   pipeline::HiDreamSampling s;
-  s.steps = p.value("num_inference_steps", 50);
-  s.guidance_scale = p.value("guidance_scale", 5.0);
-  s.max_sequence_length = p.value("max_sequence_length", int64_t{128});
+  s.steps = c.param("num_inference_steps", 50);
+  s.guidance_scale = c.param("guidance_scale", 5.0);
+  s.max_sequence_length = c.param("max_sequence_length", int64_t{128});
   s.latents = t.get("latents");
   for (int i = 0; t.has("noise." + std::to_string(i)); ++i)
     s.step_noise.push_back(t.get("noise." + std::to_string(i)));
@@ -90,23 +91,23 @@ CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
   pipeline::HiDreamResult result;
   if (editing) {
     pipeline::HiDreamEdit e;
-    e.prompt = first_string(p.value("prompt", nlohmann::json()));
-    e.negative_prompt = first_string(p.value("negative_prompt", nlohmann::json()));
+    e.prompt = one_prompt(c, "prompt");
+    e.negative_prompt = one_prompt(c, "negative_prompt");
     e.image = t.get("image_uint8");
-    e.image_guidance_scale = p.value("image_guidance_scale", 4.0);
-    e.clip_cfg_norm = p.value("clip_cfg_norm", true);
+    e.image_guidance_scale = c.param("image_guidance_scale", 4.0);
+    e.clip_cfg_norm = c.param("clip_cfg_norm", true);
     e.refine_strength = refine;
-    e.target_prompt = first_string(p.value("target_prompt", nlohmann::json()));
+    e.target_prompt = one_prompt(c, "target_prompt");
     e.sampling = s;
     result = pipe.edit(e);
     traced["image_latents"] = result.image_latents.to(torch::kCPU);
   } else {
     pipeline::HiDreamTextToImage r;
-    r.prompt = first_string(p.value("prompt", nlohmann::json()));
-    r.negative_prompt = first_string(p.value("negative_prompt", nlohmann::json()));
-    r.height = p.value("height", 1024);
-    r.width = p.value("width", 1024);
-    r.area_side = p.value("default_sample_size", 128) * p.value("vae_scale_factor", 8);
+    r.prompt = one_prompt(c, "prompt");
+    r.negative_prompt = one_prompt(c, "negative_prompt");
+    r.height = c.param("height", 1024);
+    r.width = c.param("width", 1024);
+    r.area_side = c.param("default_sample_size", 128) * c.param("vae_scale_factor", 8);
     r.sampling = s;
     result = pipe.text_to_image(r);
   }

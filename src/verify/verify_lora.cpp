@@ -15,33 +15,39 @@
 namespace diffuse::verify {
 namespace {
 
-nlohmann::json setting(const GoldenSet& set, const GoldenCase& c, const char* case_key,
-                       const char* set_key) {
-  if (c.params.contains(case_key)) return c.params[case_key];
-  const auto& w = set.index.value("e1_weights", nlohmann::json::object());
-  if (w.contains(set_key)) return w[set_key];
-  throw FormatError(c.name + ": neither params." + case_key + " nor e1_weights." + set_key +
-                    " is given in cases.json");
+template <typename T>
+T setting(const GoldenSet& set, const GoldenCase& c, const char* case_key, const char* set_key) {
+  if (c.params.contains(case_key)) return c.param(case_key, T{});
+  const auto w = set.index.value("e1_weights", nlohmann::json::object());
+  if (w.is_object() && w.contains(set_key)) {
+    if (std::is_same_v<T, std::string> ? !w[set_key].is_string() : !w[set_key].is_number())
+      throw FormatError(set.dir + "/cases.json: e1_weights." + set_key + " is " +
+                        w[set_key].dump().substr(0, 80) + ", expected " +
+                        (std::is_same_v<T, std::string> ? "a path" : "a number"));
+    return w[set_key].get<T>();
+  }
+  throw FormatError(c.where + ": neither params." + case_key + " nor e1_weights." + set_key +
+                    " is given");
 }
 
 }  // namespace
 
 CaseResult verify_lora(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options) {
   auto folder = io::ModelFolder::open(set.model_dir());
-  const std::string component = c.params.value("component", std::string("transformer"));
+  const std::string component = c.param("component", std::string("transformer"));
   auto model = models::load_hidream_transformer(folder, options.device, torch::kFloat32, component);
 
   adapters::LoraOptions lo;
-  lo.alpha = setting(set, c, "lora_alpha", "lora_alpha").get<double>();
-  lo.rank = setting(set, c, "rank", "lora_rank").get<double>();
+  lo.alpha = setting<double>(set, c, "lora_alpha", "lora_alpha");
+  lo.rank = setting<double>(set, c, "rank", "lora_rank");
   const std::string file =
-      set.dir + "/" + setting(set, c, "lora_file", "lora_file").get<std::string>();
+      set.path_inside(setting<std::string>(set, c, "lora_file", "lora_file"), "lora_file");
   adapters::LoraMerger merger({{io::lora::transformer_names(), model.get()}});
   merger.add(file, 1.0, lo);
 
-  CaseTensors tensors(c.file);
+  CaseTensors tensors(c);
   models::HiDreamForwardOptions fwd;
-  fwd.max_seq = c.params.value("max_seq", int64_t{0});
+  fwd.max_seq = c.param("max_seq", int64_t{0});
   auto run = [&] {
     return model->forward(tensors.get("x").to(options.device), tensors.get("timesteps"),
                           tensors.get("t5"), tensors.get("llama"), tensors.get("pooled"), fwd);

@@ -34,7 +34,7 @@ bool uses_absolute_tolerance(const std::string& name) {
 // Returns the final image of the run.
 torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o,
                       const std::string& model_path, const std::string& label, CaseResult* r) {
-  CaseTensors t(c.file);
+  CaseTensors t(c);
   LoadOptions lo;
   lo.device = device::device_name(o.device);
   lo.dtype = "fp32";
@@ -77,27 +77,26 @@ void compare_traced_tensors(const GoldenCase& c, const CaseTensors& t,
 
 PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c,
                                     const std::string& model_path, LoadOptions lo) {
-  CaseTensors t(c.file);
-  const auto& p = c.params;
+  CaseTensors t(c);
   if (model_path != set.model_dir()) lo.config_dir = set.model_dir();
   pipeline::StableDiffusion sd(model_path, lo);
-  if (p.contains("scheduler") && p["scheduler"].is_object())
-    sd.set_scheduler_config(p["scheduler"]);
+  if (c.params.contains("scheduler"))
+    sd.set_scheduler_config(c.param("scheduler", nlohmann::json()));
   PipelineReplay replay;
   sd.set_trace([&](const std::string& name, const torch::Tensor& v) {
     replay.traced[name] = v.detach().to(torch::kCPU).clone();
   });
 
   GenerationConfig g;
-  g.prompts = string_list(p.value("prompt", nlohmann::json()));
-  g.negative_prompts = string_list(p.value("negative_prompt", nlohmann::json()));
-  g.guidance_scale = p.value("guidance_scale", 7.5);
-  g.steps = p.value("num_inference_steps", 50);
-  g.images_per_prompt = p.value("num_images_per_prompt", 1);
+  g.prompts = c.param_strings("prompt");
+  g.negative_prompts = c.param_strings("negative_prompt");
+  g.guidance_scale = c.param("guidance_scale", 7.5);
+  g.steps = c.param("num_inference_steps", 50);
+  g.images_per_prompt = c.param("num_images_per_prompt", 1);
   g.seed = 0;
-  if (p.contains("eta")) g.eta = p["eta"].get<double>();
+  if (c.params.contains("eta")) g.eta = c.param("eta", 0.0);
   if (t.has("init_image")) {
-    g.strength = p.value("strength", 0.8);
+    g.strength = c.param("strength", 0.8);
     // Recorded randomness in draw order: the VAE posterior sample, then add_noise's noise.
     std::deque<torch::Tensor> noise;
     for (const char* n : {"posterior_noise", "noise"})
@@ -112,8 +111,8 @@ PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c,
     replay.result = sd.image2image(g, t.get("init_image"), {});
     replay.all_noise_used = noise.empty();
   } else {
-    g.height = p.value("height", 0);
-    g.width = p.value("width", 0);
+    g.height = c.param("height", 0);
+    g.width = c.param("width", 0);
     g.latents = t.get("latents");
     replay.result = sd.text2image(g, {});
   }

@@ -53,10 +53,7 @@ Comparison compare_timesteps(const std::string& what, const torch::Tensor& got,
 // Applies params.set_timesteps_kwargs; returns a reason if the case needs an argument the
 // Scheduler interface has no counterpart for, so the case fails instead of running wrongly.
 std::string apply_set_timesteps_kwargs(schedulers::Scheduler& scheduler, const GoldenCase& c) {
-  if (!c.params.contains("set_timesteps_kwargs")) return "";
-  const auto& kwargs = c.params["set_timesteps_kwargs"];
-  if (!kwargs.is_object())
-    throw FormatError(c.name + ": params.set_timesteps_kwargs must be an object");
+  const auto kwargs = c.param("set_timesteps_kwargs", nlohmann::json::object());
   for (const auto& [key, value] : kwargs.items()) {
     if (key == "mu" && value.is_number()) {
       scheduler.set_shift_mu(value.get<double>());
@@ -78,11 +75,11 @@ std::string apply_set_timesteps_kwargs(schedulers::Scheduler& scheduler, const G
 CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c,
                             const VerifyOptions& options) {
   CaseResult result;
-  CaseTensors tensors(c.file);
-  if (!c.params.contains("config") || !c.params["config"].is_object())
-    throw FormatError(c.name + ": params.config (the scheduler config) is missing");
-  io::JsonConfig config(c.params["config"], c.name + " params.config");
-  std::string cls = c.params.value("class", std::string());
+  CaseTensors tensors(c);
+  if (!c.params.contains("config"))
+    throw FormatError(c.where + ": params.config (the scheduler config) is missing");
+  io::JsonConfig config(c.param("config", nlohmann::json()), c.name + " params.config");
+  std::string cls = c.param("class", std::string());
   auto scheduler =
       cls.empty() ? schedulers::make_scheduler(config) : schedulers::make_scheduler(cls, config);
   const double atol = c.tol("atol", 1e-5);
@@ -114,10 +111,9 @@ CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c,
     }
   }
 
-  if (!c.params.contains("num_inference_steps") ||
-      !c.params["num_inference_steps"].is_number_integer())
-    throw FormatError(c.name + ": params.num_inference_steps is missing");
-  const int steps = c.params["num_inference_steps"].get<int>();
+  if (!c.params.contains("num_inference_steps"))
+    throw FormatError(c.where + ": params.num_inference_steps is missing");
+  const int steps = c.param("num_inference_steps", 0);
   scheduler->set_timesteps(steps);
   if (tensors.has("init_noise_sigma"))
     result.add(

@@ -87,7 +87,7 @@ CaseResult run_llama(const io::ModelFolder& folder, const std::string& component
 }  // namespace
 
 CaseResult verify_text_encoder(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o) {
-  CaseTensors t(c.file);
+  CaseTensors t(c);
   auto folder = io::ModelFolder::open(set.model_dir());
   const std::string component = text_encoder_component_for(set, c);
   const std::string cls = encoder_class(folder, component);

@@ -29,16 +29,14 @@ std::vector<std::string> case_prompts(const GoldenCase& c, const CaseTensors& te
     const auto* p = bytes.data_ptr<uint8_t>();
     prompts.emplace_back(reinterpret_cast<const char*>(p), static_cast<size_t>(bytes.numel()));
   }
-  if (prompts.empty() && c.params.contains("prompts"))
-    prompts = c.params["prompts"].get<std::vector<std::string>>();
+  if (prompts.empty()) prompts = c.param_strings("prompts");
   if (prompts.empty()) throw FormatError(c.file + ": tokenizer case has no prompts");
   return prompts;
 }
 
 void compare_id(CaseResult& result, const GoldenCase& c, const char* key, int64_t got) {
-  if (!c.params.contains(key) || !c.params[key].is_number_integer()) return;
-  result.add(key,
-             compare_exact(key, torch::tensor(got), torch::tensor(c.params[key].get<int64_t>())));
+  if (!c.params.contains(key)) return;
+  result.add(key, compare_exact(key, torch::tensor(got), torch::tensor(c.param(key, int64_t{0}))));
 }
 
 }  // namespace
@@ -46,7 +44,7 @@ void compare_id(CaseResult& result, const GoldenCase& c, const char* key, int64_
 CaseResult verify_tokenizer(const GoldenSet& set, const GoldenCase& c, const VerifyOptions&) {
   const auto tok_ptr = text::load_tokenizer(tokenizer_dir_for(set, c));
   const text::Tokenizer& tok = *tok_ptr;
-  CaseTensors tensors(c.file);
+  CaseTensors tensors(c);
   const auto prompts = case_prompts(c, tensors);
   CaseResult result;
   compare_id(result, c, "bos_token_id", tok.bos_id());
@@ -58,7 +56,7 @@ CaseResult verify_tokenizer(const GoldenSet& set, const GoldenCase& c, const Ver
     if (tensors.has(name))
       result.add(name, compare_exact(name, to_tensor(tok.encode(prompts[i])), tensors.get(name)));
   }
-  const int64_t max_length = c.params.value("max_length", tok.model_max_length());
+  const int64_t max_length = c.param("max_length", tok.model_max_length());
   const auto batch = tok.encode_padded(prompts, max_length);
   if (tensors.has("input_ids"))
     result.add("input_ids", compare_exact("input_ids", to_tensor(batch.input_ids, max_length),

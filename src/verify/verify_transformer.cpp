@@ -14,11 +14,11 @@ namespace diffuse::verify {
 CaseResult verify_transformer(const GoldenSet& set, const GoldenCase& c,
                               const VerifyOptions& options) {
   auto folder = io::ModelFolder::open(set.model_dir());
-  const std::string component = c.params.value("component", std::string("transformer"));
+  const std::string component = c.param("component", std::string("transformer"));
   auto model = models::load_hidream_transformer(folder, options.device, torch::kFloat32, component);
-  CaseTensors tensors(c.file);
+  CaseTensors tensors(c);
   models::HiDreamForwardOptions fwd;
-  fwd.max_seq = c.params.value("max_seq", int64_t{0});
+  fwd.max_seq = c.param("max_seq", int64_t{0});
   models::Intermediates captured;
   auto out = model->forward(tensors.get("x").to(options.device), tensors.get("timesteps"),
                             tensors.get("t5"), tensors.get("llama"), tensors.get("pooled"), fwd,

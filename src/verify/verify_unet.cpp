@@ -12,7 +12,7 @@ namespace diffuse::verify {
 CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options) {
   auto folder = io::ModelFolder::open(set.model_dir());
   auto unet = models::load_unet(folder, options.device, torch::kFloat32);
-  CaseTensors tensors(c.file);
+  CaseTensors tensors(c);
   auto sample = tensors.get("sample").to(options.device);
   auto ehs = tensors.get("encoder_hidden_states").to(options.device);
   models::Intermediates captured;

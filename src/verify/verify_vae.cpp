@@ -16,7 +16,7 @@ namespace diffuse::verify {
 CaseResult verify_vae(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options) {
   auto folder = io::ModelFolder::open(set.model_dir());
   auto vae = models::load_vae(folder, options.device, torch::kFloat32);
-  CaseTensors tensors(c.file);
+  CaseTensors tensors(c);
   if (!tensors.has("x") && !tensors.has("z") && !tensors.has("latents"))
     throw FormatError(c.file +
                       ": a vae case needs an input 'x' (encode), 'z' or 'latents' (decode)");
