@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "load_flags.h"
 #include "nn/attention.h"
+#include "parallel_flags.h"
 #include "pipeline/hidream.h"
 #include "pipeline/image_parameters.h"
 #include "pipeline/memory_report.h"
@@ -47,6 +48,7 @@ struct GenerateFlags {
   std::string prompt_syntax = "a1111";
   std::string lora_dir;
   LoadFlags load;
+  ParallelFlags parallel;
   bool quiet = false;
   bool json = false;
 };
@@ -94,6 +96,7 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
   add_load_flags(app, f.load);
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   app.add_flag("--json", f.json, "Print a JSON summary on stdout");
+  add_parallel_flags(app, f.parallel);
   if (img2img) {
     app.add_option("-i,--init-image", f.init_image, "Input PNG image")->required();
     app.add_option("--strength", f.strength, "How far to move from the init image, in (0, 1]")
@@ -151,6 +154,16 @@ void add_prompt_loras(GenerationConfig& g, const std::string& lora_dir, LoadOpti
   }
 }
 
+int run_generate(const GenerateFlags& f, bool img2img);
+
+// A CFG-parallel worker runs the command as given, ranks other than 0 quietly.
+int run_command(const GenerateFlags& f, bool img2img) {
+  if (!f.parallel.is_worker()) return run_generate(f, img2img);
+  GenerateFlags mine = f;
+  if (f.parallel.worker_rank > 0) mine.quiet = true, mine.json = false;
+  return run_as_worker(f.parallel, [&] { return run_generate(mine, img2img); });
+}
+
 int run_generate(const GenerateFlags& f, bool img2img) {
   if (f.batch_count < 1)
     throw InvalidArgument("--batch-count must be >= 1, got " + std::to_string(f.batch_count));
@@ -175,6 +188,10 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                             ")");
     }
   }
+  // --devices (CFG-parallel): checked before anything loads, by the launcher and each worker.
+  std::vector<torch::Device> cfg_devices;
+  if (f.parallel.active())
+    cfg_devices = check_parallel_flags(f.parallel, g, pipeline::is_hidream_folder(f.model));
   if (!img2img && pipeline::is_hidream_folder(f.model)) {
     if (f.prompts.size() != 1 || f.negative_prompts.size() > 1 || f.num_images != 1 ||
         f.batch_count != 1)
@@ -219,6 +236,9 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (!f.latents_file.empty()) g.latents = read_tensor_file(f.latents_file, "latents");
   if (!f.noise_file.empty()) g.noise = read_tensor_file(f.noise_file, "noise");
 
+  if (f.parallel.active() && !f.parallel.is_worker()) return run_parallel_launcher(cfg_devices, g);
+  if (f.parallel.is_worker())
+    lo.device = device::device_name(cfg_devices[static_cast<size_t>(f.parallel.worker_rank)]);
   Progress progress(f.quiet || f.json);
   if (!f.quiet && !f.json) std::cerr << "loading " << f.model << " ...\n";
   std::shared_ptr<Text2Image> t2i;
@@ -231,6 +251,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     t2i = std::make_shared<Text2Image>(Text2Image::load(f.model, lo));
     info = &t2i->info();
   }
+  if (f.parallel.is_worker())
+    (img2img ? i2i->impl() : t2i->impl())->set_cfg_group(join_cfg_group(f.parallel, cfg_devices));
   if (!f.quiet && !f.json)
     std::cerr << "device " << info->device
               << (info->text_encoder_device != info->device
@@ -252,13 +274,15 @@ int run_generate(const GenerateFlags& f, bool img2img) {
       run.seed = base_seed + static_cast<uint64_t>(b);
     else if (b > 0)
       run.seed = results[0].seed + static_cast<uint64_t>(b);
-    auto cb = [&progress](const StepEvent& e) { return progress(e); };
+    StepCallback cb = [&progress](const StepEvent& e) { return progress(e); };
+    if (f.parallel.is_worker()) cb = worker_step_callback(f.parallel, cb);
     results.push_back(img2img ? i2i->generate(run, init, cb) : t2i->generate(run, cb));
     progress.finish();
     if (b == 0)
       for (const auto& w : results.back().warnings) std::cerr << "warning: " << w << "\n";
   }
 
+  if (f.parallel.worker_rank > 0) return 0;  // rank 0 decodes and writes
   size_t total = 0;
   for (const auto& r : results) total += r.images.size();
   nlohmann::json files = nlohmann::json::array();
@@ -334,13 +358,13 @@ int run_generate(const GenerateFlags& f, bool img2img) {
 Command add_txt2img_command(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   add_common_flags(app, *f, false);
-  return [f]() { return run_generate(*f, false); };
+  return [f]() { return run_command(*f, false); };
 }
 
 Command add_img2img_command(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   add_common_flags(app, *f, true);
-  return [f]() { return run_generate(*f, true); };
+  return [f]() { return run_command(*f, true); };
 }
 
 }  // namespace diffuse::app

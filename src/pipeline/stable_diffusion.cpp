@@ -18,6 +18,7 @@
 #include "nn/attention_npu.h"
 #include "nn/layers.h"
 #include "nn/load_weights.h"
+#include "parallel/branch_split.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/memory_estimate.h"
 #include "pipeline/memory_report.h"
@@ -481,6 +482,14 @@ GenerationResult StableDiffusion::denoise_and_decode(
   bool guidance = embeds.negative.defined();
   auto cond = guidance ? torch::cat({embeds.negative, embeds.positive}) : embeds.positive;
   cond = cond.to(c_->device, c_->unet_dtype);
+  // CFG-parallel: this rank runs the UNet on its own branch of [negative; positive] only.
+  std::optional<parallel::BranchShard> shard;
+  if (cfg_group_) {
+    if (!guidance)
+      throw InvalidArgument("CFG-parallel needs classifier-free guidance (guidance scale > 1)");
+    shard.emplace(*cfg_group_, 2);
+    cond = shard->local(cond);
+  }
   latents = latents.to(c_->device, torch::kFloat32);
   int64_t n = timesteps.size(0);
   for (int64_t i = 0; i < n; ++i) {
@@ -488,11 +497,13 @@ GenerationResult StableDiffusion::denoise_and_decode(
     auto t = timesteps[i];
     auto model_input = guidance ? torch::cat({latents, latents}) : latents;
     model_input = scheduler.scale_model_input(model_input, t);
+    if (shard) model_input = shard->local(model_input);
     trace("step." + std::to_string(i) + ".t", t);
     trace("step." + std::to_string(i) + ".unet_timestep", t);
     trace("step." + std::to_string(i) + ".unet_input", model_input);
     auto noise_pred =
         c_->unet()->forward(model_input.to(c_->unet_dtype), t, cond).to(torch::kFloat32);
+    if (shard) noise_pred = shard->gather(noise_pred);
     trace("step." + std::to_string(i) + ".noise_pred_raw", noise_pred);
     if (guidance) {
       auto chunks = noise_pred.chunk(2);
@@ -506,6 +517,7 @@ GenerationResult StableDiffusion::denoise_and_decode(
               : schedulers::StepNoise::from_generator(gen);
     }
     latents = scheduler.step(noise_pred, t, latents, step_noise).prev_sample;
+    if (shard) shard->check_replicated(latents, "latents after step " + std::to_string(i + 1));
     trace("step." + std::to_string(i) + ".latents", latents);
     timings.step_s.push_back(now_s() - step_start);
     if (on_step) {
@@ -526,8 +538,14 @@ GenerationResult StableDiffusion::denoise_and_decode(
   c_->done_with(c_->unet_module, c_->device);
   device::empty_cache(c_->device);  // the UNet's freed activations, before the decoder's peak
   trace("latents_out", latents);
-  double d0 = now_s();
   GenerationResult result;
+  if (shard && cfg_group_->rank() != 0) {  // rank 0 decodes and writes
+    result.latents = latents.to(torch::kCPU);
+    result.seed = seed;
+    result.timings = std::move(timings);
+    return result;
+  }
+  double d0 = now_s();
   device::reset_peak_memory(c_->vae_device);
   result.images_float = decode_latents(latents);
   check_stage_finite(result.images_float, "VAE decoder", c_->vae_device, c_->vae_dtype);

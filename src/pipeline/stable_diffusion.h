@@ -15,6 +15,9 @@
 namespace diffuse::schedulers {
 class Scheduler;
 }
+namespace diffuse::parallel {
+class CfgGroup;
+}
 
 namespace diffuse::pipeline {
 
@@ -42,6 +45,10 @@ class StableDiffusion {
   void set_noise_source(NoiseFn noise) { noise_ = std::move(noise); }
   // Replaces the pipeline's scheduler config (diffusers scheduler_config.json content).
   void set_scheduler_config(const nlohmann::json& config);
+  // CFG-parallel: with a group set, each generation computes only this rank's guidance
+  // branch(es) and all-gathers the noise predictions every step (generations need guidance
+  // on); only rank 0 decodes, other ranks return the final latents without images.
+  void set_cfg_group(std::shared_ptr<parallel::CfgGroup> group) { cfg_group_ = std::move(group); }
 
   GenerationResult text2image(const GenerationConfig& config, const StepCallback& on_step);
   // init: [B, 3, H, W] float in [0, 1] (B = 1 or one per prompt).
@@ -71,6 +78,7 @@ class StableDiffusion {
   PipelineInfo info_;
   TraceFn trace_;
   NoiseFn noise_;
+  std::shared_ptr<parallel::CfgGroup> cfg_group_;
 
   torch::Tensor draw_noise(c10::IntArrayRef shape, at::Generator& gen) const;
   // Reads and checks options.loras against the text encoder and UNet, then merges them.

@@ -1,0 +1,367 @@
+// CFG-parallel (src/parallel): the guidance branches split over processes that all-gather
+// their noise predictions over Gloo on 127.0.0.1. The library path (two ranks as two threads
+// of this process), the CLI's `--devices cpu,cpu` (two worker processes), workers that die or
+// hang, and bad device lists. One intra-op thread per rank (test_util.cpp sets DIFFUSE_THREADS).
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "diffuse/image.h"
+#include "diffuse/pipeline.h"
+#include "parallel/branch_split.h"
+#include "parallel/cfg_launch.h"
+#include "parallel/process_group.h"
+#include "pipeline/stable_diffusion.h"
+#include "test_util.h"
+
+namespace diffuse {
+namespace {
+
+const std::string kDemo = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
+
+// Runs `body(rank)` on `world` threads, each with its own rank of one Gloo group; rethrows the
+// first failure.
+void with_group(int world, const std::function<void(parallel::CfgGroup&)>& body) {
+  test::TempDir dir;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        parallel::GroupOptions o;
+        o.rank = r;
+        o.world = world;
+        o.store_file = dir.file("store");
+        o.timeout = std::chrono::seconds(60);
+        auto group = parallel::connect_group(o);
+        body(*group);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+TEST(CfgParallel, BranchesAreSplitContiguouslyOverTheRanks) {
+  auto range = [](int branches, int world, int rank) {
+    auto r = parallel::branches_of_rank(branches, world, rank);
+    return std::make_pair(r.first, r.count);
+  };
+  EXPECT_EQ(range(2, 2, 0), std::make_pair(0, 1));  // SD: negative
+  EXPECT_EQ(range(2, 2, 1), std::make_pair(1, 1));  // SD: positive
+  EXPECT_EQ(range(3, 2, 0), std::make_pair(0, 2));  // HiDream-E1 on two devices
+  EXPECT_EQ(range(3, 2, 1), std::make_pair(2, 1));
+  EXPECT_EQ(range(3, 3, 2), std::make_pair(2, 1));
+  EXPECT_THROW(parallel::check_branch_split(2, 1), InvalidArgument);
+  EXPECT_THROW(parallel::check_branch_split(2, 3), InvalidArgument);
+}
+
+// The same gather serves two and three branches, even and uneven splits, over real Gloo.
+TEST(CfgParallel, GatherRebuildsTheWholeBatchForAnyNumberOfBranches) {
+  for (auto [branches, world] : {std::pair{2, 2}, {3, 2}, {3, 3}}) {
+    SCOPED_TRACE(std::to_string(branches) + " branches on " + std::to_string(world));
+    // Branch b's rows are all b (2 rows per branch).
+    auto batched = torch::arange(branches).repeat_interleave(2).to(torch::kFloat32).view({-1, 1});
+    with_group(world, [&](parallel::CfgGroup& g) {
+      parallel::BranchShard shard(g, branches);
+      auto mine = shard.local(batched);
+      EXPECT_EQ(mine.size(0), 2 * shard.range().count);
+      auto whole = shard.gather(mine * 1.0);
+      EXPECT_TRUE(torch::equal(whole, batched));
+      shard.check_replicated(batched, "test tensor");
+    });
+  }
+}
+
+TEST(CfgParallel, RanksThatDivergeAreReported) {
+  std::string message;
+  EXPECT_THROW(with_group(2,
+                          [&](parallel::CfgGroup& g) {
+                            parallel::BranchShard shard(g, 2);
+                            shard.check_replicated(torch::full({3}, g.rank()), "latents");
+                          }),
+               Error);
+}
+
+// The library path: two pipelines (one per rank) with a group set compute the same latents
+// as one pipeline with the batched CFG run; both ranks hold identical latents at every step.
+TEST(CfgParallel, TwoRanksMatchTheBatchedRunAndAgreeAtEveryStep) {
+  GenerationConfig g;
+  g.prompts = {"a red circle on the left"};
+  g.negative_prompts = {"blurry"};
+  g.steps = 6;
+  g.seed = 11;
+  g.guidance_scale = 7.0;
+  LoadOptions lo;
+  lo.device = "cpu";
+  lo.dtype = "fp32";
+  auto single = Text2Image::load(kDemo, lo).generate(g);
+
+  std::array<GenerationResult, 2> results;
+  std::array<std::vector<uint64_t>, 2> hashes;
+  with_group(2, [&](parallel::CfgGroup& group) {
+    auto pipe = Text2Image::load(kDemo, lo);
+    pipe.impl()->set_cfg_group(std::shared_ptr<parallel::CfgGroup>(&group, [](auto*) {}));
+    const auto r = static_cast<size_t>(group.rank());
+    results[r] = pipe.generate(g, [&](const StepEvent& e) {
+      hashes[r].push_back(parallel::tensor_hash(*e.latents));
+      return true;
+    });
+  });
+  ASSERT_EQ(hashes[0].size(), 6u);
+  EXPECT_EQ(hashes[0], hashes[1]);
+  EXPECT_TRUE(torch::equal(results[0].latents, results[1].latents));
+  EXPECT_EQ(results[0].images.size(), 1u);  // rank 0 decodes
+  EXPECT_TRUE(results[1].images.empty());   // the others do not
+  const double diff = (results[0].latents - single.latents).abs().max().item<double>();
+  const double scale = single.latents.abs().max().item<double>();
+  std::cout << "CFG-parallel vs batched CFG: final latents max abs diff " << diff << " (max |x| "
+            << scale << ")\n";
+  EXPECT_LE(diff, 1e-4);  // fp32, batch of 1 vs 2 in the UNet's kernels
+}
+
+TEST(CfgParallel, AGroupNeedsGuidance) {
+  GenerationConfig g;
+  g.prompts = {"x"};
+  g.steps = 1;
+  g.guidance_scale = 1.0;
+  LoadOptions lo;
+  lo.device = "cpu";
+  EXPECT_THROW(with_group(2,
+                          [&](parallel::CfgGroup& group) {
+                            auto pipe = Text2Image::load(kDemo, lo);
+                            pipe.impl()->set_cfg_group(
+                                std::shared_ptr<parallel::CfgGroup>(&group, [](auto*) {}));
+                            pipe.generate(g);
+                          }),
+               InvalidArgument);
+}
+
+// ---- the CLI: `--devices cpu,cpu` ----
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+CliRun run_cli(const std::vector<std::string>& args, const test::TempDir& dir,
+               const std::string& env = "") {
+  std::string cmd = env.empty() ? "" : env + " ";
+  cmd += quote(DIFFUSE_CLI_PATH);
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd += " 2>" + quote(dir.file("stderr.txt")) + " </dev/null";
+  CliRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(dir.file("stderr.txt"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+// Processes whose command line mentions `token` (the workers of a run carry its temp dir).
+int processes_mentioning(const std::string& token) {
+  int found = 0;
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return -1;
+  while (auto* e = ::readdir(proc)) {
+    const std::string name = e->d_name;
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in("/proc/" + name + "/cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(token) != std::string::npos) ++found;
+  }
+  ::closedir(proc);
+  return found;
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+std::vector<std::string> demo_args(const std::string& out, int steps = 4) {
+  return {"txt2img",
+          "-m",
+          kDemo,
+          "-p",
+          "a blue square",
+          "-n",
+          "blurry",
+          "--steps",
+          std::to_string(steps),
+          "--seed",
+          "5",
+          "-o",
+          out};
+}
+
+TEST(CfgParallel, CliTwoCpuWorkersMatchOneProcess) {
+  test::TempDir dir;
+  auto one = run_cli(demo_args(dir.file("one.png")), dir);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  auto args = demo_args(dir.file("two.png"));
+  args.insert(args.end(), {"--devices", "cpu,cpu", "--cfg-hash-log", dir.file("hashes")});
+  auto two = run_cli(args, dir);
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_NE(two.out.find("two.png"), std::string::npos) << two.out;  // printed once, by rank 0
+  EXPECT_EQ(two.out.find("two.png"), two.out.rfind("two.png")) << two.out;
+  // Both ranks held the same latents after every step.
+  const auto h0 = read_lines(dir.file("hashes.rank0")), h1 = read_lines(dir.file("hashes.rank1"));
+  EXPECT_EQ(h0.size(), 4u);
+  EXPECT_EQ(h0, h1);
+  // The image equals the single-process one up to 8-bit rounding of float noise.
+  auto a = read_png(dir.file("one.png")), b = read_png(dir.file("two.png"));
+  ASSERT_EQ(a.rgb.size(), b.rgb.size());
+  int worst = 0;
+  for (size_t i = 0; i < a.rgb.size(); ++i) worst = std::max(worst, std::abs(a.rgb[i] - b.rgb[i]));
+  EXPECT_LE(worst, 1);
+  EXPECT_EQ(processes_mentioning(dir.path().string()), 0);
+}
+
+// A worker that exits mid-run or stops answering: the run fails with a message naming it, in
+// bounded time (a dead peer is seen at once; a silent one after --parallel-timeout), leaves no
+// process and no output file.
+TEST(CfgParallel, CliWorkerThatDiesOrHangsStopsTheRun) {
+  for (const std::string kind : {"exit", "hang"}) {
+    SCOPED_TRACE(kind);
+    test::TempDir dir;
+    auto args = demo_args(dir.file("out.png"), 6);
+    args.insert(args.end(), {"--devices", "cpu,cpu", "--parallel-timeout", "3"});
+    auto r = run_cli(args, dir, "DIFFUSE_TEST_CFG_FAULT=1:2:" + kind);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("CFG-parallel run failed"), std::string::npos) << r.err;
+    if (kind == "exit")
+      EXPECT_NE(r.err.find("rank 1 on cpu exited with status 3"), std::string::npos) << r.err;
+    else
+      EXPECT_NE(r.err.find("rank 0: CFG-parallel (gloo, rank 0 of 2): exchanging noise "
+                           "predictions failed"),
+                std::string::npos)
+          << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("out.png")));
+    EXPECT_EQ(processes_mentioning(dir.path().string()), 0);
+  }
+}
+
+// Process ids whose command line mentions `token`, except `except`.
+std::vector<pid_t> pids_mentioning(const std::string& token, pid_t except) {
+  std::vector<pid_t> pids;
+  DIR* proc = ::opendir("/proc");
+  while (proc) {
+    auto* e = ::readdir(proc);
+    if (!e) break;
+    const std::string name = e->d_name;
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in("/proc/" + name + "/cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const pid_t pid = std::stoi(name);
+    if (pid != except && cmdline.find(token) != std::string::npos) pids.push_back(pid);
+  }
+  if (proc) ::closedir(proc);
+  return pids;
+}
+
+// The launcher killed outright (SIGKILL: no handler runs): its workers die with it
+// (PR_SET_PDEATHSIG). Waits on pidfds, not sleeps.
+TEST(CfgParallel, WorkersDieWithTheLauncher) {
+  test::TempDir dir;
+  auto args = demo_args(dir.file("out.png"), 900);
+  args.insert(args.end(), {"--devices", "cpu,cpu"});
+  int err_pipe[2];
+  ASSERT_EQ(::pipe(err_pipe), 0);
+  std::vector<char*> argv;
+  std::string path = DIFFUSE_CLI_PATH;
+  argv.push_back(path.data());
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(err_pipe[1]);
+  std::string err;
+  char buf[4096];
+  // Rank 0's progress: both workers are in the denoising loop.
+  for (ssize_t n;
+       err.find("step 1/") == std::string::npos && (n = ::read(err_pipe[0], buf, sizeof buf)) > 0;)
+    err.append(buf, static_cast<size_t>(n));
+  ASSERT_NE(err.find("step 1/"), std::string::npos) << err;
+  const auto workers = pids_mentioning(dir.path().string(), launcher);
+  ASSERT_EQ(workers.size(), 2u) << err;
+  std::vector<pollfd> fds;
+  for (pid_t w : workers) {
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, w, 0));
+    ASSERT_GE(fd, 0);
+    fds.push_back({fd, POLLIN, 0});
+  }
+  ::kill(launcher, SIGKILL);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  ::close(err_pipe[0]);
+  for (auto& p : fds) {
+    // Readable once that process has exited; the bound only keeps a failure from hanging.
+    EXPECT_EQ(::poll(&p, 1, 120000), 1);
+    ::close(p.fd);
+  }
+  EXPECT_TRUE(pids_mentioning(dir.path().string(), launcher).empty());
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.png")));
+}
+
+TEST(CfgParallel, CliRefusesBadDeviceListsBeforeLoading) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--devices", "cpu"}, "at least two devices"},
+      {{"--devices", "cpu,"}, "entry 2 is empty"},
+      {{"--devices", ",cpu"}, "entry 1 is empty"},
+      {{"--devices", "cpu,tpu"}, "unknown device 'tpu'"},
+      {{"--devices", "cpu,cpu,cpu"}, "3 devices for 2 guidance branches"},
+      {{"--devices", "cuda:0,cuda:1"}, "not available"},
+      {{"--devices", "cpu,cpu", "--cfg-scale", "1"}, "guidance"},
+      {{"--devices", "cpu,cpu", "--device", "cpu"}, "excludes"},
+  };
+  for (const auto& [extra, expected] : cases) {
+    SCOPED_TRACE(extra[1]);
+    test::TempDir dir;
+    auto args = demo_args(dir.file("out.png"));
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = run_cli(args, dir);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(expected), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("loading"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("out.png")));
+  }
+}
+
+}  // namespace
+}  // namespace diffuse
