@@ -246,6 +246,7 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   prec->add_flag("--json", *pjson, "Print one JSON object on stdout");
   const auto demo_quality = add_bench_demo_quality(app);
+  const auto accel = add_bench_accel(app);
   app.require_subcommand(0, 1);
 
   auto dtypes_for = [](const std::string& spec, const torch::Device& device) {
@@ -259,8 +260,9 @@ Command add_bench_command(CLI::App& app) {
     return out;
   };
 
-  return [o, as_json, att, af, roof, rf, prec, pf, pjson, dtypes_for, demo_quality]() {
+  return [o, as_json, att, af, roof, rf, prec, pf, pjson, dtypes_for, demo_quality, accel]() {
     if (demo_quality.first->parsed()) return demo_quality.second();
+    if (accel.first->parsed()) return accel.second();
     if (prec->parsed()) {
       auto po = *pf;
       if (!*pjson) po.log = [](const std::string& line) { std::cerr << line << "\n"; };

@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "accel_flags.h"
 #include "commands.h"
 #include "device/device.h"
 #include "diffuse/pipeline.h"
@@ -49,6 +50,7 @@ struct GenerateFlags {
   std::string lora_dir;
   LoadFlags load;
   ParallelFlags parallel;
+  AccelFlags accel;
   bool quiet = false;
   bool json = false;
 };
@@ -94,6 +96,7 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
   app.add_option("-o,--out", f.out, "Output PNG (numbered when several images)")
       ->capture_default_str();
   add_load_flags(app, f.load);
+  add_accel_flags(app, f.accel);
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   app.add_flag("--json", f.json, "Print a JSON summary on stdout");
   add_parallel_flags(app, f.parallel);
@@ -179,6 +182,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   g.scheduler = f.scheduler;
   g.prompt_syntax = f.prompt_syntax;
   if (f.seed) g.seed = parse_seed(*f.seed, "--seed");
+  apply_accel_flags(f.accel, g);
   if (!f.scheduler.empty()) {
     auto names = scheduler_names();
     if (std::find(names.begin(), names.end(), f.scheduler) == names.end()) {
@@ -196,6 +200,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     if (f.prompts.size() != 1 || f.negative_prompts.size() > 1 || f.num_images != 1 ||
         f.batch_count != 1)
       throw InvalidArgument("HiDream models take one prompt and one image per run");
+    if (any_accel_flag(f.accel))
+      throw InvalidArgument("--deepcache and --tome accelerate a UNet; HiDream models have none");
     HiDreamCliFlags h;
     h.model = f.model;
     h.prompt = f.prompts[0];

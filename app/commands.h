@@ -47,5 +47,7 @@ int run_hidream_block_bench(const bench::PipelineBenchOptions& options, bool as_
 int run_text_encoder_bench(const bench::PipelineBenchOptions& options, bool as_json);
 // `bench demo-quality`, registered on the bench sub-app: the sub-app and its runner.
 std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench);
+// `bench accel`: DeepCache and token merging vs the full computation.
+std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench);
 
 }  // namespace diffuse::app

@@ -55,6 +55,30 @@ struct LoadOptions {
   bool lora_lenient = false;
 };
 
+// DeepCache (arXiv 2312.00858): the UNet's deep features change little between neighbouring
+// steps, so only every few steps run the whole network ("full" steps) and keep the feature
+// that the chosen up block receives from below; the steps between run only the shallow
+// branch (down path to the chosen block, then the matching up path) on that cached feature.
+struct DeepCacheOptions {
+  int interval = 1;  // cache_interval: a full step every `interval` steps; 1 = off
+  // cache_layer_id / cache_block_id: the down block and its resnet(/attention) pair whose skip
+  // connection the shallow branch still computes (block id = number of pairs: its downsampler).
+  int layer_id = 0;
+  int block_id = 0;
+  // Full steps denser early (the paper's non-uniform schedule), the same number of them.
+  bool non_uniform = false;
+};
+
+// Token Merging for SD (Bolya & Hoffman 2023): on selected self-attentions, the `ratio` of
+// tokens most similar to a destination token (one random position per 2x2 cell, drawn from
+// the run's seed) are averaged into it before the attention and copied back after.
+struct TokenMergingOptions {
+  double ratio = 0;  // in [0, 1); 0 = off
+  // Transformer2DModel names ("down_blocks.0.attentions.1"). Empty = the usual choice: the first
+  // two of the first down block with attention and the last two of the last up block with it.
+  std::vector<std::string> layers;
+};
+
 struct GenerationConfig {
   std::vector<std::string> prompts;           // one image batch entry per prompt
   std::vector<std::string> negative_prompts;  // empty, one for all, or one per prompt
@@ -75,6 +99,9 @@ struct GenerationConfig {
   // of seeded noise (txt2img), or use this noise for add_noise (img2img).
   torch::Tensor latents;
   torch::Tensor noise;
+  // UNet accelerators; both off by default (bit-identical to running without them).
+  DeepCacheOptions deep_cache;
+  TokenMergingOptions token_merging;
 };
 
 struct StepEvent {

@@ -101,6 +101,16 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
     up_blocks->push_back(up_list.back());
   }
 
+  // The names token merging selects transformers by (nn::TokenMergeHook).
+  const auto name_sites = [](std::vector<nn::Transformer2DModel>& list, const std::string& prefix) {
+    for (size_t j = 0; j < list.size(); ++j) list[j]->site = prefix + std::to_string(j);
+  };
+  for (size_t i = 0; i < down_list.size(); ++i)
+    name_sites(down_list[i]->attention_list, "down_blocks." + std::to_string(i) + ".attentions.");
+  if (mid_block) name_sites(mid_block->attention_list, "mid_block.attentions.");
+  for (size_t i = 0; i < up_list.size(); ++i)
+    name_sites(up_list[i]->attention_list, "up_blocks." + std::to_string(i) + ".attentions.");
+
   conv_norm_out = register_module(
       "conv_norm_out",
       nn::GroupNorm(torch::nn::GroupNormOptions(c.norm_num_groups, boc[0]).eps(c.norm_eps)));
@@ -147,10 +157,9 @@ void UNet2DConditionModelImpl::check_inputs(const torch::Tensor& sample,
                           ", sample has batch " + std::to_string(B));
 }
 
-torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
-                                                const torch::Tensor& timestep,
-                                                const torch::Tensor& encoder_hidden_states,
-                                                Intermediates* intermediates) {
+UNet2DConditionModelImpl::Prepared UNet2DConditionModelImpl::prepare(
+    const torch::Tensor& sample_in, const torch::Tensor& timestep,
+    const torch::Tensor& encoder_hidden_states, Intermediates* intermediates) {
   check_inputs(sample_in, timestep, encoder_hidden_states);
   const int64_t B = sample_in.size(0);
   // Inputs follow the weights' device and dtype (a no-op when they already match).
@@ -170,7 +179,21 @@ torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
   const auto ctx = encoder_hidden_states.to(w.device(), w.scalar_type());
   sample = conv_in(sample);
   capture(intermediates, "conv_in", sample);
+  return {sample, emb, ctx};
+}
 
+torch::Tensor UNet2DConditionModelImpl::output_head(torch::Tensor sample,
+                                                    Intermediates* intermediates) {
+  sample = conv_norm_out(sample);
+  capture(intermediates, "conv_norm_out", sample);
+  return conv_out(nn::apply_activation(sample, act_));
+}
+
+torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
+                                                const torch::Tensor& timestep,
+                                                const torch::Tensor& encoder_hidden_states,
+                                                Intermediates* intermediates) {
+  auto [sample, emb, ctx] = prepare(sample_in, timestep, encoder_hidden_states, intermediates);
   nn::ResidualStack residuals{sample};
   for (size_t i = 0; i < down_list.size(); ++i) {
     sample = down_list[i](sample, emb, ctx, residuals);
@@ -184,9 +207,7 @@ torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
     sample = up_list[i](sample, residuals, emb, ctx);
     capture(intermediates, "up_blocks." + std::to_string(i), sample);
   }
-  sample = conv_norm_out(sample);
-  capture(intermediates, "conv_norm_out", sample);
-  return conv_out(nn::apply_activation(sample, act_));
+  return output_head(sample, intermediates);
 }
 
 UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device device,

@@ -63,6 +63,14 @@ struct UNet2DConditionConfig {
   int64_t spatial_factor() const;
 };
 
+// DeepCache's state for one generation: where the shallow branch leaves the network, and the
+// deep feature that the last full step recorded there.
+struct UNetDeepCache {
+  int64_t layer_id = 0;   // cache_layer_id: a down block
+  int64_t block_id = 0;   // cache_block_id: one of its skip connections (pairs, then downsampler)
+  torch::Tensor feature;  // input of the up resnet that consumes that skip connection
+};
+
 class UNet2DConditionModelImpl : public torch::nn::Module {
  public:
   explicit UNet2DConditionModelImpl(UNet2DConditionConfig config);
@@ -75,6 +83,14 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep,
                         const torch::Tensor& encoder_hidden_states,
                         Intermediates* intermediates = nullptr);
+
+  // DeepCache: with `full`, the whole network (the same result as forward()), recording the
+  // deep feature in `cache`; otherwise only the shallow branch (conv_in, the down path to the
+  // cached block, the up path from there) on cache.feature. InvalidArgument when the ids are
+  // out of range or a shallow step has no feature of the right shape.
+  torch::Tensor forward_deep_cache(const torch::Tensor& sample, const torch::Tensor& timestep,
+                                   const torch::Tensor& encoder_hidden_states, bool full,
+                                   UNetDeepCache& cache);
 
   const UNet2DConditionConfig& config() const { return config_; }
 
@@ -90,6 +106,14 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
  private:
   void check_inputs(const torch::Tensor& sample, const torch::Tensor& timestep,
                     const torch::Tensor& encoder_hidden_states) const;
+  // The part every forward shares: inputs on the weights' device and dtype, the time
+  // embedding and conv_in.
+  struct Prepared {
+    torch::Tensor sample, emb, ctx;
+  };
+  Prepared prepare(const torch::Tensor& sample, const torch::Tensor& timestep,
+                   const torch::Tensor& encoder_hidden_states, Intermediates* intermediates);
+  torch::Tensor output_head(torch::Tensor sample, Intermediates* intermediates);
 
   UNet2DConditionConfig config_;
   nn::Activation act_;

@@ -75,8 +75,11 @@ BasicTransformerBlockImpl::BasicTransformerBlockImpl(const BasicTransformerBlock
 }
 
 torch::Tensor BasicTransformerBlockImpl::forward(const torch::Tensor& x,
-                                                 const torch::Tensor& context) {
-  auto h = attn1(norm1(x), options.only_cross_attention ? context : torch::Tensor()) + x;
+                                                 const torch::Tensor& context,
+                                                 const TokenMergePlan* merge) {
+  const auto attn1_context = options.only_cross_attention ? context : torch::Tensor();
+  auto h = merge ? merge->unmerge(attn1(merge->merge(norm1(x)), attn1_context)) + x
+                 : attn1(norm1(x), attn1_context) + x;
   h = attn2(norm2(h), context) + h;
   return ff(norm3(h)) + h;
 }
@@ -122,7 +125,12 @@ torch::Tensor Transformer2DModelImpl::forward(const torch::Tensor& x,
     h = proj_in_conv(h);
     h = h.permute({0, 2, 3, 1}).reshape({B, H * W, inner_dim});
   }
-  for (auto& block : blocks) h = block(h, context);
+  auto* hook = site.empty() ? nullptr : active_token_merge_hook();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    std::optional<TokenMergePlan> plan;
+    if (hook) plan = hook->plan(site, static_cast<int64_t>(i), h, H, W);
+    h = blocks[i](h, context, plan ? &*plan : nullptr);
+  }
   if (proj_out_linear) {
     h = proj_out_linear(h).view({B, H, W, C}).permute({0, 3, 1, 2});
   } else {

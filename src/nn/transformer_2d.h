@@ -10,9 +10,11 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/types.h>
 
+#include <string>
 #include <vector>
 
 #include "nn/fused_ops.h"
+#include "nn/token_merge_hook.h"
 
 namespace diffuse::nn {
 
@@ -63,7 +65,9 @@ struct BasicTransformerBlockOptions {
 // x += attn1(norm1(x)); x += attn2(norm2(x), context); x += ff(norm3(x)).
 struct BasicTransformerBlockImpl : torch::nn::Module {
   explicit BasicTransformerBlockImpl(const BasicTransformerBlockOptions& options);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context);
+  // With `merge`, attn1 runs on merge(norm1(x)) and its output is unmerged (token merging).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context,
+                        const TokenMergePlan* merge = nullptr);
 
   BasicTransformerBlockOptions options;
   LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
@@ -91,6 +95,9 @@ struct Transformer2DModelImpl : torch::nn::Module {
 
   Transformer2DOptions options;
   int64_t inner_dim;
+  // Module name in the UNet ("up_blocks.3.attentions.2"), the key a TokenMergeHook selects
+  // by; empty = never offered to a hook.
+  std::string site;
   GroupNorm norm{nullptr};
   // Exactly one of each pair is set, registered as "proj_in" / "proj_out".
   torch::nn::Linear proj_in_linear{nullptr}, proj_out_linear{nullptr};

@@ -59,12 +59,18 @@ DownBlock2DImpl::DownBlock2DImpl(const UNetBlockOptions& o, bool with_attention)
 
 torch::Tensor DownBlock2DImpl::forward(torch::Tensor x, const torch::Tensor& temb,
                                        const torch::Tensor& context, ResidualStack& residuals) {
-  for (size_t i = 0; i < resnet_list.size(); ++i) {
+  return forward_prefix(std::move(x), temb, context, residuals, num_outputs());
+}
+
+torch::Tensor DownBlock2DImpl::forward_prefix(torch::Tensor x, const torch::Tensor& temb,
+                                              const torch::Tensor& context,
+                                              ResidualStack& residuals, size_t outputs) {
+  for (size_t i = 0; i < resnet_list.size() && i < outputs; ++i) {
     x = resnet_list[i](std::move(x), temb);
     if (has_cross_attention) x = attention_list[i](x, context);
     residuals.push_back(x);
   }
-  if (downsampler) {
+  if (downsampler && outputs > resnet_list.size()) {
     x = downsampler(x);
     residuals.push_back(x);
   }
@@ -119,7 +125,15 @@ UpBlock2DImpl::UpBlock2DImpl(const UNetBlockOptions& o, bool with_attention)
 torch::Tensor UpBlock2DImpl::forward(torch::Tensor x, ResidualStack& residuals,
                                      const torch::Tensor& temb, const torch::Tensor& context,
                                      std::optional<std::vector<int64_t>> upsample_size) {
-  for (size_t i = 0; i < resnet_list.size(); ++i) {
+  return forward_range(std::move(x), residuals, temb, context, 0, resnet_list.size(),
+                       std::move(upsample_size));
+}
+
+torch::Tensor UpBlock2DImpl::forward_range(torch::Tensor x, ResidualStack& residuals,
+                                           const torch::Tensor& temb, const torch::Tensor& context,
+                                           size_t begin, size_t end,
+                                           std::optional<std::vector<int64_t>> upsample_size) {
+  for (size_t i = begin; i < end && i < resnet_list.size(); ++i) {
     if (residuals.empty())
       throw InvalidArgument("UNet up block: no skip connection left to consume");
     auto skip = std::move(residuals.back());
@@ -127,7 +141,7 @@ torch::Tensor UpBlock2DImpl::forward(torch::Tensor x, ResidualStack& residuals,
     x = resnet_list[i](torch::cat({x, skip}, 1), temb);
     if (has_cross_attention) x = attention_list[i](x, context);
   }
-  if (upsampler) {
+  if (upsampler && end >= resnet_list.size()) {
     // Upsample to the skip connection the next block consumes first; that is 2x unless the
     // input size was not a multiple of the downsampling factor.
     if (!upsample_size && !residuals.empty())

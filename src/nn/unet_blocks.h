@@ -46,6 +46,12 @@ struct DownBlock2DImpl : torch::nn::Module {
   DownBlock2DImpl(const UNetBlockOptions& options, bool with_attention);
   torch::Tensor forward(torch::Tensor x, const torch::Tensor& temb, const torch::Tensor& context,
                         ResidualStack& residuals);
+  // Only the first `outputs` skip connections: resnet(/attention) pairs, then the downsampler
+  // (DeepCache's shallow branch stops inside a block).
+  torch::Tensor forward_prefix(torch::Tensor x, const torch::Tensor& temb,
+                               const torch::Tensor& context, ResidualStack& residuals,
+                               size_t outputs);
+  size_t num_outputs() const { return resnet_list.size() + (downsampler ? 1 : 0); }
 
   bool has_cross_attention;
   torch::nn::ModuleList resnets{nullptr}, attentions{nullptr}, downsamplers{nullptr};
@@ -73,6 +79,11 @@ struct UpBlock2DImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x, ResidualStack& residuals, const torch::Tensor& temb,
                         const torch::Tensor& context,
                         std::optional<std::vector<int64_t>> upsample_size = std::nullopt);
+  // Resnets [begin, end) only, the upsampler when end is the last (DeepCache enters and
+  // leaves a block between resnets).
+  torch::Tensor forward_range(torch::Tensor x, ResidualStack& residuals, const torch::Tensor& temb,
+                              const torch::Tensor& context, size_t begin, size_t end,
+                              std::optional<std::vector<int64_t>> upsample_size = std::nullopt);
 
   bool has_cross_attention;
   torch::nn::ModuleList resnets{nullptr}, attentions{nullptr}, upsamplers{nullptr};

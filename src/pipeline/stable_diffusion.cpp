@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "accel/unet_accelerator.h"
 #include "adapters/lora_merger.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
@@ -156,6 +157,7 @@ void validate_generation_config(const GenerationConfig& c, bool image2image) {
     throw InvalidArgument("prompt syntax must be plain or a1111, got '" + c.prompt_syntax + "'");
   if (image2image && !(c.strength > 0 && c.strength <= 1))
     throw InvalidArgument("strength must be in (0, 1], got " + std::to_string(c.strength));
+  accel::validate_accel_config(c);
 }
 
 StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& options)
@@ -492,6 +494,7 @@ GenerationResult StableDiffusion::denoise_and_decode(
   }
   latents = latents.to(c_->device, torch::kFloat32);
   int64_t n = timesteps.size(0);
+  accel::UNetAccelerator unet_accel(config, c_->unet_config, n, seed);
   for (int64_t i = 0; i < n; ++i) {
     double step_start = now_s();
     auto t = timesteps[i];
@@ -501,8 +504,11 @@ GenerationResult StableDiffusion::denoise_and_decode(
     trace("step." + std::to_string(i) + ".t", t);
     trace("step." + std::to_string(i) + ".unet_timestep", t);
     trace("step." + std::to_string(i) + ".unet_input", model_input);
-    auto noise_pred =
-        c_->unet()->forward(model_input.to(c_->unet_dtype), t, cond).to(torch::kFloat32);
+    if (unet_accel.deep_cache())
+      trace("step." + std::to_string(i) + ".deepcache_full",
+            torch::tensor(unet_accel.full_step(i)));
+    auto noise_pred = unet_accel.forward(*c_->unet(), i, model_input.to(c_->unet_dtype), t, cond)
+                          .to(torch::kFloat32);
     if (shard) noise_pred = shard->gather(noise_pred);
     trace("step." + std::to_string(i) + ".noise_pred_raw", noise_pred);
     if (guidance) {
@@ -563,6 +569,7 @@ GenerationResult StableDiffusion::denoise_and_decode(
 GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
                                              const StepCallback& on_step) {
   validate_generation_config(config, false);
+  accel::validate_accel_config(config, c_->unet_config);
   check_memory(config, config.width ? config.width : info_.default_width,
                config.height ? config.height : info_.default_height);
   torch::InferenceMode guard;
@@ -601,6 +608,7 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
                                               const torch::Tensor& init,
                                               const StepCallback& on_step) {
   validate_generation_config(config, true);
+  accel::validate_accel_config(config, c_->unet_config);
   torch::InferenceMode guard;
   double t0 = now_s();
   StageTimings timings;

@@ -72,6 +72,7 @@ ModelDefaults HiDreamEngine::defaults() const {
   d.kinds = has_editing_lora_ ? std::vector<JobKind>{JobKind::edit}
                               : std::vector<JobKind>{JobKind::txt2img, JobKind::edit};
   d.rescales_to_area = true;
+  d.unet_accelerators = false;
   d.prompt_syntaxes = {"plain"};  // four text encoders, not one CLIP: prompts go in as written
   return d;
 }

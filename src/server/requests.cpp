@@ -135,6 +135,19 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
   c.eta = f.number("eta", 0, 1).value_or(0.0);
   r.preview = f.boolean("preview").value_or(true);
   set_seed(r, f.integer("seed", -1, kMaxSeed));
+  for (const char* k : {"deepcache", "deepcache_layer", "deepcache_block", "deepcache_schedule",
+                        "tome"})
+    if (f.has(k) && !model.unet_accelerators)
+      throw InvalidArgument(std::string(k) + ": this model has no UNet to accelerate");
+  c.deep_cache.interval = to_int(f.integer("deepcache", 1, 1000).value_or(1));
+  c.deep_cache.layer_id = to_int(f.integer("deepcache_layer", 0, 64).value_or(0));
+  c.deep_cache.block_id = to_int(f.integer("deepcache_block", 0, 64).value_or(0));
+  const auto schedule = f.string("deepcache_schedule", 16).value_or("uniform");
+  if (schedule != "uniform" && schedule != "non-uniform")
+    throw InvalidArgument("deepcache_schedule: expected \"uniform\" or \"non-uniform\", got \"" +
+                          schedule + "\"");
+  c.deep_cache.non_uniform = schedule == "non-uniform";
+  c.token_merging.ratio = f.number("tome", 0, 1).value_or(0.0);
   const auto mode = f.string("mode", 16);
   const auto init = f.string("init_image", limits.max_body_bytes);
   if (mode) {

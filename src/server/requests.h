@@ -27,6 +27,9 @@ struct ModelDefaults {
   // being the default of the native and A1111 APIs.
   std::vector<std::string> prompt_syntaxes = {"a1111", "plain"};
 
+  // Whether the model is a UNet that DeepCache and token merging apply to.
+  bool unet_accelerators = true;
+
   bool supports(JobKind kind) const;
   std::string kinds_text() const;  // "txt2img, img2img"
 };
@@ -35,8 +38,9 @@ struct ModelDefaults {
 //  "width", "height", "steps", "guidance_scale", "scheduler", "seed" (-1/absent = random),
 //  "num_images", "batch_count", "strength", "eta", "init_image" (base64 PNG), "preview",
 //  "prompt_syntax" ("a1111" | "plain"), edit: "image_guidance_scale", "clip_cfg_norm",
-//  "refine_strength"}. Unknown fields are
-// errors, and so are modes the model does not run.
+//  "refine_strength"; UNet models: "deepcache" (interval, 1 = off), "deepcache_layer",
+//  "deepcache_block", "deepcache_schedule" ("uniform" | "non-uniform"), "tome" (ratio)}.
+// Unknown fields are errors, and so are modes the model does not run.
 JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& model,
                             const ServerLimits& limits);
 

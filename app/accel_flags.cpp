@@ -1,0 +1,81 @@
+#include "accel_flags.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "diffuse/errors.h"
+
+namespace diffuse::app {
+namespace {
+
+int parse_int(const std::string& text, const std::string& what) {
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || v < 0 || v > 1000000)
+    throw InvalidArgument(what + ": expected a non-negative integer, got '" + text + "'");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+void add_accel_flags(CLI::App& app, AccelFlags& f) {
+  app.add_option("--deepcache", f.deepcache,
+                 "DeepCache: a full UNet step every N steps, the shallow branch between "
+                 "(N[:LAYER:BLOCK], cache_interval[:cache_layer_id:cache_block_id]; 1 = off)");
+  app.add_option("--deepcache-schedule", f.deepcache_schedule,
+                 "Where DeepCache's full steps go: uniform, or non-uniform (denser early)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"uniform", "non-uniform"}));
+  app.add_option("--tome", f.tome,
+                 "Token merging ratio in [0, 1): the fraction of tokens merged in the "
+                 "highest-resolution self-attentions (0 = off)");
+  app.add_option("--tome-layers", f.tome_layers,
+                 "Transformers token merging applies to (e.g. down_blocks.0.attentions.0); "
+                 "default: the first two down and last two up at the highest resolution");
+}
+
+bool any_accel_flag(const AccelFlags& f) {
+  return !f.deepcache.empty() || !f.tome.empty() || !f.tome_layers.empty();
+}
+
+void apply_accel_flags(const AccelFlags& f, GenerationConfig& g) {
+  if (!f.deepcache.empty()) {
+    const std::string flag = "--deepcache '" + f.deepcache + "'";
+    std::vector<std::string> parts;
+    size_t start = 0;
+    for (size_t colon; (colon = f.deepcache.find(':', start)) != std::string::npos;
+         start = colon + 1)
+      parts.push_back(f.deepcache.substr(start, colon - start));
+    parts.push_back(f.deepcache.substr(start));
+    if (parts.size() != 1 && parts.size() != 3)
+      throw InvalidArgument(flag +
+                            ": expected N or N:LAYER:BLOCK (interval, cache_layer_id, "
+                            "cache_block_id), e.g. 3 or 3:0:0");
+    g.deep_cache.interval = parse_int(parts[0], flag + " interval");
+    if (g.deep_cache.interval < 1)
+      throw InvalidArgument(flag +
+                            ": the interval must be >= 1 (1 = off, N = a full UNet "
+                            "step every N steps), got " +
+                            parts[0]);
+    if (parts.size() == 3) {
+      g.deep_cache.layer_id = parse_int(parts[1], flag + " layer id");
+      g.deep_cache.block_id = parse_int(parts[2], flag + " block id");
+    }
+  }
+  g.deep_cache.non_uniform = f.deepcache_schedule == "non-uniform";
+  if (!f.tome.empty()) {
+    errno = 0;
+    char* end = nullptr;
+    const double ratio = std::strtod(f.tome.c_str(), &end);
+    if (*end != '\0' || errno == ERANGE || !(ratio >= 0 && ratio < 1))
+      throw InvalidArgument("--tome '" + f.tome +
+                            "': expected a ratio in [0, 1) (the fraction of tokens merged; 0 = "
+                            "off)");
+    g.token_merging.ratio = ratio;
+  }
+  g.token_merging.layers = f.tome_layers;
+}
+
+}  // namespace diffuse::app

@@ -1,0 +1,26 @@
+// The UNet accelerator flags of txt2img / img2img: --deepcache N[:LAYER:BLOCK],
+// --deepcache-schedule, --tome RATIO, --tome-layers.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "diffuse/pipeline.h"
+
+namespace diffuse::app {
+
+struct AccelFlags {
+  std::string deepcache;  // "N" or "N:LAYER:BLOCK"; empty = off
+  std::string deepcache_schedule = "uniform";
+  std::string tome;  // a ratio in [0, 1); empty = off
+  std::vector<std::string> tome_layers;
+};
+
+void add_accel_flags(CLI::App& app, AccelFlags& flags);
+// Parses the flags into `config`; InvalidArgument naming the flag, the value and what is
+// expected. (The layer and block ids are checked against the model once it is loaded.)
+void apply_accel_flags(const AccelFlags& flags, GenerationConfig& config);
+// Whether any accelerator was asked for (HiDream runs none).
+bool any_accel_flag(const AccelFlags& flags);
+
+}  // namespace diffuse::app

@@ -1,0 +1,99 @@
+// `diffuse bench accel`: DeepCache and token merging vs the full computation
+// (bench/accel_bench.h): quality on the demo model, or denoising speed at full size.
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "bench/accel_bench.h"
+#include "commands.h"
+
+namespace diffuse::app {
+
+std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench) {
+  struct Flags {
+    bench::AccelBenchOptions opts;
+    bool json = false;
+  };
+  auto f = std::make_shared<Flags>();
+  CLI::App* sub = bench.add_subcommand(
+      "accel",
+      "DeepCache and token merging vs full computation: quality (demo model) or speed "
+      "(--arch, random weights)");
+  sub->add_option("-m,--model", f->opts.model, "Demo-world model folder (quality)")
+      ->capture_default_str();
+  sub->add_option("--arch", f->opts.arch,
+                  "Speed only, on a built-in architecture with random weights (sd2.1-base)");
+  sub->add_option("--prompts", f->opts.prompts, "Held-out prompts")->capture_default_str();
+  sub->add_option("--seeds", f->opts.seeds, "Seeds per prompt")->capture_default_str();
+  sub->add_option("--steps", f->opts.steps, "Denoising steps")->capture_default_str();
+  sub->add_option("--scheduler", f->opts.scheduler, "Scheduler")->capture_default_str();
+  sub->add_option("--cfg-scale", f->opts.guidance_scale, "Guidance scale")->capture_default_str();
+  sub->add_option("-W,--width", f->opts.width, "Width (default: the model's)");
+  sub->add_option("-H,--height", f->opts.height, "Height (default: the model's)");
+  sub->add_option("--repeats", f->opts.repeats, "Speed: denoising loops per setting (fastest)")
+      ->capture_default_str();
+  sub->add_option("--device", f->opts.device, "Device")->capture_default_str();
+  sub->add_option("--dtype", f->opts.dtype, "auto|fp32|bf16|fp16")->capture_default_str();
+  sub->add_option("--attention", f->opts.attention, "Attention backend")->capture_default_str();
+  sub->add_flag("--json", f->json, "Print one JSON object on stdout");
+  Command run = [f]() {
+    auto opts = f->opts;
+    if (!f->json) opts.log = [](const std::string& line) { std::cerr << line << "\n"; };
+    const auto r = bench::run_accel_bench(opts);
+    const bool quality = r.mode == "quality";
+    if (f->json) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const auto& row : r.rows) {
+        nlohmann::json j = {{"setting", row.name},
+                            {"denoise_s", row.denoise_s},
+                            {"speedup", row.speedup},
+                            {"full_unet_steps", row.full_steps}};
+        if (quality) {
+          j["background_accuracy"] = row.tally.background_accuracy();
+          j["colour_position_accuracy"] = row.tally.colour_position_accuracy();
+          j["shape_accuracy"] = row.tally.shape_accuracy();
+          j["psnr_mean_db"] = row.psnr_mean;
+          j["psnr_min_db"] = row.psnr_min;
+          j["ssim_mean"] = row.ssim_mean;
+        }
+        rows.push_back(j);
+      }
+      std::cout << nlohmann::json{{"mode", r.mode},
+                                  {"model", r.model},
+                                  {"device", r.device},
+                                  {"dtype", r.dtype},
+                                  {"width", r.width},
+                                  {"height", r.height},
+                                  {"steps", r.steps},
+                                  {"scheduler", opts.scheduler},
+                                  {"images", quality ? opts.prompts * opts.seeds : 0},
+                                  {"rows", rows}}
+                       .dump(2)
+                << "\n";
+      return 0;
+    }
+    std::printf("%s, %s %s, %dx%d, %d steps %s", r.model.c_str(), r.device.c_str(), r.dtype.c_str(),
+                r.width, r.height, r.steps, opts.scheduler.c_str());
+    if (quality) std::printf(", %d prompts x %d seeds", opts.prompts, opts.seeds);
+    std::printf("\n%-24s %6s %10s %8s", "setting", "full", "denoise", "speed-up");
+    if (quality)
+      std::printf(" %6s %6s %6s %9s %9s %6s", "bg%", "obj%", "shape%", "PSNR", "minPSNR", "SSIM");
+    std::printf("\n");
+    for (const auto& row : r.rows) {
+      std::printf("%-24s %3d/%-2d %9.2fs %7.2fx", row.name.c_str(), row.full_steps, r.steps,
+                  row.denoise_s, row.speedup);
+      if (quality)
+        std::printf(" %6.1f %6.1f %6.1f %7.2fdB %7.2fdB %6.3f",
+                    100 * row.tally.background_accuracy(),
+                    100 * row.tally.colour_position_accuracy(), 100 * row.tally.shape_accuracy(),
+                    row.psnr_mean, row.psnr_min, row.ssim_mean);
+      std::printf("\n");
+    }
+    std::printf("(speed-up and PSNR/SSIM against \"%s\" in the same run; PSNR %.0f = identical)\n",
+                r.rows[0].name.c_str(), bench::kIdenticalPsnr);
+    return 0;
+  };
+  return {sub, run};
+}
+
+}  // namespace diffuse::app

@@ -1,0 +1,47 @@
+#include "accel/unet_accelerator.h"
+
+#include "accel/deepcache.h"
+#include "nn/token_merge_hook.h"
+
+namespace diffuse::accel {
+
+void validate_accel_config(const GenerationConfig& c) {
+  validate_deep_cache(c.deep_cache);
+  validate_token_merging(c.token_merging);
+}
+
+void validate_accel_config(const GenerationConfig& c, const models::UNet2DConditionConfig& unet) {
+  validate_deep_cache(c.deep_cache, unet);
+  validate_token_merging(c.token_merging);
+  if (c.token_merging.ratio > 0) token_merging_sites(c.token_merging, unet);
+}
+
+UNetAccelerator::UNetAccelerator(const GenerationConfig& c,
+                                 const models::UNet2DConditionConfig& unet, int64_t steps,
+                                 uint64_t seed) {
+  validate_accel_config(c, unet);
+  if (c.deep_cache.interval > 1) {
+    deep_cache_.emplace();
+    deep_cache_->layer_id = c.deep_cache.layer_id;
+    deep_cache_->block_id = c.deep_cache.block_id;
+    full_ = deep_cache_full_steps(c.deep_cache, steps);
+  }
+  if (c.token_merging.ratio > 0)
+    tome_ = std::make_unique<TokenMerging>(c.token_merging.ratio,
+                                           token_merging_sites(c.token_merging, unet), seed);
+}
+
+bool UNetAccelerator::full_step(int64_t step) const {
+  if (!deep_cache_) return true;
+  return step < 0 || step >= static_cast<int64_t>(full_.size()) || full_[static_cast<size_t>(step)];
+}
+
+torch::Tensor UNetAccelerator::forward(models::UNet2DConditionModelImpl& unet, int64_t step,
+                                       const torch::Tensor& sample, const torch::Tensor& timestep,
+                                       const torch::Tensor& context) {
+  nn::ScopedTokenMergeHook hook(tome_.get());
+  if (!deep_cache_) return unet.forward(sample, timestep, context);
+  return unet.forward_deep_cache(sample, timestep, context, full_step(step), *deep_cache_);
+}
+
+}  // namespace diffuse::accel
