@@ -247,6 +247,7 @@ Command add_bench_command(CLI::App& app) {
   prec->add_flag("--json", *pjson, "Print one JSON object on stdout");
   const auto demo_quality = add_bench_demo_quality(app);
   const auto accel = add_bench_accel(app);
+  const auto lora = add_bench_lora(app);
   app.require_subcommand(0, 1);
 
   auto dtypes_for = [](const std::string& spec, const torch::Device& device) {
@@ -260,9 +261,10 @@ Command add_bench_command(CLI::App& app) {
     return out;
   };
 
-  return [o, as_json, att, af, roof, rf, prec, pf, pjson, dtypes_for, demo_quality, accel]() {
+  return [o, as_json, att, af, roof, rf, prec, pf, pjson, dtypes_for, demo_quality, lora, accel]() {
     if (demo_quality.first->parsed()) return demo_quality.second();
     if (accel.first->parsed()) return accel.second();
+    if (lora.first->parsed()) return lora.second();
     if (prec->parsed()) {
       auto po = *pf;
       if (!*pjson) po.log = [](const std::string& line) { std::cerr << line << "\n"; };

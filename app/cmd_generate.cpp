@@ -22,9 +22,9 @@
 #include "pipeline/hidream.h"
 #include "pipeline/image_parameters.h"
 #include "pipeline/memory_report.h"
+#include "pipeline/prompt_loras.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
-#include "text/lora_tags.h"
 
 namespace fs = std::filesystem;
 
@@ -142,21 +142,6 @@ std::string memory_text(const std::vector<StageMemory>& memory) {
   return s;
 }
 
-// A1111's <lora:NAME:SCALE> tags: out of the prompts (and negative prompts), into the load
-// options, each adapter once (the same name with two scales is an error).
-void add_prompt_loras(GenerationConfig& g, const std::string& lora_dir, LoadOptions& lo) {
-  std::vector<text::LoraTag> tags;
-  for (auto* list : {&g.prompts, &g.negative_prompts})
-    for (auto& p : *list) p = text::extract_lora_tags(p, &tags);
-  std::map<std::string, double> seen;
-  for (const auto& t : tags) {
-    auto [it, fresh] = seen.emplace(t.name, t.scale);
-    if (!fresh && it->second != t.scale)
-      throw InvalidArgument("prompt: <lora:" + t.name + "> is given twice with different scales");
-    if (fresh) lo.loras.push_back({text::resolve_lora_tag(t, lora_dir), t.scale});
-  }
-}
-
 int run_generate(const GenerateFlags& f, bool img2img);
 
 // A CFG-parallel worker runs the command as given, ranks other than 0 quietly.
@@ -222,7 +207,10 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   pipeline::validate_generation_config(g, img2img);
   if (!fs::exists(f.model)) throw IoError("model '" + f.model + "' does not exist");
   LoadOptions lo = to_load_options(f.load);
-  if (f.prompt_syntax == "a1111") add_prompt_loras(g, f.lora_dir, lo);
+  // A1111's <lora:NAME:SCALE> tags: out of the prompts, into the load options (one load, one
+  // merge for every image of the run).
+  if (f.prompt_syntax == "a1111")
+    for (auto& spec : pipeline::take_prompt_loras(g, f.lora_dir)) lo.loras.push_back(spec);
   {
     // The output is checked before the (slow) load: PNG only, and never a path whose final
     // rename would destroy a directory, device, FIFO or socket.

@@ -161,6 +161,9 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--keep-jobs", f->options.keep_finished,
                  "Finished jobs (and images) kept for clients")
       ->capture_default_str();
+  app.add_option("--lora-dir", f->options.lora_dir,
+                 "Folder of LoRA files that <lora:NAME:SCALE> in a prompt refers to; each job "
+                 "swaps its adapters in without reloading the model");
   app.add_flag("-q,--quiet", f->quiet, "No log output");
   add_load_flags(app, f->load);
   app.add_option("--transformer", f->hidream.transformer,

@@ -49,5 +49,6 @@ int run_text_encoder_bench(const bench::PipelineBenchOptions& options, bool as_j
 std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench);
 // `bench accel`: DeepCache and token merging vs the full computation.
 std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench);
+std::pair<CLI::App*, Command> add_bench_lora(CLI::App& bench);
 
 }  // namespace diffuse::app

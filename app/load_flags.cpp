@@ -52,6 +52,11 @@ void add_load_flags(CLI::App& app, LoadFlags& f) {
                  "the UNet and text encoder");
   app.add_flag("--lora-lenient", f.lora_lenient,
                "Warn about LoRA tensors that match no weight instead of failing");
+  app.add_option("--lora-mode", f.lora_mode,
+                 "merged: adapters written into the weights (no cost per step); unmerged: added "
+                 "at run time (switching is free, each step pays the low-rank products)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"merged", "unmerged"}));
   app.add_option("--config", f.config_dir,
                  "Diffusers folder giving configs/tokenizer for a single-file checkpoint")
       ->check(non_empty());
@@ -80,6 +85,7 @@ LoadOptions to_load_options(const LoadFlags& f) {
   lo.offload = f.offload;
   for (const auto& l : f.loras) lo.loras.push_back(parse_lora_flag(l));
   lo.lora_lenient = f.lora_lenient;
+  lo.lora_mode = f.lora_mode;
   return lo;
 }
 

@@ -17,6 +17,7 @@ struct LoadFlags {
   bool offload = false;
   std::vector<std::string> loras;
   bool lora_lenient = false;
+  std::string lora_mode = "merged";
 };
 
 void add_load_flags(CLI::App& app, LoadFlags& f);

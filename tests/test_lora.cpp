@@ -11,10 +11,13 @@
 
 #include "adapters/lora.h"
 #include "adapters/lora_merger.h"
+#include "bench/arch_configs.h"
 #include "diffuse/errors.h"
 #include "golden_case_check.h"
+#include "io/json_config.h"
 #include "io/lora_key_map.h"
 #include "io/safetensors.h"
+#include "models/unet2d_condition.h"
 #include "test_util.h"
 #include "verify/verify.h"
 
@@ -194,9 +197,14 @@ TEST_F(LoraMergeTest, FullTensorsStayWhenLoraIsDisabled) {
   LoraMerger merger(nets());
   merger.add(adapters::make_lora(t, {}, "full", nets()), 1.0);
   EXPECT_TRUE(torch::equal(param(*toy, "attn1.to_q.bias"), replacement));
+  const auto patched = param(*toy, "attn1.to_q.weight").clone();
   merger.set_lora_enabled(false);
   EXPECT_TRUE(torch::equal(param(*toy, "attn1.to_q.weight"), before.at("attn1.to_q.weight")));
   EXPECT_TRUE(torch::equal(param(*toy, "attn1.to_q.bias"), replacement));
+  // On again (HiDream-E1-Full's next edit after a refine phase): the pair-only weight is
+  // patched again, not left at its original.
+  merger.set_lora_enabled(true);
+  EXPECT_TRUE(torch::equal(param(*toy, "attn1.to_q.weight"), patched));
   merger.clear();
   expect_identical(*toy, before);
 }
@@ -222,6 +230,46 @@ TEST(LoraKeys, KohyaTextEncoderNamesMapOntoModules) {
                                    "old");
   ASSERT_EQ(keys.pairs.size(), 1u);
   EXPECT_EQ(unet.pair_target(keys.pairs[0]), "mid_block.attn1.to_out.0.weight");
+}
+
+// kohya files from LDM-based trainers name UNet modules as the original single-file layout does;
+// the numbering of input_blocks / output_blocks comes from the model's own block structure
+// (here SD2.1's, at small width).
+TEST(LoraKeys, KohyaOriginalLayoutNamesMapOntoUNetModules) {
+  auto config = bench::builtin_arch("tiny").unet;
+  config["layers_per_block"] = 2;  // as SD2.1 has
+  models::UNet2DConditionModel unet(
+      models::UNet2DConditionConfig::from_json(io::JsonConfig(config, "tiny unet")));
+  std::vector<std::string> names;
+  for (const auto& p : unet->named_parameters()) names.push_back(p.key());
+  io::lora::ModuleIndex index(io::lora::unet_names(), names);
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"input_blocks_0_0", "conv_in"},
+      {"time_embed_2", "time_embedding.linear_2"},
+      {"input_blocks_1_1_transformer_blocks_0_attn1_to_q",
+       "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"},
+      {"input_blocks_2_0_in_layers_2", "down_blocks.0.resnets.1.conv1"},
+      {"input_blocks_3_0_op", "down_blocks.0.downsamplers.0.conv"},
+      {"input_blocks_4_0_skip_connection", "down_blocks.1.resnets.0.conv_shortcut"},
+      {"input_blocks_11_0_emb_layers_1", "down_blocks.3.resnets.1.time_emb_proj"},
+      {"middle_block_1_proj_in", "mid_block.attentions.0.proj_in"},
+      {"middle_block_2_out_layers_3", "mid_block.resnets.1.conv2"},
+      {"output_blocks_2_1_conv", "up_blocks.0.upsamplers.0.conv"},
+      {"output_blocks_3_1_transformer_blocks_0_ff_net_2",
+       "up_blocks.1.attentions.0.transformer_blocks.0.ff.net.2"},
+      {"output_blocks_5_2_conv", "up_blocks.1.upsamplers.0.conv"},
+      {"output_blocks_11_1_proj_out", "up_blocks.3.attentions.2.proj_out"},
+      {"out_2", "conv_out"}};
+  for (const auto& [ldm, ours] : expected) {
+    io::lora::PairKeys p;
+    p.prefix = "lora_unet_" + ldm;
+    p.kohya = true;
+    EXPECT_EQ(index.pair_target(p), ours + ".weight") << ldm;
+  }
+  io::lora::PairKeys diffusers_named;  // the diffusers names still work
+  diffusers_named.prefix = "lora_unet_down_blocks_0_attentions_0_proj_in";
+  diffusers_named.kohya = true;
+  EXPECT_EQ(index.pair_target(diffusers_named), "down_blocks.0.attentions.0.proj_in.weight");
 }
 
 TEST(LoraKeys, MalformedKeySetsNameTheKey) {

@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 
 #include "diffuse/pipeline.h"
 #include "io/safetensors.h"
@@ -125,6 +127,88 @@ TEST(LoraPipeline, UnknownKeysFailTheLoadUnlessLenient) {
   auto pipe = Text2Image::load(test::golden_model_dir(), o);
   ASSERT_EQ(pipe.info().loras.size(), 1u);
   EXPECT_NE(pipe.info().loras[0].find("warning"), std::string::npos) << pipe.info().loras[0];
+}
+
+// Every parameter of the pipeline's text encoder and UNet, cloned.
+std::map<std::string, torch::Tensor> network_weights(pipeline::StableDiffusion& sd) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [component, module] : sd.loaded_networks())
+    for (const auto& p : module->named_parameters())
+      out.emplace(component + "." + p.key(), p.value().detach().clone());
+  return out;
+}
+
+TEST(LoraPipeline, HotSwapBetweenGenerationsMatchesLoadingAndRestoresTheModelExactly) {
+  test::TempDir dir;
+  const std::string a = write_adapter(dir, "a.safetensors");
+  const std::string te = write_adapter(dir, "te.safetensors", /*only_text_encoder=*/true);
+  auto pipe = Text2Image::load(test::golden_model_dir(), fp32_cpu());
+  const auto before = network_weights(*pipe.impl());
+  auto g = small_config();
+  const auto plain = pipe.generate(g).images_float;
+
+  for (double scale : {1.0, 0.5}) {
+    SCOPED_TRACE(scale);
+    g.loras = {{a, scale}};
+    const auto swapped = pipe.generate(g).images_float;
+    auto load = fp32_cpu();
+    load.loras = {{a, scale}};
+    const auto loaded = Text2Image::load(test::golden_model_dir(), load).generate(small_config());
+    EXPECT_TRUE(torch::equal(swapped, loaded.images_float));
+    EXPECT_GT((swapped - plain).abs().max().item<float>(), 1e-3);
+    ASSERT_EQ(pipe.info().loras.size(), 1u);
+    EXPECT_NE(pipe.info().loras[0].find("scale " + c10::str(scale)), std::string::npos)
+        << pipe.info().loras[0];
+  }
+  g.loras = {{a, 1.0}, {te, -0.5}};  // two at once
+  EXPECT_EQ(pipe.generate(g).images_float.sizes(), plain.sizes());
+  EXPECT_EQ(pipe.info().loras.size(), 2u);
+
+  g.loras.clear();  // every weight back, bit for bit
+  EXPECT_TRUE(torch::equal(pipe.generate(g).images_float, plain));
+  EXPECT_TRUE(pipe.info().loras.empty());
+  const auto after = network_weights(*pipe.impl());
+  ASSERT_EQ(after.size(), before.size());
+  for (const auto& [name, w] : before) EXPECT_TRUE(torch::equal(after.at(name), w)) << name;
+}
+
+TEST(LoraPipeline, HotSwapWithOffloadAndOnTopOfLoadedAdapters) {
+  test::TempDir dir;
+  const std::string a = write_adapter(dir, "a.safetensors");
+  const std::string te = write_adapter(dir, "te.safetensors", /*only_text_encoder=*/true);
+  auto both = fp32_cpu();
+  both.loras = {{a, 1.0}, {te, 0.7}};
+  const auto reference =
+      Text2Image::load(test::golden_model_dir(), both).generate(small_config()).images_float;
+
+  for (bool offload : {false, true}) {
+    SCOPED_TRACE(offload);
+    auto o = fp32_cpu();
+    o.offload = offload;
+    o.loras = {{a, 1.0}};  // always on; the run adds te
+    auto pipe = Text2Image::load(test::golden_model_dir(), o);
+    const auto only_a = pipe.generate(small_config()).images_float;
+    auto g = small_config();
+    g.loras = {{te, 0.7}};
+    EXPECT_TRUE(torch::allclose(pipe.generate(g).images_float, reference, 1e-6, 1e-6));
+    EXPECT_TRUE(torch::equal(pipe.generate(small_config()).images_float, only_a));
+  }
+}
+
+TEST(LoraPipeline, ABadAdapterForOneRunLeavesTheModelAsItWas) {
+  test::TempDir dir;
+  const std::string bad = write_adapter(dir, "bad.safetensors", false, /*add_unknown=*/true);
+  auto pipe = Text2Image::load(test::golden_model_dir(), fp32_cpu());
+  const auto plain = pipe.generate(small_config()).images_float;
+  auto g = small_config();
+  g.loras = {{bad, 1.0}};
+  EXPECT_THROW(pipe.generate(g), FormatError);
+  g.loras = {{dir.file("missing.safetensors"), 1.0}};
+  EXPECT_THROW(pipe.generate(g), IoError);
+  g.loras = {{bad, std::nan("")}};
+  EXPECT_THROW(pipe.generate(g), InvalidArgument);
+  EXPECT_TRUE(pipe.info().loras.empty());
+  EXPECT_TRUE(torch::equal(pipe.generate(small_config()).images_float, plain));
 }
 
 }  // namespace

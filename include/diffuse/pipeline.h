@@ -53,6 +53,10 @@ struct LoadOptions {
   // error unless lora_lenient (then PipelineInfo::loras reports what was skipped).
   std::vector<LoraSpec> loras;
   bool lora_lenient = false;
+  // "merged": adapters written into the weights (no run-time cost; changing them re-patches
+  // the touched weights). "unmerged": each adapter's low-rank product is added to its layer's
+  // output at run time (switching adapters costs nothing; every step pays the products).
+  std::string lora_mode = "merged";
 };
 
 // DeepCache (arXiv 2312.00858): the UNet's deep features change little between neighbouring
@@ -102,6 +106,10 @@ struct GenerationConfig {
   // UNet accelerators; both off by default (bit-identical to running without them).
   DeepCacheOptions deep_cache;
   TokenMergingOptions token_merging;
+  // LoRA adapters for this generation, on top of LoadOptions::loras. Between generations
+  // only the weights of adapters that changed are patched again, from kept originals: a model
+  // whose adapters are all removed again is bit-identical to the one loaded (hot swap).
+  std::vector<LoraSpec> loras;
 };
 
 struct StepEvent {
@@ -133,6 +141,7 @@ struct StageTimings {
   double vae_encode_s = 0;
   double denoise_s = 0;
   double vae_decode_s = 0;
+  double lora_s = 0;  // applying GenerationConfig::loras (0 when they did not change)
   double total_s = 0;
   std::vector<double> step_s;
   int64_t peak_rss_bytes = 0;

@@ -53,9 +53,14 @@ void LoraMerger::remove(int id) {
 }
 
 void LoraMerger::set_lora_enabled(bool enabled) {
-  std::vector<WeightKey> keys;
-  for (const auto& kv : originals_) keys.push_back(kv.first);
-  transact(keys, [&] { lora_enabled_ = enabled; });
+  // Every weight an adapter names, not only those patched now: a weight with low-rank pairs
+  // only went back to its original (and left originals_) when the updates were switched off,
+  // and must be patched again when they are switched on.
+  std::set<WeightKey> keys;
+  for (const auto& kv : originals_) keys.insert(kv.first);
+  for (const auto& e : entries_)
+    for (const auto& k : weights_of(*e.adapter)) keys.insert(k);
+  transact({keys.begin(), keys.end()}, [&] { lora_enabled_ = enabled; });
 }
 
 void LoraMerger::clear() {

@@ -13,15 +13,15 @@
 #include <utility>
 #include <vector>
 
-#include "adapters/lora.h"
+#include "adapters/lora_applier.h"
 
 namespace diffuse::adapters {
 
-class LoraMerger {
+class LoraMerger : public LoraApplier {
  public:
   explicit LoraMerger(std::vector<Network> networks);
   // Restores nothing: call clear() to give the networks their original weights back.
-  ~LoraMerger() = default;
+  ~LoraMerger() override = default;
 
   const std::vector<Network>& networks() const { return networks_; }
 
@@ -29,17 +29,17 @@ class LoraMerger {
   // unchanged). Returns the adapter's id.
   int add(const std::string& path, double scale, const LoraOptions& options = {});
   // Merges an adapter resolved against this merger's networks.
-  int add(LoraAdapter adapter, double scale);
-  void set_scale(int id, double scale);
-  void remove(int id);
+  int add(LoraAdapter adapter, double scale) override;
+  void set_scale(int id, double scale) override;
+  void remove(int id) override;
   // peft's disable_adapters() / enable_adapters(): the low-rank updates are switched off while
   // full tensors stay in place.
-  void set_lora_enabled(bool enabled);
+  void set_lora_enabled(bool enabled) override;
   // Every weight back to its exact original value; forgets all adapters.
-  void clear();
+  void clear() override;
 
   const LoraAdapter& adapter(int id) const;
-  std::vector<int> ids() const;
+  std::vector<int> ids() const override;
   // Weights currently differing from (or replacing) their originals' storage.
   size_t patched_weights() const { return originals_.size(); }
 

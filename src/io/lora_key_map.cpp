@@ -2,6 +2,8 @@
 #include "io/lora_key_map.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -75,6 +77,87 @@ bool match_pair_key(const std::string& key, Match* m) {
     return true;
   }
   return false;
+}
+
+// The original (LDM / single-file) name of every UNet module, derived from the diffusers names
+// alone: how many resnets each block has, and whether it has attentions or a resampler, fix
+// the numbering of input_blocks / output_blocks. kohya files from LDM-based trainers name
+// modules this way ("lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q").
+std::map<std::string, std::string> ldm_unet_names(const std::vector<std::string>& parameters) {
+  struct Block {
+    int resnets = 0;
+    bool attentions = false, resampler = false;
+  };
+  std::map<int, Block> down, up;
+  auto index_after = [](const std::string& s, const std::string& key) {
+    const size_t at = s.find(key);
+    return at == std::string::npos ? -1 : std::atoi(s.c_str() + at + key.size());
+  };
+  for (const auto& p : parameters) {
+    for (auto [prefix, blocks] : {std::pair{"down_blocks.", &down}, std::pair{"up_blocks.", &up}}) {
+      if (!starts_with(p, prefix)) continue;
+      Block& b = (*blocks)[std::atoi(p.c_str() + std::string(prefix).size())];
+      const int r = index_after(p, ".resnets.");
+      if (r >= 0) b.resnets = std::max(b.resnets, r + 1);
+      b.attentions = b.attentions || p.find(".attentions.") != std::string::npos;
+      b.resampler = b.resampler || p.find("samplers.0.") != std::string::npos;
+    }
+  }
+  // Where each block's layers start in input_blocks / output_blocks.
+  std::map<int, int> down_first, up_first;
+  int next = 1;  // input_blocks.0 is conv_in
+  for (const auto& [i, b] : down) down_first[i] = next, next += b.resnets + (b.resampler ? 1 : 0);
+  next = 0;
+  for (const auto& [i, b] : up) up_first[i] = next, next += b.resnets;
+  const std::vector<std::pair<std::string, std::string>> resnet_parts = {
+      {"norm1", "in_layers.0"},  {"conv1", "in_layers.2"},  {"time_emb_proj", "emb_layers.1"},
+      {"norm2", "out_layers.0"}, {"conv2", "out_layers.3"}, {"conv_shortcut", "skip_connection"}};
+  const std::map<std::string, std::string> fixed = {{"conv_in", "input_blocks.0.0"},
+                                                    {"time_embedding.linear_1", "time_embed.0"},
+                                                    {"time_embedding.linear_2", "time_embed.2"},
+                                                    {"conv_norm_out", "out.0"},
+                                                    {"conv_out", "out.2"}};
+  std::map<std::string, std::string> out;
+  for (const auto& p : parameters) {
+    if (!ends_with(p, ".weight")) continue;
+    const std::string m = p.substr(0, p.size() - 7);
+    if (fixed.count(m)) {
+      out[m] = fixed.at(m);
+      continue;
+    }
+    std::string ldm;
+    // "<head>.resnets.<l>.<rest>" / ".attentions.<l>.<rest>" / ".downsamplers.0.conv" ...
+    const bool is_down = starts_with(m, "down_blocks."), is_up = starts_with(m, "up_blocks.");
+    const bool is_mid = starts_with(m, "mid_block.");
+    if (!is_down && !is_up && !is_mid) continue;
+    const int block = is_mid ? 0 : std::atoi(m.c_str() + (is_down ? 12 : 10));
+    const int r = index_after(m, ".resnets."), a = index_after(m, ".attentions.");
+    std::string rest;  // the part inside the resnet / attention
+    if (r >= 0 || a >= 0) {
+      const std::string key = r >= 0 ? ".resnets." : ".attentions.";
+      const size_t cut = m.find('.', m.find(key) + key.size());
+      rest = cut == std::string::npos ? "" : m.substr(cut + 1);
+    }
+    if (r >= 0)
+      for (const auto& [ours, theirs] : resnet_parts)
+        if (rest == ours) rest = theirs;
+    if (is_mid) {
+      if (r >= 0) ldm = "middle_block." + std::to_string(r == 0 ? 0 : 2) + "." + rest;
+      if (a >= 0) ldm = "middle_block.1." + rest;
+    } else if (m.find("samplers.0.conv") != std::string::npos) {
+      const Block& b = (is_down ? down : up)[block];
+      ldm = is_down ? "input_blocks." + std::to_string(down_first[block] + b.resnets) + ".0.op"
+                    : "output_blocks." + std::to_string(up_first[block] + b.resnets - 1) + "." +
+                          (b.attentions ? "2" : "1") + ".conv";
+    } else if (r >= 0 || a >= 0) {
+      const int layer = r >= 0 ? r : a;
+      ldm = std::string(is_down ? "input_blocks." : "output_blocks.") +
+            std::to_string((is_down ? down_first : up_first)[block] + layer) +
+            (r >= 0 ? ".0." : ".1.") + rest;
+    }
+    if (!ldm.empty()) out[m] = ldm;
+  }
+  return out;
 }
 
 }  // namespace
@@ -153,6 +236,14 @@ ModuleIndex::ModuleIndex(NetworkNames names, const std::vector<std::string>& par
     std::replace(flat.begin(), flat.end(), '.', '_');
     auto [it, inserted] = flat_.emplace(flat, p.substr(0, p.size() - 7));
     if (!inserted) it->second.clear();  // two modules flatten alike: kohya names are ambiguous
+  }
+  if (names_.name != "unet") return;
+  // kohya files may also use the original single-file names of the UNet's modules.
+  for (const auto& [module, ldm] : ldm_unet_names(parameter_names)) {
+    std::string flat = ldm;
+    std::replace(flat.begin(), flat.end(), '.', '_');
+    auto [it, inserted] = flat_.emplace(flat, module);
+    if (!inserted && it->second != module) it->second.clear();
   }
 }
 

@@ -14,6 +14,7 @@
 #include "io/model_folder.h"
 #include "models/intermediates.h"
 #include "models/vae.h"
+#include "nn/layers.h"
 
 namespace diffuse::models {
 
@@ -73,7 +74,7 @@ class AutoencoderKLImpl : public torch::nn::Module {
 
   Encoder encoder{nullptr};
   Decoder decoder{nullptr};
-  torch::nn::Conv2d quant_conv{nullptr}, post_quant_conv{nullptr};
+  nn::Conv2d quant_conv{nullptr}, post_quant_conv{nullptr};
 
  private:
   AutoencoderKLConfig config_;

@@ -16,6 +16,7 @@
 
 #include "io/json_config.h"
 #include "nn/fused_ops.h"
+#include "nn/layers.h"
 
 namespace diffuse::io {
 class ModelFolder;
@@ -51,7 +52,7 @@ struct ClipTextOutput {
 struct ClipMlpImpl : torch::nn::Module {
   ClipMlpImpl(const ClipTextConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  nn::Linear fc1{nullptr}, fc2{nullptr};
   std::string act;
 };
 TORCH_MODULE(ClipMlp);
@@ -59,7 +60,7 @@ TORCH_MODULE(ClipMlp);
 struct ClipAttentionImpl : torch::nn::Module {
   ClipAttentionImpl(const ClipTextConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
+  nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
   int64_t heads;
 };
 TORCH_MODULE(ClipAttention);
@@ -102,7 +103,7 @@ class ClipTextModelImpl : public torch::nn::Module {
   const ClipTextConfig& config() const { return config_; }
 
   ClipTextTransformer text_model{nullptr};
-  torch::nn::Linear text_projection{nullptr};  // CLIPTextModelWithProjection only
+  nn::Linear text_projection{nullptr};  // CLIPTextModelWithProjection only
 
  private:
   ClipTextConfig config_;

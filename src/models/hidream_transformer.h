@@ -22,6 +22,7 @@
 #include "models/intermediates.h"
 #include "nn/embeddings.h"
 #include "nn/hidream_blocks.h"
+#include "nn/layers.h"
 
 namespace diffuse::models {
 
@@ -93,9 +94,9 @@ class HiDreamImageTransformer2DModelImpl : public torch::nn::Module {
   HiDreamTransformerConfig config_;
   nn::Timesteps time_proj{nullptr};
   nn::TimestepEmbedding timestep_embedder{nullptr}, pooled_embedder{nullptr};
-  torch::nn::Linear x_proj{nullptr};
-  std::vector<torch::nn::Linear> caption_linear;
-  torch::nn::Linear final_linear{nullptr}, final_modulation{nullptr};
+  nn::Linear x_proj{nullptr};
+  std::vector<nn::Linear> caption_linear;
+  nn::Linear final_linear{nullptr}, final_modulation{nullptr};
 };
 TORCH_MODULE(HiDreamImageTransformer2DModel);
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "io/json_config.h"
+#include "nn/layers.h"
 
 namespace diffuse::io {
 class ModelFolder;
@@ -58,7 +59,7 @@ struct LlamaAttentionImpl : torch::nn::Module {
   // cos/sin [N, head_dim]; bias: additive key mask [B, 1, 1, N] or undefined.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& bias);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   LlamaConfig config;
 };
 TORCH_MODULE(LlamaAttention);
@@ -66,7 +67,7 @@ TORCH_MODULE(LlamaAttention);
 struct LlamaMLPImpl : torch::nn::Module {
   explicit LlamaMLPImpl(const LlamaConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(LlamaMLP);
 

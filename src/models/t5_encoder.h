@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "io/json_config.h"
+#include "nn/layers.h"
 
 namespace diffuse::io {
 class ModelFolder;
@@ -59,7 +60,7 @@ struct T5AttentionImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias);
   // relative_attention_bias of the bucketed (key - query) offsets: [1, H, Nq, Nk].
   torch::Tensor compute_bias(int64_t nq, int64_t nk, const torch::Device& device);
-  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   torch::nn::Embedding relative_attention_bias{nullptr};
   T5Config config;
 };
@@ -75,7 +76,7 @@ TORCH_MODULE(T5LayerSelfAttention);
 struct T5DenseActDenseImpl : torch::nn::Module {
   explicit T5DenseActDenseImpl(const T5Config& c);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear wi{nullptr}, wi_0{nullptr}, wi_1{nullptr}, wo{nullptr};
+  nn::Linear wi{nullptr}, wi_0{nullptr}, wi_1{nullptr}, wo{nullptr};
   std::string act;
 };
 TORCH_MODULE(T5DenseActDense);

@@ -20,6 +20,7 @@
 #include "nn/activations.h"
 #include "nn/embeddings.h"
 #include "nn/fused_ops.h"
+#include "nn/layers.h"
 #include "nn/unet_blocks.h"
 
 namespace diffuse::models {
@@ -94,7 +95,7 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
 
   const UNet2DConditionConfig& config() const { return config_; }
 
-  torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
   nn::Timesteps time_proj{nullptr};
   nn::TimestepEmbedding time_embedding{nullptr};
   torch::nn::ModuleList down_blocks{nullptr}, up_blocks{nullptr};

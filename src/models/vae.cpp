@@ -10,7 +10,7 @@ namespace {
 // diffusers hard-codes these for the VAE regardless of the config's norm_eps.
 constexpr double kVaeEps = 1e-6;
 
-torch::nn::Conv2d conv3x3(int64_t in, int64_t out) {
+nn::Conv2d conv3x3(int64_t in, int64_t out) {
   return nn::make_conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
 }
 

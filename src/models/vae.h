@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "models/intermediates.h"
+#include "nn/layers.h"
 #include "nn/vae_blocks.h"
 
 namespace diffuse::models {
@@ -31,7 +32,7 @@ struct EncoderImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, Intermediates* inter = nullptr,
                         const std::string& prefix = "");
 
-  torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
   torch::nn::ModuleList down_blocks{nullptr};
   std::vector<nn::DownEncoderBlock2D> down_list;
   nn::UNetMidBlock2D mid_block{nullptr};
@@ -45,7 +46,7 @@ struct DecoderImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& z, Intermediates* inter = nullptr,
                         const std::string& prefix = "");
 
-  torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
   nn::UNetMidBlock2D mid_block{nullptr};
   torch::nn::ModuleList up_blocks{nullptr};
   std::vector<nn::UpDecoderBlock2D> up_list;

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "nn/activations.h"
+#include "nn/layers.h"
 
 namespace diffuse::nn {
 
@@ -33,7 +34,7 @@ struct TimestepEmbeddingImpl : torch::nn::Module {
                         std::optional<Activation> post_act = std::nullopt);
   torch::Tensor forward(const torch::Tensor& sample);
 
-  torch::nn::Linear linear_1{nullptr}, linear_2{nullptr};
+  nn::Linear linear_1{nullptr}, linear_2{nullptr};
   Activation act;
   std::optional<Activation> post_act;
 };

@@ -15,7 +15,7 @@ constexpr double kQkNormEps = 1e-5;  // HiDreamAttention's RMSNorm eps
 constexpr double kBlockNormEps = 1e-6;
 
 torch::nn::Sequential make_modulation(torch::nn::Module& owner, int64_t dim, int64_t chunks,
-                                      torch::nn::Linear* linear) {
+                                      nn::Linear* linear) {
   *linear = make_linear(dim, chunks * dim);
   // diffusers: nn.Sequential(nn.SiLU(), nn.Linear(...)), so the weights are "adaLN_modulation.1.*".
   return owner.register_module("adaLN_modulation",
@@ -23,8 +23,8 @@ torch::nn::Sequential make_modulation(torch::nn::Module& owner, int64_t dim, int
 }
 
 // [B, dim] conditioning -> `chunks` tensors [B, 1, dim].
-std::vector<torch::Tensor> modulation_chunks(torch::nn::Linear linear,
-                                             const torch::Tensor& adaln_input, int64_t chunks) {
+std::vector<torch::Tensor> modulation_chunks(nn::Linear linear, const torch::Tensor& adaln_input,
+                                             int64_t chunks) {
   return linear(torch::silu(adaln_input)).unsqueeze(1).chunk(chunks, -1);
 }
 
@@ -61,9 +61,8 @@ struct Qkv {
   torch::Tensor q, k, v;  // [B, N, H, D]
 };
 
-Qkv project(const torch::Tensor& x, torch::nn::Linear to_q, torch::nn::Linear to_k,
-            torch::nn::Linear to_v, RMSNorm q_norm, RMSNorm k_norm, int64_t heads,
-            int64_t head_dim) {
+Qkv project(const torch::Tensor& x, nn::Linear to_q, nn::Linear to_k, nn::Linear to_v,
+            RMSNorm q_norm, RMSNorm k_norm, int64_t heads, int64_t head_dim) {
   const int64_t B = x.size(0), N = x.size(1);
   return {q_norm(to_q(x)).view({B, N, heads, head_dim}),
           k_norm(to_k(x)).view({B, N, heads, head_dim}), to_v(x).view({B, N, heads, head_dim})};

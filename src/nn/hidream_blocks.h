@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "nn/fused_ops.h"
+#include "nn/layers.h"
 #include "nn/moe_feed_forward.h"
 #include "nn/rope.h"
 
@@ -45,9 +46,9 @@ struct HiDreamAttentionImpl : torch::nn::Module {
 
   int64_t heads, head_dim;
   bool single;
-  torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, to_out{nullptr};
+  nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, to_out{nullptr};
   RMSNorm q_rms_norm{nullptr}, k_rms_norm{nullptr};
-  torch::nn::Linear to_q_t{nullptr}, to_k_t{nullptr}, to_v_t{nullptr}, to_out_t{nullptr};
+  nn::Linear to_q_t{nullptr}, to_k_t{nullptr}, to_v_t{nullptr}, to_out_t{nullptr};
   RMSNorm q_rms_norm_t{nullptr}, k_rms_norm_t{nullptr};
 };
 TORCH_MODULE(HiDreamAttention);
@@ -73,7 +74,7 @@ struct HiDreamImageTransformerBlockImpl : torch::nn::Module {
                                                   const HiDreamBlockInputs& in);
 
   torch::nn::Sequential adaLN_modulation{nullptr};  // SiLU, Linear(dim, 12 * dim)
-  torch::nn::Linear modulation{nullptr};
+  nn::Linear modulation{nullptr};
   HiDreamAttention attn1{nullptr};
   HiDreamImageFeedForward ff_i;
   FeedForwardSwiGLU ff_t{nullptr};
@@ -86,7 +87,7 @@ struct HiDreamImageSingleTransformerBlockImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens, const HiDreamBlockInputs& in);
 
   torch::nn::Sequential adaLN_modulation{nullptr};  // SiLU, Linear(dim, 6 * dim)
-  torch::nn::Linear modulation{nullptr};
+  nn::Linear modulation{nullptr};
   HiDreamAttention attn1{nullptr};
   HiDreamImageFeedForward ff_i;
 };

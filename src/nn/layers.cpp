@@ -17,17 +17,17 @@ torch::TensorOptions param_options() {
 // The base classes initialise in their constructors; these build the base at a minimal size
 // (a negligible initialisation), then give it its real options and uninitialised storage of
 // the real shape. set_data keeps the registered parameter objects, so names are unchanged.
-struct UninitLinearImpl : torch::nn::LinearImpl {
+struct UninitLinearImpl : LinearImpl {
   explicit UninitLinearImpl(const torch::nn::LinearOptions& o)
-      : torch::nn::LinearImpl(torch::nn::LinearOptions(1, 1).bias(o.bias())) {
+      : LinearImpl(torch::nn::LinearOptions(1, 1).bias(o.bias())) {
     options = o;
     weight.set_data(torch::empty({o.out_features(), o.in_features()}, param_options()));
     if (o.bias()) bias.set_data(torch::empty({o.out_features()}, param_options()));
   }
 };
 
-struct UninitConv2dImpl : torch::nn::Conv2dImpl {
-  explicit UninitConv2dImpl(const torch::nn::Conv2dOptions& o) : torch::nn::Conv2dImpl(small(o)) {
+struct UninitConv2dImpl : Conv2dImpl {
+  explicit UninitConv2dImpl(const torch::nn::Conv2dOptions& o) : Conv2dImpl(small(o)) {
     options.in_channels(o.in_channels())
         .out_channels(o.out_channels())
         .kernel_size(o.kernel_size());
@@ -68,16 +68,39 @@ SkipInitGuard::~SkipInitGuard() {
   t_dtype = saved_dtype_;
 }
 
-torch::nn::Linear make_linear(const torch::nn::LinearOptions& options) {
-  if (!t_skip_init) return torch::nn::Linear(options);
-  return torch::nn::Linear(
-      std::shared_ptr<torch::nn::LinearImpl>(std::make_shared<UninitLinearImpl>(options)));
+torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
+  auto y = torch::nn::LinearImpl::forward(input);
+  for (const auto& u : low_rank)
+    y.add_(torch::nn::functional::linear(torch::nn::functional::linear(input, u.down), u.up),
+           u.scale);
+  return y;
 }
 
-torch::nn::Conv2d make_conv2d(const torch::nn::Conv2dOptions& options) {
-  if (!t_skip_init) return torch::nn::Conv2d(options);
-  return torch::nn::Conv2d(
-      std::shared_ptr<torch::nn::Conv2dImpl>(std::make_shared<UninitConv2dImpl>(options)));
+bool supports_low_rank(const Conv2dImpl& conv) {
+  return conv.options.groups() == 1 &&
+         c10::get_if<torch::ExpandingArray<2>>(&conv.options.padding()) != nullptr &&
+         c10::get_if<torch::enumtype::kZeros>(&conv.options.padding_mode()) != nullptr;
+}
+
+torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
+  auto y = torch::nn::Conv2dImpl::forward(input);
+  if (low_rank.empty()) return y;
+  const auto& padding = c10::get<torch::ExpandingArray<2>>(options.padding());
+  for (const auto& u : low_rank) {
+    auto h = torch::conv2d(input, u.down, {}, *options.stride(), *padding, *options.dilation());
+    y.add_(torch::conv2d(h, u.up), u.scale);
+  }
+  return y;
+}
+
+Linear make_linear(const torch::nn::LinearOptions& options) {
+  if (!t_skip_init) return Linear(options);
+  return Linear(std::shared_ptr<LinearImpl>(std::make_shared<UninitLinearImpl>(options)));
+}
+
+Conv2d make_conv2d(const torch::nn::Conv2dOptions& options) {
+  if (!t_skip_init) return Conv2d(options);
+  return Conv2d(std::shared_ptr<Conv2dImpl>(std::make_shared<UninitConv2dImpl>(options)));
 }
 
 torch::nn::Embedding make_embedding(int64_t num_embeddings, int64_t dim) {

@@ -3,13 +3,46 @@
 // SkipInitGuard they allocate their weights uninitialised, directly in the guard's dtype
 // (SD2's UNet: 865M parameters, ~4 s of kaiming_uniform_ on one core, and no float32 copy of
 // a bf16 model). Without a guard they are ordinary, initialised LibTorch layers.
+//
+// nn::Linear and nn::Conv2d are LibTorch's layers (same parameters, same names) that can also
+// add low-rank updates to their output at run time: unmerged LoRA (adapters/lora_runtime.h).
+// Without updates they compute exactly what LibTorch's layers compute.
 #pragma once
 #include <c10/core/ScalarType.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <vector>
+
 namespace diffuse::nn {
+
+// One run-time low-rank update: y += scale * up(down(x)). Linear: down [r, in], up [out, r].
+// Conv2d: down [r, in, kh, kw] (a convolution with the layer's stride, padding and dilation),
+// up [out, r, 1, 1].
+struct LowRankUpdate {
+  torch::Tensor down, up;
+  double scale = 1;
+};
+
+class LinearImpl : public torch::nn::LinearImpl {
+ public:
+  using torch::nn::LinearImpl::LinearImpl;
+  torch::Tensor forward(const torch::Tensor& input);
+  std::vector<LowRankUpdate> low_rank;  // empty: a plain linear layer
+};
+TORCH_MODULE(Linear);
+
+class Conv2dImpl : public torch::nn::Conv2dImpl {
+ public:
+  using torch::nn::Conv2dImpl::Conv2dImpl;
+  torch::Tensor forward(const torch::Tensor& input);
+  std::vector<LowRankUpdate> low_rank;  // empty: a plain convolution
+};
+TORCH_MODULE(Conv2d);
+
+// Whether a convolution can take run-time updates (one group, zero padding of explicit size).
+bool supports_low_rank(const Conv2dImpl& conv);
 
 // While alive on this thread, the factories below leave weights and biases uninitialised in
 // `dtype`. The caller must fill every parameter (load_state_dict checks that none is
@@ -27,11 +60,11 @@ class SkipInitGuard {
   c10::ScalarType saved_dtype_;
 };
 
-torch::nn::Linear make_linear(const torch::nn::LinearOptions& options);
-inline torch::nn::Linear make_linear(int64_t in, int64_t out) {
+Linear make_linear(const torch::nn::LinearOptions& options);
+inline Linear make_linear(int64_t in, int64_t out) {
   return make_linear(torch::nn::LinearOptions(in, out));
 }
-torch::nn::Conv2d make_conv2d(const torch::nn::Conv2dOptions& options);
+Conv2d make_conv2d(const torch::nn::Conv2dOptions& options);
 torch::nn::Embedding make_embedding(int64_t num_embeddings, int64_t dim);
 
 }  // namespace diffuse::nn

@@ -58,9 +58,15 @@ MOEFeedForwardSwiGLUImpl::MOEFeedForwardSwiGLUImpl(int64_t dim, int64_t hidden_d
 
 std::vector<torch::Tensor> MOEFeedForwardSwiGLUImpl::run_experts(
     const std::vector<int64_t>& experts, const std::vector<torch::Tensor>& inputs) {
-  if (!inputs.empty() && npu_fused_ops_enabled(inputs.front())) {
+  // The grouped kernel reads the weights only: experts with run-time LoRA updates attached
+  // (unmerged adapters) take the per-expert path, which applies them.
+  bool low_rank = false;
+  for (auto e : experts)
+    for (auto* l : {&expert_list[e]->w1, &expert_list[e]->w2, &expert_list[e]->w3})
+      low_rank = low_rank || !(*l)->low_rank.empty();
+  if (!inputs.empty() && !low_rank && npu_fused_ops_enabled(inputs.front())) {
     // Each GEMM of the SwiGLU chain as one grouped call over the experts (weights as [K, N]).
-    auto grouped = [&](torch::nn::Linear FeedForwardSwiGLUImpl::*layer,
+    auto grouped = [&](nn::Linear FeedForwardSwiGLUImpl::*layer,
                        const std::vector<torch::Tensor>& xs) {
       std::vector<torch::Tensor> ws;
       for (auto e : experts) ws.push_back(((*expert_list[e]).*layer)->weight.t());

@@ -9,6 +9,8 @@
 
 #include <vector>
 
+#include "nn/layers.h"
+
 namespace diffuse::nn {
 
 // The SwiGLU hidden size for a requested `hidden_dim`: int(2 * hidden_dim / 3) rounded up to a
@@ -20,7 +22,7 @@ struct FeedForwardSwiGLUImpl : torch::nn::Module {
   FeedForwardSwiGLUImpl(int64_t dim, int64_t hidden_dim);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+  nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
 };
 TORCH_MODULE(FeedForwardSwiGLU);
 

@@ -26,7 +26,7 @@ torch::Tensor norm_act(GroupNorm& norm, torch::Tensor x, Activation act) {
   return apply_activation(norm(x), act);
 }
 
-torch::nn::Conv2d conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding) {
+nn::Conv2d conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding) {
   return nn::make_conv2d(torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding));
 }
 

@@ -12,6 +12,7 @@
 
 #include "nn/activations.h"
 #include "nn/fused_ops.h"
+#include "nn/layers.h"
 
 namespace diffuse::nn {
 
@@ -40,8 +41,8 @@ struct ResnetBlock2DImpl : torch::nn::Module {
 
   ResnetBlock2DOptions options;
   GroupNorm norm1{nullptr}, norm2{nullptr};
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv_shortcut{nullptr};
-  torch::nn::Linear time_emb_proj{nullptr};
+  nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv_shortcut{nullptr};
+  nn::Linear time_emb_proj{nullptr};
 };
 TORCH_MODULE(ResnetBlock2D);
 
@@ -54,7 +55,7 @@ struct Downsample2DImpl : torch::nn::Module {
   int64_t channels;
   bool use_conv;
   int64_t padding;
-  torch::nn::Conv2d conv{nullptr};
+  nn::Conv2d conv{nullptr};
 };
 TORCH_MODULE(Downsample2D);
 
@@ -66,7 +67,7 @@ struct Upsample2DImpl : torch::nn::Module {
                         std::optional<std::vector<int64_t>> output_size = std::nullopt);
 
   int64_t channels;
-  torch::nn::Conv2d conv{nullptr};
+  nn::Conv2d conv{nullptr};
 };
 TORCH_MODULE(Upsample2D);
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "nn/fused_ops.h"
+#include "nn/layers.h"
 #include "nn/token_merge_hook.h"
 
 namespace diffuse::nn {
@@ -29,7 +30,7 @@ struct AttentionImpl : torch::nn::Module {
 
   int64_t heads, dim_head;
   bool upcast_attention;
-  torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, out_proj{nullptr};
+  nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, out_proj{nullptr};
   torch::nn::ModuleList to_out{nullptr};  // [Linear, Dropout] as in diffusers
 };
 TORCH_MODULE(Attention);
@@ -38,7 +39,7 @@ TORCH_MODULE(Attention);
 struct GEGLUImpl : torch::nn::Module {
   GEGLUImpl(int64_t dim_in, int64_t dim_out);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear proj{nullptr};
+  nn::Linear proj{nullptr};
 };
 TORCH_MODULE(GEGLU);
 
@@ -47,7 +48,7 @@ struct FeedForwardImpl : torch::nn::Module {
   explicit FeedForwardImpl(int64_t dim, int64_t mult = 4);
   torch::Tensor forward(const torch::Tensor& x);
   GEGLU act{nullptr};
-  torch::nn::Linear out{nullptr};
+  nn::Linear out{nullptr};
   torch::nn::ModuleList net{nullptr};
 };
 TORCH_MODULE(FeedForward);
@@ -100,8 +101,8 @@ struct Transformer2DModelImpl : torch::nn::Module {
   std::string site;
   GroupNorm norm{nullptr};
   // Exactly one of each pair is set, registered as "proj_in" / "proj_out".
-  torch::nn::Linear proj_in_linear{nullptr}, proj_out_linear{nullptr};
-  torch::nn::Conv2d proj_in_conv{nullptr}, proj_out_conv{nullptr};
+  nn::Linear proj_in_linear{nullptr}, proj_out_linear{nullptr};
+  nn::Conv2d proj_in_conv{nullptr}, proj_out_conv{nullptr};
   torch::nn::ModuleList transformer_blocks{nullptr};
   std::vector<BasicTransformerBlock> blocks;
 };

@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "nn/layers.h"
 #include "nn/resnet.h"
 
 namespace diffuse::nn {
@@ -24,7 +25,7 @@ struct SpatialSelfAttentionImpl : torch::nn::Module {
   int64_t channels, heads;
   double rescale_output_factor;
   GroupNorm group_norm{nullptr};
-  torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, out_proj{nullptr};
+  nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, out_proj{nullptr};
   torch::nn::ModuleList to_out{nullptr};
 };
 TORCH_MODULE(SpatialSelfAttention);

@@ -7,7 +7,6 @@
 #include <random>
 
 #include "accel/unet_accelerator.h"
-#include "adapters/lora_merger.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
@@ -21,6 +20,7 @@
 #include "nn/load_weights.h"
 #include "parallel/branch_split.h"
 #include "pipeline/finite_check.h"
+#include "pipeline/lora_set.h"
 #include "pipeline/memory_estimate.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/model_source.h"
@@ -95,24 +95,19 @@ struct StableDiffusion::Components {
     nn::load_state_dict(*slot, weights, source.path + " (" + component + ")", ignored);
     slot->to(where, dtype);
     slot->eval();
-    merge_loras(component, *slot);
+    bind_loras(component, *slot);
     return slot;
   }
 
-  // LoRA adapters, split per network and merged again whenever that network is (re)loaded
-  // (with offload every stage builds its network afresh from the file).
-  struct NetworkLoras {
-    std::vector<std::pair<adapters::LoraAdapter, double>> adapters;  // with their scales
-    std::unique_ptr<adapters::LoraMerger> merger;
-  };
-  std::map<std::string, NetworkLoras> loras;  // by component name
-  void merge_loras(const std::string& component, torch::nn::Module& module) {
-    auto it = loras.find(component);
-    if (it == loras.end() || it->second.adapters.empty()) return;
-    auto names = component == "unet" ? io::lora::unet_names() : io::lora::text_encoder_names();
-    it->second.merger =
-        std::make_unique<adapters::LoraMerger>(std::vector<adapters::Network>{{names, &module}});
-    for (const auto& [adapter, scale] : it->second.adapters) it->second.merger->add(adapter, scale);
+  // LoRA adapters of the text encoder (network 0) and the UNet (network 1), merged into a
+  // network whenever it is (re)loaded and changed between generations in place.
+  LoraSet loras{{io::lora::text_encoder_names(), io::lora::unet_names()}};
+  std::vector<LoraSpec> load_loras;  // LoadOptions::loras: in effect for every generation
+  bool lora_lenient = false;
+  void bind_loras(const std::string& component, torch::nn::Module& module) {
+    if (loras.empty()) return;
+    if (component == "text_encoder") loras.bind(0, module);
+    if (component == "unet") loras.bind(1, module);
   }
   models::ClipTextModel& text_encoder() {
     return loaded(text_encoder_module, text_config, source.text_encoder_weights, "text_encoder",
@@ -128,6 +123,7 @@ struct StableDiffusion::Components {
   template <typename M>
   void done_with(M& module, const torch::Device& where) {
     if (!offload) return;
+    loras.unbind(module.get());
     module = M(nullptr);
     device::empty_cache(where);
   }
@@ -211,7 +207,13 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   // first generation.
   schedulers::make_scheduler(c_->scheduler_config);
   c_->offload = options.offload;
-  if (!options.loras.empty()) setup_loras(options);
+  if (options.lora_mode != "merged" && options.lora_mode != "unmerged")
+    throw InvalidArgument("lora_mode: expected \"merged\" or \"unmerged\", got \"" +
+                          options.lora_mode + "\"");
+  c_->loras.set_unmerged(options.lora_mode == "unmerged");
+  c_->load_loras = options.loras;
+  c_->lora_lenient = options.lora_lenient;
+  if (!options.loras.empty()) apply_loras({});  // a bad adapter fails the load, not a run
   if (!c_->offload) {
     c_->text_encoder();
     c_->unet();
@@ -243,39 +245,32 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
 
 StableDiffusion::~StableDiffusion() = default;
 
-void StableDiffusion::setup_loras(const LoadOptions& options) {
-  // Every file is read and checked against both networks before any weight changes.
-  auto& te = c_->text_encoder();
-  auto& unet = c_->unet();
-  const std::vector<adapters::Network> nets = {{io::lora::text_encoder_names(), te.get()},
-                                               {io::lora::unet_names(), unet.get()}};
-  adapters::LoraOptions lo;
-  lo.lenient = options.lora_lenient;
-  std::vector<adapters::LoraAdapter> parsed;
-  for (const auto& spec : options.loras) {
-    if (!std::isfinite(spec.scale))
-      throw InvalidArgument("LoRA '" + spec.path + "': scale must be a finite number");
-    parsed.push_back(adapters::load_lora(spec.path, nets, lo));
+std::vector<std::pair<std::string, torch::nn::Module*>> StableDiffusion::loaded_networks() const {
+  std::vector<std::pair<std::string, torch::nn::Module*>> out;
+  if (!c_->text_encoder_module.is_empty())
+    out.emplace_back("text_encoder", c_->text_encoder_module.get());
+  if (!c_->unet_module.is_empty()) out.emplace_back("unet", c_->unet_module.get());
+  return out;
+}
+
+double StableDiffusion::apply_loras(const std::vector<LoraSpec>& for_this_run) {
+  std::vector<LoraSpec> wanted = c_->load_loras;
+  wanted.insert(wanted.end(), for_this_run.begin(), for_this_run.end());
+  if (wanted.empty() && c_->loras.empty()) return 0;
+  const bool reading = c_->loras.needs_reading(wanted);
+  if (reading) {  // new files are checked against both networks
+    c_->text_encoder();
+    c_->unet();
   }
-  for (size_t i = 0; i < parsed.size(); ++i) {
-    const auto& a = parsed[i];
-    std::string line = options.loras[i].path + " (scale " + c10::str(options.loras[i].scale) +
-                       "): " + std::to_string(a.pairs.size() + a.full.size()) + " weights";
-    for (const auto& [net, count] : a.touched) line += ", " + net + " " + std::to_string(count);
-    for (const auto& w : a.warnings) line += "; warning: " + w;
-    info_.loras.push_back(line);
-    for (size_t n = 0; n < nets.size(); ++n)
-      c_->loras[nets[n].names.name].adapters.emplace_back(adapters::select_network(a, n),
-                                                          options.loras[i].scale);
-  }
-  if (c_->offload) {
-    // Merged when each stage loads its network.
+  auto loaded = [](auto& m) -> torch::nn::Module* { return m.is_empty() ? nullptr : m.get(); };
+  const double seconds = c_->loras.set(wanted, c_->lora_lenient,
+                                       {loaded(c_->text_encoder_module), loaded(c_->unet_module)});
+  info_.loras = c_->loras.report();
+  if (reading && c_->offload) {  // each stage loads (and patches) its network again
     c_->done_with(c_->text_encoder_module, c_->text_device);
     c_->done_with(c_->unet_module, c_->device);
-  } else {
-    c_->merge_loras("text_encoder", *te);
-    c_->merge_loras("unet", *unet);
   }
+  return seconds;
 }
 
 std::unique_ptr<schedulers::Scheduler> StableDiffusion::make_scheduler(
@@ -575,6 +570,7 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
   torch::InferenceMode guard;
   double t0 = now_s();
   StageTimings timings;
+  timings.lora_s = apply_loras(config.loras);
   uint64_t seed = config.seed.value_or(random_seed());
   auto embeds = encode_for_run(config, seed, t0, &timings);
 
@@ -612,6 +608,7 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   torch::InferenceMode guard;
   double t0 = now_s();
   StageTimings timings;
+  timings.lora_s = apply_loras(config.loras);
   int64_t batch = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
   if (init.dim() != 4 || init.size(1) != 3)
     throw InvalidArgument("init image must be [B, 3, H, W], got " + c10::str(init.sizes()));

@@ -2,12 +2,14 @@
 // runs the stages (encode prompt, prepare latents, denoise with CFG, decode / encode images).
 #pragma once
 #include <ATen/core/Generator.h>
+#include <torch/nn/module.h>
 #include <torch/types.h>
 
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "diffuse/pipeline.h"
@@ -71,6 +73,9 @@ class StableDiffusion {
   // InvalidArgument when a generation of this size cannot fit in the devices' free memory.
   void check_memory(const GenerationConfig& config, int width, int height) const;
   int64_t latent_channels() const;
+  // The text encoder and UNet as loaded now, by component name (tools and tests; a network
+  // that offload has freed is left out).
+  std::vector<std::pair<std::string, torch::nn::Module*>> loaded_networks() const;
 
  private:
   struct Components;
@@ -81,8 +86,10 @@ class StableDiffusion {
   std::shared_ptr<parallel::CfgGroup> cfg_group_;
 
   torch::Tensor draw_noise(c10::IntArrayRef shape, at::Generator& gen) const;
-  // Reads and checks options.loras against the text encoder and UNet, then merges them.
-  void setup_loras(const LoadOptions& options);
+  // Makes LoadOptions::loras plus `for_this_run` the adapters in effect (new files read and
+  // checked against the text encoder and UNet first; nothing changes on an error). Returns
+  // the seconds it took.
+  double apply_loras(const std::vector<LoraSpec>& for_this_run);
   // The run's scheduler (the model's, or the one named in the config) with its timesteps set.
   std::unique_ptr<schedulers::Scheduler> make_scheduler(const GenerationConfig& config) const;
   void seed_devices(uint64_t seed) const;

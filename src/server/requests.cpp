@@ -6,6 +6,7 @@
 #include <random>
 
 #include "diffuse/errors.h"
+#include "pipeline/prompt_loras.h"
 #include "pipeline/stable_diffusion.h"
 #include "server/base64.h"
 #include "server/json_fields.h"
@@ -83,6 +84,14 @@ void finish(JobRequest& r, const ModelDefaults& model, const ServerLimits& limit
     throw InvalidArgument("prompt_syntax: '" + c.prompt_syntax +
                           "' is not available for this model (available: " + list + ")");
   }
+  // The adapters a prompt names are swapped in for this job only (hot swap, no reload).
+  if (c.prompt_syntax == "a1111") {
+    try {
+      c.loras = pipeline::take_prompt_loras(c, model.lora_dir);
+    } catch (const IoError& e) {  // a name that is not in the folder: the client's mistake
+      throw InvalidArgument(e.what());
+    }
+  }
   pipeline::validate_generation_config(c, r.kind == JobKind::img2img);
   if (r.kind == JobKind::edit && !(r.edit.image_guidance_scale >= 0))
     throw InvalidArgument("image_guidance_scale must be >= 0");
@@ -135,8 +144,8 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
   c.eta = f.number("eta", 0, 1).value_or(0.0);
   r.preview = f.boolean("preview").value_or(true);
   set_seed(r, f.integer("seed", -1, kMaxSeed));
-  for (const char* k : {"deepcache", "deepcache_layer", "deepcache_block", "deepcache_schedule",
-                        "tome"})
+  for (const char* k :
+       {"deepcache", "deepcache_layer", "deepcache_block", "deepcache_schedule", "tome"})
     if (f.has(k) && !model.unet_accelerators)
       throw InvalidArgument(std::string(k) + ": this model has no UNet to accelerate");
   c.deep_cache.interval = to_int(f.integer("deepcache", 1, 1000).value_or(1));

@@ -26,6 +26,9 @@ struct ModelDefaults {
   // Prompt syntaxes the model's text encoder takes ("a1111" needs a CLIP tokenizer), the first
   // being the default of the native and A1111 APIs.
   std::vector<std::string> prompt_syntaxes = {"a1111", "plain"};
+  // Where A1111 prompts' <lora:NAME:SCALE> tags find NAME.safetensors (serve --lora-dir);
+  // empty: such tags are refused. Clients name files in it, never paths.
+  std::string lora_dir;
 
   // Whether the model is a UNet that DeepCache and token merging apply to.
   bool unet_accelerators = true;
