@@ -253,7 +253,7 @@ TEST(CfgParallel, CliWorkerThatDiesOrHangsStopsTheRun) {
     SCOPED_TRACE(kind);
     test::TempDir dir;
     auto args = demo_args(dir.file("out.png"), 6);
-    args.insert(args.end(), {"--devices", "cpu,cpu", "--parallel-timeout", "3"});
+    args.insert(args.end(), {"--devices", "cpu,cpu", "--parallel-timeout", "5"});
     auto r = run_cli(args, dir, "DIFFUSE_TEST_CFG_FAULT=1:2:" + kind);
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("CFG-parallel run failed"), std::string::npos) << r.err;

@@ -132,7 +132,8 @@ std::shared_ptr<CfgGroup> connect_group(const GroupOptions& o) {
     // Every rank has loaded its model once the count reaches world; the last one to arrive
     // says so. Waiting here (with the long startup timeout) keeps model loading out of the
     // backend's per-collective timeout.
-    if (store->add("diffuse/loaded", 1) == o.world) store->set("diffuse/all_loaded", {'1'});
+    if (store->add("diffuse/loaded", 1) == o.world)
+      store->set("diffuse/all_loaded", std::vector<uint8_t>{'1'});
     store->wait({"diffuse/all_loaded"}, o.startup_timeout);
     store->setTimeout(o.timeout);
   } catch (const std::exception& e) {

@@ -70,6 +70,14 @@ bool failed(int status) {
   return !WIFEXITED(status) || WEXITSTATUS(status) != 0;
 }
 
+// Ended by our SIGTERM (the CLI's handler exits 128 + 15) or SIGKILL, not by a failure of its
+// own.
+bool was_stopped(const Child& c) {
+  if (!c.stopped) return false;
+  if (WIFEXITED(c.status)) return WEXITSTATUS(c.status) == 128 + SIGTERM;
+  return WIFSIGNALED(c.status) && (WTERMSIG(c.status) == SIGTERM || WTERMSIG(c.status) == SIGKILL);
+}
+
 void start(Child& c, const pid_t parent) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
@@ -168,14 +176,14 @@ void run_workers(const std::vector<WorkerSpec>& workers, std::chrono::millisecon
       }
       ::close(c.life_fd);
       c.done = true;
-      if (failed(c.status)) {
-        failures.push_back(&c);
-        if (!stopping) {
-          stopping = true;
-          kill_at = std::chrono::steady_clock::now() + grace;
-          signal_all(children, SIGTERM);
-        }
-      }
+      if (failed(c.status)) failures.push_back(&c);
+    }
+    // Everyone that ended in this round is reaped before the others are signalled, so a
+    // worker that failed by itself is never reported as stopped.
+    if (!failures.empty() && !stopping) {
+      stopping = true;
+      kill_at = std::chrono::steady_clock::now() + grace;
+      signal_all(children, SIGTERM);
     }
   }
   if (failures.empty()) return;
@@ -183,7 +191,7 @@ void run_workers(const std::vector<WorkerSpec>& workers, std::chrono::millisecon
   bool first = true;
   for (const Child* c : failures) {
     message += (first ? "" : "; ") + c->spec->label + " " +
-               (c->stopped && !first ? std::string("was stopped") : describe_status(c->status));
+               (was_stopped(*c) ? std::string("was stopped") : describe_status(c->status));
     first = false;
   }
   throw Error(message + " (their own messages are above)");
