@@ -54,6 +54,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   auto folder = io::ModelFolder::open(f.model);
   pipeline::HiDreamPipeline pipe(folder, device, dtype, f.transformer);
   pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
+  pipe.set_weight_streaming(f.stream_weights);
   if (!f.e1_lora.empty()) {
     adapters::LoraOptions lo;
     lo.alpha = f.lora_alpha;
@@ -154,6 +155,11 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
   app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for encoders and transformer")
       ->capture_default_str()
       ->check(non_empty());
+  app.add_option("--stream-weights", f.stream_weights,
+                 "Transformer blocks read from the weight files as they run: auto (when the "
+                 "transformer does not fit in memory), on, off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu")
       ->capture_default_str()
       ->check(non_empty());

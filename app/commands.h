@@ -37,6 +37,7 @@ struct HiDreamCliFlags {
   std::optional<std::string> seed;
   std::string out = "output.png";
   std::string device = "auto", dtype = "auto", attention = "auto";
+  std::string stream_weights = "auto";  // transformer weight streaming: auto|on|off
   bool quiet = false;
 };
 // Text-to-image (edit = false) or editing; writes f.out.
@@ -50,5 +51,6 @@ std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench);
 // `bench accel`: DeepCache and token merging vs the full computation.
 std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench);
 std::pair<CLI::App*, Command> add_bench_lora(CLI::App& bench);
+std::pair<CLI::App*, Command> add_bench_hidream_stream(CLI::App& bench);
 
 }  // namespace diffuse::app

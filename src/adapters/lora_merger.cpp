@@ -7,6 +7,7 @@
 #include <set>
 
 #include "diffuse/errors.h"
+#include "io/safetensors.h"
 
 namespace diffuse::adapters {
 
@@ -127,6 +128,9 @@ void LoraMerger::repatch(const std::vector<WeightKey>& keys) {
   }
   for (const auto& key : keys) {
     torch::Tensor& w = param(key);
+    // A weight still viewing its file mapping (a streamed model) gets storage of its own
+    // first: written in place, it would live in copy-on-write pages that streaming drops.
+    if (io::is_file_mapped(w)) w.set_data(w.clone());
     auto orig = originals_.find(key);
     const auto pit = pairs.find(key);
     const auto fit = full.find(key);

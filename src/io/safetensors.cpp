@@ -12,8 +12,8 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "diffuse/errors.h"
 #include "io/atomic_file.h"
@@ -101,21 +101,44 @@ struct SafetensorsFile::Mapping {
   }
 };
 
-size_t release_mapped_pages(const torch::Tensor& t) {
-  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous() || t.nbytes() == 0) return 0;
+namespace {
+
+// The whole pages of `t` (when it lies entirely inside one of our mappings) as [first, last);
+// the pages at either end may hold the neighbouring tensors' bytes and are left out.
+bool mapped_pages(const torch::Tensor& t, uintptr_t* first, uintptr_t* last) {
+  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous() || t.nbytes() == 0) return false;
   const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
   const uintptr_t end = begin + t.nbytes();
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  // Whole pages only: the pages at either end may hold the neighbouring tensors' bytes.
-  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
-  if (last <= first) return 0;
+  *first = (begin + page - 1) / page * page;
+  *last = end / page * page;
   std::lock_guard<std::mutex> lock(g_mappings_mutex);
   auto it = g_mappings.upper_bound(begin);
-  if (it == g_mappings.begin()) return 0;
+  if (it == g_mappings.begin()) return false;
   --it;
-  if (end > it->first + it->second) return 0;  // not (entirely) inside one of our mappings
-  if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return 0;
+  return end <= it->first + it->second;  // inside one of our mappings
+}
+
+size_t advise(const torch::Tensor& t, int advice) {
+  uintptr_t first = 0, last = 0;
+  if (!mapped_pages(t, &first, &last) || last <= first) return 0;
+  if (::madvise(reinterpret_cast<void*>(first), last - first, advice) != 0) return 0;
   return last - first;
+}
+
+}  // namespace
+
+size_t release_mapped_pages(const torch::Tensor& t) {
+  return advise(t, MADV_DONTNEED);
+}
+
+size_t prefetch_mapped_pages(const torch::Tensor& t) {
+  return advise(t, MADV_WILLNEED);
+}
+
+bool is_file_mapped(const torch::Tensor& t) {
+  uintptr_t first = 0, last = 0;
+  return mapped_pages(t, &first, &last);
 }
 
 void parse_safetensors_header(const std::string& header_json, uint64_t data_size,

@@ -68,6 +68,13 @@ class SafetensorsFile {
 // calls it after copying each weight, so a model converted to another dtype does not hold
 // its file's pages as well. Returns the bytes released (0 for any other tensor).
 size_t release_mapped_pages(const torch::Tensor& t);
+// Asks the OS to start reading the tensor's pages from the file now (read-ahead), so that a
+// later use finds them in memory. Returns the bytes advised (0 for a tensor that is not in
+// one of our mappings).
+size_t prefetch_mapped_pages(const torch::Tensor& t);
+// Whether the tensor's bytes lie in a file mapping of ours: writing to it would write into a
+// private copy-on-write page that release_mapped_pages throws away.
+bool is_file_mapped(const torch::Tensor& t);
 
 // Parses and validates a header against a data section of `data_size` bytes. Exposed for
 // tests; `where` names the source in error messages.

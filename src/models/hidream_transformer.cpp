@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <tuple>
 
 #include "diffuse/errors.h"
 #include "models/load_component.h"
@@ -211,8 +212,16 @@ torch::Tensor HiDreamImageTransformer2DModelImpl::forward(
             nn::rope_table_as_matrices(rope, total).expand({B, -1, -1, -1, -1, -1}));
   }
 
+  const auto streamed = [&](int64_t block, auto run) {
+    if (stream) stream->before(static_cast<size_t>(block));
+    run();
+    if (stream) stream->after(static_cast<size_t>(block));
+  };
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    auto [img, txt] = double_blocks[i](image, torch::cat({text, llama_proj[i]}, 1), in);
+    torch::Tensor img, txt;
+    streamed(i, [&] {
+      std::tie(img, txt) = double_blocks[i](image, torch::cat({text, llama_proj[i]}, 1), in);
+    });
     capture(inter, "double_stream_blocks." + std::to_string(i) + ".image", img);
     capture(inter, "double_stream_blocks." + std::to_string(i) + ".text", txt);
     image = img;
@@ -223,7 +232,10 @@ torch::Tensor HiDreamImageTransformer2DModelImpl::forward(
   auto tokens = torch::cat({image, text}, 1);
   const int64_t joint_len = tokens.size(1);
   for (int64_t j = 0; j < c.num_single_layers; ++j) {
-    auto out = single_blocks[j](torch::cat({tokens, llama_proj[c.num_layers + j]}, 1), in);
+    torch::Tensor out;
+    streamed(c.num_layers + j, [&] {
+      out = single_blocks[j](torch::cat({tokens, llama_proj[c.num_layers + j]}, 1), in);
+    });
     capture(inter, "single_stream_blocks." + std::to_string(j), out);
     tokens = out.narrow(1, 0, joint_len);
   }
@@ -236,17 +248,44 @@ torch::Tensor HiDreamImageTransformer2DModelImpl::forward(
 
 HiDreamImageTransformer2DModel load_hidream_transformer(const io::ModelFolder& folder,
                                                         torch::Device device, torch::Dtype dtype,
-                                                        const std::string& component) {
+                                                        const std::string& component, bool stream) {
   auto cfg = component_config(folder, component, "HiDreamImageTransformer2DModel");
   HiDreamImageTransformer2DModel model{nullptr};
   {
     nn::SkipInitGuard skip_init(dtype);  // every parameter is loaded below
     model = HiDreamImageTransformer2DModel(HiDreamTransformerConfig::from_json(cfg));
   }
-  load_component_weights(*model, folder, component);
-  model->to(device, dtype);
   model->eval();
+  if (!stream) {
+    load_component_weights(*model, folder, component);
+    model->to(device, dtype);
+    return model;
+  }
+  // The block parameters view the files; everything else is converted and placed now.
+  load_component_weights(*model, folder, component, {}, /*share_mapped=*/true);
+  std::vector<std::string> prefixes;
+  for (size_t i = 0; i < model->double_blocks.size(); ++i)
+    prefixes.push_back("double_stream_blocks." + std::to_string(i) + ".");
+  for (size_t i = 0; i < model->single_blocks.size(); ++i)
+    prefixes.push_back("single_stream_blocks." + std::to_string(i) + ".");
+  model->stream = std::make_shared<BlockWeightStream>(*model, prefixes, device, dtype);
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->named_parameters(/*recurse=*/true)) {
+    bool in_block = false;
+    for (const auto& prefix : prefixes)
+      in_block = in_block || p.key().compare(0, prefix.size(), prefix) == 0;
+    if (!in_block) p.value().set_data(p.value().to(device, dtype, false, /*copy=*/true));
+  }
+  for (auto& b : model->buffers(/*recurse=*/true)) b.set_data(b.to(device));
   return model;
+}
+
+int64_t hidream_transformer_file_bytes(const io::ModelFolder& folder,
+                                       const std::string& component) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : folder.component_weights(component))
+    bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
 }
 
 }  // namespace diffuse::models

@@ -14,11 +14,13 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "io/json_config.h"
 #include "io/model_folder.h"
+#include "models/block_streaming.h"
 #include "models/intermediates.h"
 #include "nn/embeddings.h"
 #include "nn/hidream_blocks.h"
@@ -86,6 +88,9 @@ class HiDreamImageTransformer2DModelImpl : public torch::nn::Module {
   // Blocks, for benchmarks and weight streaming (registered as "<list>.i.block").
   std::vector<nn::HiDreamImageTransformerBlock> double_blocks;
   std::vector<nn::HiDreamImageSingleTransformerBlock> single_blocks;
+  // Set by load_hidream_transformer(..., stream = true): the blocks' weights come in from the
+  // files as they run (double blocks first, then single blocks).
+  std::shared_ptr<BlockWeightStream> stream;
 
  private:
   void check_inputs(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& t5,
@@ -102,8 +107,15 @@ TORCH_MODULE(HiDreamImageTransformer2DModel);
 
 // Builds the model from `<component>/config.json`, loads its weights by name, and moves it to
 // `device` / `dtype` in eval mode. ConfigError / FormatError / IoError name the file.
+// `stream`: the blocks' weights stay in the memory-mapped files and come in block by block as
+// they run (models/block_streaming.h); the rest (embedders, caption projections, final layer)
+// is loaded as usual.
 HiDreamImageTransformer2DModel load_hidream_transformer(
     const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
-    const std::string& component = "transformer");
+    const std::string& component = "transformer", bool stream = false);
+
+// The bytes of the transformer's weight files (what holding it whole costs, in the file dtype).
+int64_t hidream_transformer_file_bytes(const io::ModelFolder& folder,
+                                       const std::string& component = "transformer");
 
 }  // namespace diffuse::models

@@ -17,9 +17,11 @@ io::JsonConfig component_config(const io::ModelFolder& folder, const std::string
 }
 
 void load_component_weights(torch::nn::Module& module, const io::ModelFolder& folder,
-                            const std::string& component, const std::set<std::string>& ignored) {
+                            const std::string& component, const std::set<std::string>& ignored,
+                            bool share_mapped) {
   const std::string source = folder.component_dir(component);
-  auto report = nn::load_state_dict(module, folder.component_weights(component), source, ignored);
+  auto report = nn::load_state_dict(module, folder.component_weights(component), source, ignored,
+                                    share_mapped);
   if (report.unexpected.empty()) return;
   std::string list;
   size_t shown = 0;

@@ -19,8 +19,9 @@ io::JsonConfig component_config(const io::ModelFolder& folder, const std::string
 // (a config that does not match its weights would otherwise run with pieces left out).
 // `ignored`: keys the file may hold that the module deliberately lacks (tied aliases, an
 // unused lm_head).
+// `share_mapped`: parameters view the mapped files instead of copies (nn::load_state_dict).
 void load_component_weights(torch::nn::Module& module, const io::ModelFolder& folder,
-                            const std::string& component,
-                            const std::set<std::string>& ignored = {});
+                            const std::string& component, const std::set<std::string>& ignored = {},
+                            bool share_mapped = false);
 
 }  // namespace diffuse::models

@@ -30,7 +30,8 @@ void check_finite(const torch::Tensor& loaded, const torch::Tensor& stored,
 
 LoadReport load_state_dict(torch::nn::Module& module,
                            const std::map<std::string, torch::Tensor>& weights,
-                           const std::string& source, const std::set<std::string>& ignored) {
+                           const std::string& source, const std::set<std::string>& ignored,
+                           bool share_mapped) {
   torch::NoGradGuard no_grad;
   std::set<std::string> used;
   std::vector<std::string> missing;
@@ -45,9 +46,14 @@ LoadReport load_state_dict(torch::nn::Module& module,
       throw FormatError(source + ": tensor '" + item.key() + "' has shape " +
                         c10::str(it->second.sizes()) + ", the model expects " +
                         c10::str(param.sizes()));
-    param.copy_(it->second);
-    check_finite(param, it->second, source, item.key());
-    io::release_mapped_pages(it->second);  // the file's pages, now copied, leave the RSS
+    if (share_mapped && io::is_file_mapped(it->second)) {
+      param.set_data(it->second);  // views the file: streamed, nothing copied
+      check_finite(it->second, it->second, source, item.key());
+    } else {
+      param.copy_(it->second);
+      check_finite(param, it->second, source, item.key());
+    }
+    io::release_mapped_pages(it->second);  // the file's pages leave the RSS (read again on use)
     used.insert(item.key());
   }
   for (auto& item : module.named_buffers(/*recurse=*/true)) {

@@ -19,8 +19,11 @@ struct LoadReport {
 // tensor (in the file, or from an overflowing dtype conversion). Values are converted to the
 // parameter's dtype/device;
 // the pages of weights that view a mapped safetensors file are released once copied.
+// `share_mapped`: parameters whose file tensor lies in a file mapping view it instead (in the
+// file's dtype, nothing copied; models::BlockWeightStream places them as they run).
 LoadReport load_state_dict(torch::nn::Module& module,
                            const std::map<std::string, torch::Tensor>& weights,
-                           const std::string& source, const std::set<std::string>& ignored = {});
+                           const std::string& source, const std::set<std::string>& ignored = {},
+                           bool share_mapped = false);
 
 }  // namespace diffuse::nn

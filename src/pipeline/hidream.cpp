@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "adapters/lora.h"
+#include "device/device.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
@@ -66,10 +67,24 @@ HiDreamTextEncoders& HiDreamPipeline::text_encoders() {
   return *text_;
 }
 
+void HiDreamPipeline::set_weight_streaming(const std::string& mode) {
+  if (mode != "auto" && mode != "on" && mode != "off")
+    throw InvalidArgument("weight streaming: expected auto, on or off, got '" + mode + "'");
+  if (transformer_ && mode != weight_streaming_)
+    throw InvalidArgument("weight streaming is chosen before the transformer loads");
+  weight_streaming_ = mode;
+}
+
 models::HiDreamImageTransformer2DModel& HiDreamPipeline::transformer() {
-  if (!transformer_)
-    transformer_ =
-        models::load_hidream_transformer(folder_, device_, dtype_, transformer_component_);
+  if (transformer_) return transformer_;
+  bool stream = weight_streaming_ == "on";
+  if (weight_streaming_ == "auto") {
+    const int64_t need = models::hidream_transformer_file_bytes(folder_, transformer_component_);
+    const int64_t have = device::available_bytes(device_);
+    stream = have > 0 && static_cast<double>(need) > 0.8 * static_cast<double>(have);
+  }
+  transformer_ =
+      models::load_hidream_transformer(folder_, device_, dtype_, transformer_component_, stream);
   return transformer_;
 }
 
@@ -363,6 +378,11 @@ std::string HiDreamPipeline::target_description(const HiDreamEdit& r) {
 
 void HiDreamPipeline::set_editing_lora(const std::string& path,
                                        const adapters::LoraOptions& options) {
+  if (transformer()->stream && !transformer()->stream->zero_copy())
+    throw InvalidArgument(
+        "the E1-Full LoRA with a streamed transformer needs it on the cpu with its weight files in "
+        "the compute dtype (" +
+        device::dtype_name(dtype_) + "); use --stream-weights off");
   editing_lora_ = std::make_unique<adapters::LoraMerger>(
       std::vector<adapters::Network>{{io::lora::transformer_names(), transformer().get()}});
   // Read and checked once; merged now and again after every refine phase.

@@ -115,6 +115,12 @@ class HiDreamPipeline {
   // Whether the text encoders stay loaded after a prompt is encoded (default: yes; the CLI,
   // which encodes once, frees them before the transformer loads).
   void set_keep_text_encoders(bool keep) { keep_text_encoders_ = keep; }
+  // Transformer weight streaming (models/block_streaming.h), chosen before it loads: "on",
+  // "off", or "auto" (default): on when its weight files need more than 80 % of the memory
+  // available on the device (MemAvailable on the CPU), so that 17B runs on a 24 GiB machine.
+  void set_weight_streaming(const std::string& mode);
+  // Whether the loaded transformer streams its blocks.
+  bool streams_weights() const { return transformer_ && transformer_->stream != nullptr; }
   HiDreamTextEncoders& text_encoders();
   models::HiDreamImageTransformer2DModel& transformer();
   models::AutoencoderKL& vae() { return vae_; }
@@ -150,6 +156,7 @@ class HiDreamPipeline {
   std::string transformer_component_;
   models::HiDreamTransformerConfig tconfig_;
   bool keep_text_encoders_ = true;
+  std::string weight_streaming_ = "auto";
   std::unique_ptr<HiDreamTextEncoders> text_;
   models::HiDreamImageTransformer2DModel transformer_{nullptr};
   models::AutoencoderKL vae_{nullptr};

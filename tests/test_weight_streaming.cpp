@@ -1,0 +1,191 @@
+// Transformer weight streaming (models/block_streaming.h) on the HiDream golden set's
+// transformer: the streamed model gives exactly the resident model's output, zero-copy on the
+// CPU (block weights keep viewing the file after a forward) and by per-block copies in another
+// dtype; a LoRA merged into a streamed model survives its pages being dropped; the pipeline
+// takes the mode by name.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "adapters/lora.h"
+#include "adapters/lora_merger.h"
+#include "diffuse/errors.h"
+#include "io/lora_key_map.h"
+#include "io/model_folder.h"
+#include "io/safetensors.h"
+#include "models/hidream_transformer.h"
+#include "pipeline/hidream.h"
+#include "pipeline/hidream_random_model.h"
+#include "test_util.h"
+#include "verify/verify.h"
+
+namespace diffuse {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool have_set() {
+  return fs::exists(test::hidream_golden_dir() + "/cases.json");
+}
+
+io::ModelFolder golden_folder() {
+  return io::ModelFolder::open(verify::GoldenSet::load(test::hidream_golden_dir()).model_dir());
+}
+
+// Inputs of the shapes `c` asks for: a square latent of 2 x 2 patches, short texts.
+struct Inputs {
+  torch::Tensor x, t, t5, llama, pooled;
+};
+Inputs inputs_for(const models::HiDreamTransformerConfig& c) {
+  torch::manual_seed(4);
+  const int64_t B = 2, side = 2 * c.patch_size;
+  int64_t llama_stack = 0;
+  for (auto i : c.llama_layers) llama_stack = std::max(llama_stack, i + 1);
+  return {torch::randn({B, c.in_channels, side, side}), torch::tensor({700.0f, 25.5f}),
+          torch::randn({B, 7, c.caption_channels[0]}),
+          torch::randn({llama_stack, B, 5, c.caption_channels[1]}),
+          torch::randn({B, c.text_emb_dim})};
+}
+
+torch::Tensor run(models::HiDreamImageTransformer2DModel& m, const Inputs& in) {
+  torch::NoGradGuard no_grad;
+  return m->forward(in.x, in.t, in.t5, in.llama, in.pooled);
+}
+
+TEST(WeightStreaming, ZeroCopyOnTheCpuGivesTheResidentOutput) {
+  if (!have_set()) GTEST_SKIP() << "no golden set at " << test::hidream_golden_dir();
+  const auto folder = golden_folder();
+  const torch::Device cpu(torch::kCPU);
+  auto resident = models::load_hidream_transformer(folder, cpu, torch::kFloat32);
+  auto streamed = models::load_hidream_transformer(folder, cpu, torch::kFloat32, "transformer",
+                                                   /*stream=*/true);
+  ASSERT_TRUE(streamed->stream);
+  EXPECT_TRUE(streamed->stream->zero_copy());
+  EXPECT_EQ(streamed->stream->blocks(),
+            streamed->double_blocks.size() + streamed->single_blocks.size());
+  EXPECT_GT(streamed->stream->streamed_bytes(), 0);
+  const auto in = inputs_for(resident->config());
+  const auto want = run(resident, in);
+  EXPECT_TRUE(torch::equal(run(streamed, in), want));
+  EXPECT_TRUE(torch::equal(run(streamed, in), want));  // pages dropped and read again
+  // Nothing was copied: the block weights still view the file.
+  for (const auto& p : streamed->named_parameters())
+    if (p.key().rfind("double_stream_blocks.", 0) == 0 ||
+        p.key().rfind("single_stream_blocks.", 0) == 0)
+      EXPECT_TRUE(io::is_file_mapped(p.value())) << p.key();
+}
+
+TEST(WeightStreaming, PerBlockCopiesInAnotherDtypeGiveTheResidentOutput) {
+  if (!have_set()) GTEST_SKIP() << "no golden set at " << test::hidream_golden_dir();
+  const auto folder = golden_folder();
+  const torch::Device cpu(torch::kCPU);
+  auto resident = models::load_hidream_transformer(folder, cpu, torch::kBFloat16);
+  auto streamed = models::load_hidream_transformer(folder, cpu, torch::kBFloat16, "transformer",
+                                                   /*stream=*/true);
+  ASSERT_TRUE(streamed->stream);
+  EXPECT_FALSE(streamed->stream->zero_copy());  // the file is float32
+  const auto in = inputs_for(resident->config());
+  EXPECT_TRUE(torch::equal(run(streamed, in), run(resident, in)));
+}
+
+TEST(WeightStreaming, AMergedLoraSurvivesDroppedPages) {
+  if (!have_set()) GTEST_SKIP() << "no golden set at " << test::hidream_golden_dir();
+  const auto folder = golden_folder();
+  const torch::Device cpu(torch::kCPU);
+  auto resident = models::load_hidream_transformer(folder, cpu, torch::kFloat32);
+  auto streamed = models::load_hidream_transformer(folder, cpu, torch::kFloat32, "transformer",
+                                                   /*stream=*/true);
+  // A pair on the first block's image query projection, applied to both models.
+  std::string target;
+  for (const auto& p : resident->named_parameters())
+    if (p.key().rfind("double_stream_blocks.0.", 0) == 0 &&
+        p.key().find("to_q.weight") != std::string::npos) {
+      target = p.key();
+      break;
+    }
+  ASSERT_FALSE(target.empty());
+  const auto w = resident->named_parameters()[target];
+  const std::string module = target.substr(0, target.size() - 7);
+  torch::manual_seed(8);
+  const std::map<std::string, torch::Tensor> t = {
+      {module + ".lora_A.weight", torch::randn({2, w.size(1)})},
+      {module + ".lora_B.weight", torch::randn({w.size(0), 2})}};
+  auto apply = [&](models::HiDreamImageTransformer2DModel& m) {
+    std::vector<adapters::Network> nets{{io::lora::transformer_names(), m.get()}};
+    auto merger = std::make_unique<adapters::LoraMerger>(nets);
+    merger->add(adapters::make_lora(t, {}, "test", nets), 1.0);
+    return merger;
+  };
+  const auto m1 = apply(resident);
+  const auto m2 = apply(streamed);
+  const auto in = inputs_for(resident->config());
+  const auto want = run(resident, in);
+  EXPECT_TRUE(torch::equal(run(streamed, in), want));
+  EXPECT_TRUE(torch::equal(run(streamed, in), want));  // after the block's pages were dropped
+  EXPECT_FALSE(io::is_file_mapped(streamed->named_parameters()[target]));  // its own copy
+}
+
+// create-demo-model --arch hidream-i1's writer, on a small config with a tiny shard size (so
+// that blocks spread over several shards): every tensor is bf16, the folder loads by name,
+// resident or streamed zero-copy, with the same output.
+TEST(WeightStreaming, RandomTransformerWriterMakesALoadableShardedFolder) {
+  test::TempDir dir;
+  pipeline::RandomHiDreamOptions o;
+  o.config = {{"_class_name", "HiDreamImageTransformer2DModel"},
+              {"patch_size", 2},
+              {"in_channels", 4},
+              {"num_layers", 2},
+              {"num_single_layers", 2},
+              {"attention_head_dim", 8},
+              {"num_attention_heads", 3},
+              {"caption_channels", {6, 10}},
+              {"text_emb_dim", 5},
+              {"num_routed_experts", 3},
+              {"num_activated_experts", 2},
+              {"axes_dims_rope", {4, 2, 2}},
+              {"max_resolution", {8, 8}},
+              {"llama_layers", {1, 0, 1, 1}}};
+  o.shard_bytes = 8 << 10;
+  const int64_t bytes = pipeline::create_random_hidream_i1(dir.path().string(), o);
+  const auto folder = io::ModelFolder::open(dir.path().string());
+  EXPECT_EQ(models::hidream_transformer_file_bytes(folder), bytes);
+  int shards = 0;
+  for (const auto& e : fs::directory_iterator(dir.path() / "transformer"))
+    if (e.path().extension() == ".safetensors") {
+      ++shards;
+      const std::string name = e.path().filename().string();
+      EXPECT_NE(name.find("-of-"), std::string::npos) << name;
+      for (const auto& t : io::SafetensorsFile::open(e.path().string())->names())
+        EXPECT_EQ(io::SafetensorsFile::open(e.path().string())->get(t).scalar_type(),
+                  torch::kBFloat16)
+            << t;
+    }
+  EXPECT_GT(shards, 2);
+  const torch::Device cpu(torch::kCPU);
+  auto resident = models::load_hidream_transformer(folder, cpu, torch::kBFloat16);
+  auto streamed =
+      models::load_hidream_transformer(folder, cpu, torch::kBFloat16, "transformer", true);
+  EXPECT_TRUE(streamed->stream->zero_copy());
+  const auto in = inputs_for(resident->config());
+  const auto out = run(resident, in);
+  EXPECT_TRUE(torch::isfinite(out).all().item<bool>());
+  EXPECT_TRUE(torch::equal(run(streamed, in), out));
+}
+
+TEST(WeightStreaming, ThePipelineTakesTheModeByName) {
+  if (!have_set()) GTEST_SKIP() << "no golden set at " << test::hidream_golden_dir();
+  const auto folder = golden_folder();
+  pipeline::HiDreamPipeline pipe(folder, torch::Device(torch::kCPU), torch::kFloat32);
+  EXPECT_THROW(pipe.set_weight_streaming("sometimes"), InvalidArgument);
+  pipe.set_weight_streaming("on");
+  pipe.transformer();
+  EXPECT_TRUE(pipe.streams_weights());
+  EXPECT_THROW(pipe.set_weight_streaming("off"), InvalidArgument);  // already loaded
+  pipeline::HiDreamPipeline small(folder, torch::Device(torch::kCPU), torch::kFloat32);
+  small.transformer();  // auto: a tiny transformer fits
+  EXPECT_FALSE(small.streams_weights());
+}
+
+}  // namespace
+}  // namespace diffuse
