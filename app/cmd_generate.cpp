@@ -38,6 +38,7 @@ struct GenerateFlags {
   int width = 0, height = 0;
   int steps = 25;
   double cfg_scale = 7.5;
+  bool steps_given = false, cfg_given = false;  // on the command line (HiDream: else its defaults)
   std::optional<std::string> seed;
   std::string scheduler;
   double strength = 0.8;
@@ -193,8 +194,9 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     if (!f.negative_prompts.empty()) h.negative_prompt = f.negative_prompts[0];
     if (f.width > 0) h.width = f.width;
     if (f.height > 0) h.height = f.height;
-    h.steps = f.steps;
-    h.cfg_scale = f.cfg_scale;
+    // Not given: the HiDream variant's defaults, not Stable Diffusion's.
+    if (f.steps_given) h.steps = f.steps;
+    if (f.cfg_given) h.cfg_scale = f.cfg_scale;
     h.seed = f.seed;
     h.out = f.out;
     h.device = f.load.device;
@@ -352,7 +354,13 @@ int run_generate(const GenerateFlags& f, bool img2img) {
 Command add_txt2img_command(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   add_common_flags(app, *f, false);
-  return [f]() { return run_command(*f, false); };
+  const CLI::Option* steps = app.get_option("--steps");
+  const CLI::Option* cfg = app.get_option("--cfg-scale");
+  return [f, steps, cfg]() {
+    f->steps_given = steps->count() > 0;
+    f->cfg_given = cfg->count() > 0;
+    return run_command(*f, false);
+  };
 }
 
 Command add_img2img_command(CLI::App& app) {

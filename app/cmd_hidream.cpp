@@ -17,6 +17,7 @@
 #include "io/model_folder.h"
 #include "nn/attention.h"
 #include "pipeline/hidream.h"
+#include "pipeline/hidream_variant.h"
 #include "pipeline/image_parameters.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
@@ -37,8 +38,8 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   if (fs::path(f.out).extension() != ".png")
     throw InvalidArgument("-o/--out '" + f.out +
                           "': only PNG output is supported (use a .png name)");
-  if (!(f.refine >= 0.0 && f.refine <= 1.0))
-    throw InvalidArgument("--refine must be in [0, 1], got " + std::to_string(f.refine));
+  if (f.refine && !(*f.refine >= 0.0 && *f.refine <= 1.0))
+    throw InvalidArgument("--refine must be in [0, 1], got " + std::to_string(*f.refine));
   Image source;
   if (edit) {
     if (f.image.empty()) throw InvalidArgument("edit needs a source image (-i/--image)");
@@ -52,6 +53,16 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   if (!f.quiet) std::cerr << "loading " << f.model << " ...\n";
   const auto t0 = std::chrono::steady_clock::now();
   auto folder = io::ModelFolder::open(f.model);
+  // What the flags leave open comes from the variant's reference settings.
+  const auto defaults = pipeline::hidream_defaults(folder, f.variant);
+  const int steps = f.steps.value_or(defaults.steps);
+  const double cfg_scale = f.cfg_scale.value_or(defaults.guidance_scale);
+  const double image_guidance = f.image_guidance.value_or(defaults.image_guidance_scale);
+  const double refine = f.refine.value_or(f.e1_lora.empty() ? 0.0 : defaults.refine_strength);
+  if (!f.quiet)
+    std::cerr << "HiDream " << defaults.variant << ": " << steps << " steps, guidance " << cfg_scale
+              << (edit ? ", image guidance " + c10::str(image_guidance) : "")
+              << (refine > 0 ? ", refine " + c10::str(refine) : "") << "\n";
   pipeline::HiDreamPipeline pipe(folder, device, dtype, f.transformer);
   pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
   pipe.set_weight_streaming(f.stream_weights);
@@ -63,14 +74,14 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   }
   Progress progress(f.quiet);
   pipeline::HiDreamSampling s;
-  s.steps = f.steps;
-  s.guidance_scale = f.cfg_scale;
+  s.steps = steps;
+  s.guidance_scale = cfg_scale;
   s.seed = seed;
   const auto loop_start = std::chrono::steady_clock::now();
   s.on_step = [&](const pipeline::HiDreamStep& st) {
     StepEvent e;
     e.step = st.index;
-    e.num_steps = f.steps;
+    e.num_steps = steps;
     e.timestep = st.t.item<double>();
     e.elapsed_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
@@ -80,9 +91,9 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   pipeline::ImageParameters params;
   params.prompt = f.prompt;
   params.negative_prompt = f.negative_prompt;
-  params.steps = f.steps;
+  params.steps = steps;
   params.scheduler = pipe.scheduler().class_name();
-  params.cfg_scale = f.cfg_scale;
+  params.cfg_scale = cfg_scale;
   params.seed = seed;
   params.model = f.model;
   params.device = device::device_name(device);
@@ -94,12 +105,12 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     e.image = torch::from_blob(const_cast<uint8_t*>(source.rgb.data()),
                                {source.height, source.width, 3}, torch::kUInt8)
                   .clone();
-    e.image_guidance_scale = f.image_guidance;
+    e.image_guidance_scale = image_guidance;
     e.clip_cfg_norm = !f.no_clip_cfg_norm;
-    e.refine_strength = f.refine;
+    e.refine_strength = refine;
     e.sampling = s;
     r = pipe.edit(e);
-    params.image_guidance = f.image_guidance;
+    params.image_guidance = image_guidance;
   } else {
     pipeline::HiDreamTextToImage t;
     t.prompt = f.prompt;
@@ -142,11 +153,15 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
   app.add_option("-n,--negative-prompt", f.negative_prompt, "Negative prompt");
   app.add_option("--transformer", f.transformer, "Component folder of the transformer weights")
       ->capture_default_str();
-  app.add_option("--steps", f.steps, "Denoising steps")
+  app.add_option("--variant", f.variant,
+                 "auto|i1-full|i1-dev|i1-fast|e1|e1.1: the defaults of steps and guidance "
+                 "(auto: from the folder's pipeline and scheduler)")
       ->capture_default_str()
+      ->check(CLI::IsMember(pipeline::hidream_variant_names()));
+  app.add_option("--steps", f.steps, "Denoising steps (default: the variant's)")
       ->check(int_range(1, 10000, "a number of steps"));
-  app.add_option("--cfg-scale", f.cfg_scale, "Text guidance scale (<= 1 disables it)")
-      ->capture_default_str();
+  app.add_option("--cfg-scale", f.cfg_scale,
+                 "Text guidance scale, <= 1 disables it (default: the variant's)");
   app.add_option("-s,--seed", f.seed, "Seed (default: random)");
   app.add_option("-o,--out", f.out, "Output PNG")->capture_default_str();
   app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N]")
@@ -168,13 +183,12 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
     app.add_option("-i,--image", f.image,
                    "Source image (PNG; scaled to the model's area, sides multiples of 16)")
         ->required();
-    app.add_option("--image-guidance", f.image_guidance, "Image guidance scale")
-        ->capture_default_str();
+    app.add_option("--image-guidance", f.image_guidance,
+                   "Image guidance scale (default: the variant's)");
     app.add_option(
-           "--refine", f.refine,
-           "Refine strength in [0, 1]: the last steps run without the E1 LoRA on the target "
-           "description (needs --e1-lora)")
-        ->capture_default_str();
+        "--refine", f.refine,
+        "Refine strength in [0, 1]: the last steps run without the E1 LoRA on the target "
+        "description (needs --e1-lora; default with it: the variant's)");
     app.add_option("--e1-lora", f.e1_lora,
                    "HiDream-E1-Full: peft LoRA file applied to the model's (I1) transformer");
     app.add_option("--lora-alpha", f.lora_alpha, "peft lora_alpha of --e1-lora (default: file)");

@@ -29,8 +29,11 @@ struct HiDreamCliFlags {
   std::string model, transformer = "transformer";
   std::string prompt, negative_prompt;
   std::string image;  // edit: the source PNG
-  int width = 1024, height = 1024, steps = 28;
-  double cfg_scale = 5.0, image_guidance = 4.0, refine = 0.0;
+  int width = 1024, height = 1024;
+  // Unset: the variant's defaults (pipeline/hidream_variant.h).
+  std::string variant = "auto";
+  std::optional<int> steps;
+  std::optional<double> cfg_scale, image_guidance, refine;
   bool no_clip_cfg_norm = false;
   std::string e1_lora;  // edit: HiDream-E1-Full's peft LoRA on the I1 transformer
   std::optional<double> lora_alpha, lora_rank;

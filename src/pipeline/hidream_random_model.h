@@ -1,7 +1,8 @@
 // A full-size HiDream-I1 transformer with seeded random weights written to disk (17B
 // parameters, ~34 GB in bf16), for measuring weight streaming and whole steps at real size on
-// a machine that cannot hold it: `diffuse create-demo-model --arch hidream-i1`. It is written
-// one block at a time, so making it needs about one block of memory (~0.7 GB), not 34 GB.
+// a machine that cannot hold it: `diffuse create-demo-model --arch hidream-i1`. It is filled
+// one block at a time and written one shard at a time, so making it needs about one shard of
+// memory (2 GiB shards: ~3 GiB peak), not 34 GB.
 // Only the transformer is written (with model_index.json); text encoders and the VAE are not
 // (~25 GB more), so the folder is for `diffuse bench hidream-stream`, not for generating.
 #pragma once
@@ -14,7 +15,7 @@ namespace diffuse::pipeline {
 
 struct RandomHiDreamOptions {
   uint64_t seed = 20261122;
-  int64_t shard_bytes = int64_t{5} << 30;  // safetensors shards of about this size
+  int64_t shard_bytes = int64_t{2} << 30;  // safetensors shards of about this size
   std::function<void(const std::string&)> log;
   nlohmann::json config;  // the transformer's config.json; null = HiDream-I1-Full's
 };

@@ -9,6 +9,7 @@
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
 #include "nn/attention.h"
+#include "pipeline/hidream_variant.h"
 #include "pipeline/stable_diffusion.h"  // to_images
 
 namespace diffuse::server {
@@ -41,6 +42,7 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
   nn::set_default_attention_backend(
       nn::attention_backend_from_flag_or_env(options.attention, device));
   auto folder = io::ModelFolder::open(this->model_path());
+  variant_ = pipeline::hidream_defaults(folder);
   pipe_ = std::make_unique<pipeline::HiDreamPipeline>(folder, device, dtype, hidream.transformer);
   if (!hidream.e1_lora.empty()) {
     adapters::LoraOptions lo;
@@ -66,8 +68,8 @@ ModelDefaults HiDreamEngine::defaults() const {
   ModelDefaults d;
   d.width = info_.default_width;
   d.height = info_.default_height;
-  d.steps = 28;
-  d.guidance_scale = 5.0;
+  d.steps = variant_.steps;  // the variant's reference settings (pipeline/hidream_variant.h)
+  d.guidance_scale = variant_.guidance_scale;
   // I1 + the E1 LoRA is an editing model: its text-to-image would run on E1's weights.
   d.kinds = has_editing_lora_ ? std::vector<JobKind>{JobKind::edit}
                               : std::vector<JobKind>{JobKind::txt2img, JobKind::edit};

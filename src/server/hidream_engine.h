@@ -6,6 +6,7 @@
 #include <string>
 
 #include "pipeline/hidream.h"
+#include "pipeline/hidream_variant.h"
 #include "server/engine.h"
 #include "server/latent_preview.h"
 
@@ -28,6 +29,7 @@ class HiDreamEngine : public Engine {
   PipelineInfo info_;
   std::unique_ptr<pipeline::HiDreamPipeline> pipe_;
   bool has_editing_lora_ = false;
+  pipeline::HiDreamDefaults variant_;
   LatentPreview preview_;
 };
 

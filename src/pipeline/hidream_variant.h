@@ -1,0 +1,32 @@
+// The HiDream variants and the defaults their reference scripts run with, so that a user who
+// only names the model folder gets what its authors intended:
+//   i1-full  50 steps, guidance 5.0 (UniPC flow scheduler)
+//   i1-dev   28 steps, guidance 0 (FlashFlowMatchEuler, shift 6.0)
+//   i1-fast  16 steps, guidance 0 (FlashFlowMatchEuler, shift 3.0)
+//   e1       28 steps, guidance 5.0, image guidance 4.0, refine 0.3 (E1-Full: I1 + LoRA)
+//   e1.1     28 steps, guidance 3.0, image guidance 1.5
+// "auto" reads the folder: an editing pipeline is e1; otherwise the scheduler tells Full
+// (UniPC or another solver) from Dev/Fast (FlashFlowMatchEuler, shift 6 / 3). E1.1 cannot be
+// told from E1 by its files: name it.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "io/model_folder.h"
+
+namespace diffuse::pipeline {
+
+struct HiDreamDefaults {
+  std::string variant;
+  int steps = 28;
+  double guidance_scale = 5.0;
+  double image_guidance_scale = 4.0;
+  double refine_strength = 0.0;  // with the E1-Full LoRA; plain E1 weights have no refine
+};
+
+// InvalidArgument naming the accepted names for an unknown variant.
+HiDreamDefaults hidream_defaults(const io::ModelFolder& folder,
+                                 const std::string& variant = "auto");
+std::vector<std::string> hidream_variant_names();  // "auto", then the variants
+
+}  // namespace diffuse::pipeline
