@@ -12,6 +12,8 @@ namespace diffuse::app {
 std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench) {
   struct Flags {
     bench::AccelBenchOptions opts;
+    int layer = 0, block = 0;
+    bool non_uniform = false;
     bool json = false;
   };
   auto f = std::make_shared<Flags>();
@@ -35,9 +37,22 @@ std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench) {
   sub->add_option("--device", f->opts.device, "Device")->capture_default_str();
   sub->add_option("--dtype", f->opts.dtype, "auto|fp32|bf16|fp16")->capture_default_str();
   sub->add_option("--attention", f->opts.attention, "Attention backend")->capture_default_str();
+  sub->add_option("--deepcache-layer", f->layer, "cache_layer_id of the DeepCache settings")
+      ->capture_default_str();
+  sub->add_option("--deepcache-block", f->block, "cache_block_id of the DeepCache settings")
+      ->capture_default_str();
+  sub->add_flag("--non-uniform", f->non_uniform, "DeepCache settings: non-uniform schedule");
   sub->add_flag("--json", f->json, "Print one JSON object on stdout");
   Command run = [f]() {
     auto opts = f->opts;
+    for (auto& s : opts.settings) {
+      s.deep_cache.layer_id = f->layer;
+      s.deep_cache.block_id = f->block;
+      s.deep_cache.non_uniform = f->non_uniform;
+      if (s.deep_cache.interval > 1 && (f->layer || f->block || f->non_uniform))
+        s.name += " @" + std::to_string(f->layer) + ":" + std::to_string(f->block) +
+                  (f->non_uniform ? " nu" : "");
+    }
     if (!f->json) opts.log = [](const std::string& line) { std::cerr << line << "\n"; };
     const auto r = bench::run_accel_bench(opts);
     const bool quality = r.mode == "quality";

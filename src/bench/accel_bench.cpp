@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "accel/deepcache.h"
 #include "accel/unet_accelerator.h"
@@ -169,37 +170,54 @@ AccelBenchResult run_speed(const AccelBenchOptions& o) {
     row.denoise_s = 1e30;
     r.rows.push_back(row);
   }
-  // Round 0 is an untimed warm-up of 2 steps per setting (a full and a shallow one).
-  for (int rep = 0; rep <= std::max(o.repeats, 1); ++rep)
-    for (size_t k = 0; k < o.settings.size(); ++k) {
-      auto scheduler = schedulers::make_scheduler(o.scheduler, scheduler_cfg);
-      scheduler->set_timesteps(rep == 0 ? 2 : o.steps);
-      const auto timesteps = scheduler->timesteps();
+  // Round 0 is an untimed warm-up of 2 steps (a full and a shallow one). In the timed rounds
+  // the settings advance in lockstep, one UNet step each in turn, each step timed on its own:
+  // a change in machine load falls on all of them alike.
+  struct Run {
+    std::unique_ptr<schedulers::Scheduler> scheduler;
+    std::unique_ptr<accel::UNetAccelerator> accel;
+    torch::Tensor latents;
+    double seconds = 0;
+  };
+  for (int rep = 0; rep <= std::max(o.repeats, 1); ++rep) {
+    const int steps = rep == 0 ? 2 : o.steps;
+    std::vector<Run> runs(o.settings.size());
+    int64_t n = 0;
+    for (size_t k = 0; k < runs.size(); ++k) {
+      auto& run = runs[k];
+      run.scheduler = schedulers::make_scheduler(o.scheduler, scheduler_cfg);
+      run.scheduler->set_timesteps(steps);
+      n = run.scheduler->timesteps().size(0);
       GenerationConfig cfg;
       cfg.deep_cache = o.settings[k].deep_cache;
       cfg.token_merging = o.settings[k].token_merging;
       if (rep == 0) cfg.deep_cache.interval = std::min(cfg.deep_cache.interval, 2);
-      accel::UNetAccelerator accel(cfg, unet_cfg, timesteps.size(0), 0);
-      auto latents = start * scheduler->init_noise_sigma();
-      const double t0 = now_s();
-      for (int64_t i = 0; i < timesteps.size(0); ++i) {
-        const auto t = timesteps[i];
-        auto input = scheduler->scale_model_input(torch::cat({latents, latents}), t);
-        auto pred = accel.forward(*unet, i, input.to(dtype), t, context).to(torch::kFloat32);
+      run.accel = std::make_unique<accel::UNetAccelerator>(cfg, unet_cfg, n, 0);
+      run.latents = start * run.scheduler->init_noise_sigma();
+    }
+    for (int64_t i = 0; i < n; ++i)
+      for (auto& run : runs) {
+        const double t0 = now_s();
+        const auto t = run.scheduler->timesteps()[i];
+        auto input = run.scheduler->scale_model_input(torch::cat({run.latents, run.latents}), t);
+        auto pred = run.accel->forward(*unet, i, input.to(dtype), t, context).to(torch::kFloat32);
         auto chunks = pred.chunk(2);
         pred = chunks[0] + o.guidance_scale * (chunks[1] - chunks[0]);
-        latents = scheduler->step(pred, t, latents, {}).prev_sample;
+        run.latents = run.scheduler->step(pred, t, run.latents, {}).prev_sample;
+        sync_device(device);
+        run.seconds += now_s() - t0;
       }
-      sync_device(device);
-      if (rep == 0) continue;
+    if (rep == 0) continue;
+    for (size_t k = 0; k < runs.size(); ++k) {
       auto& row = r.rows[k];
-      row.denoise_s = std::min(row.denoise_s, now_s() - t0);
+      row.denoise_s = std::min(row.denoise_s, runs[k].seconds);
       row.images = 1;
       if (o.log)
-        o.log(o.settings[k].name + ": " + fmt("%.1f s", now_s() - t0) + " (" +
+        o.log(o.settings[k].name + ": " + fmt("%.1f s", runs[k].seconds) + " (" +
               std::to_string(row.full_steps) + " full UNet steps of " + std::to_string(o.steps) +
               ")");
     }
+  }
   finish_rows(r);
   return r;
 }
