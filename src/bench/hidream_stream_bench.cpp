@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "bench/bench_util.h"
+#include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
@@ -30,6 +31,7 @@ HiDreamStreamBenchResult run_hidream_stream_bench(const HiDreamStreamBenchOption
   };
   torch::InferenceMode guard;
   device::configure_cpu_threads();
+  device::keep_freed_memory();  // as the HiDream pipeline runs
   const torch::Device device = device::resolve_device(o.device);
   const torch::Dtype dtype = device::resolve_dtype(o.dtype, device, "transformer");
   HiDreamStreamBenchResult r;

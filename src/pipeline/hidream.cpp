@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "adapters/lora.h"
+#include "device/cpu_allocator.h"
 #include "device/device.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
@@ -57,6 +58,9 @@ HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device de
       transformer_component_(transformer_component),
       tconfig_(models::HiDreamTransformerConfig::from_json(models::component_config(
           folder, transformer_component, "HiDreamImageTransformer2DModel"))) {
+  // Freed activations stay in the heap for the next block instead of being unmapped and
+  // faulted in again (device/cpu_allocator.h), as the Stable Diffusion pipeline does.
+  device::keep_freed_memory();
   vae_ = models::load_vae(folder, device, torch::kFloat32);
   scheduler_ =
       schedulers::make_scheduler(folder.component_config("scheduler", "scheduler_config.json"));
