@@ -11,6 +11,7 @@
 
 #include "diffuse/errors.h"
 #include "golden_case_check.h"
+#include "hidream_test_util.h"
 #include "io/json_config.h"
 #include "io/model_folder.h"
 #include "io/safetensors.h"
@@ -64,22 +65,8 @@ INSTANTIATE_TEST_SUITE_P(HiDreamGolden, HiDreamCoreCaseTest,
                          ::testing::ValuesIn(case_names({"transformer", "vae", "pipeline"})),
                          test::case_param_name);
 
-// A small random config (other dimensions, block and expert counts than the golden set).
 nlohmann::json tiny_config() {
-  return {{"_class_name", "HiDreamImageTransformer2DModel"},
-          {"patch_size", 2},
-          {"in_channels", 4},
-          {"num_layers", 1},
-          {"num_single_layers", 2},
-          {"attention_head_dim", 8},
-          {"num_attention_heads", 3},
-          {"caption_channels", {6, 10}},
-          {"text_emb_dim", 5},
-          {"num_routed_experts", 3},
-          {"num_activated_experts", 2},
-          {"axes_dims_rope", {4, 2, 2}},
-          {"max_resolution", {8, 8}},
-          {"llama_layers", {1, 0, 1}}};
+  return test::tiny_hidream_config();
 }
 
 models::HiDreamTransformerConfig parse(const nlohmann::json& j) {
