@@ -293,6 +293,16 @@ TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
     EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(dir.file("bad.png")));
   }
+  // A folder missing one of the four text encoders is refused before anything loads.
+  const auto partial = dir.path() / "partial";
+  std::filesystem::copy(model, partial, std::filesystem::copy_options::recursive);
+  std::filesystem::remove_all(partial / "text_encoder_3");
+  auto r = run_cli(
+      {"txt2img", "-m", partial.string(), "-p", "x", "--steps", "1", "-o", dir.file("partial.png")},
+      dir);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("has no text_encoder_3/"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("partial.png")));
 }
 
 // Bad input: exit code non-zero, one line on stderr saying what is wrong, no output file.

@@ -61,6 +61,15 @@ HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device de
   // Freed activations stay in the heap for the next block instead of being unmapped and
   // faulted in again (device/cpu_allocator.h), as the Stable Diffusion pipeline does.
   device::keep_freed_memory();
+  // All four encoders (and their tokenizers) are needed for any prompt: a folder without one
+  // is refused now, before anything loads, not after minutes of loading the others.
+  for (const char* component :
+       {"text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4", "tokenizer",
+        "tokenizer_2", "tokenizer_3", "tokenizer_4", "vae", "scheduler"})
+    if (!folder.has_component(component))
+      throw IoError("HiDream model folder '" + folder.dir() + "' has no " + component +
+                    "/ (a HiDream pipeline needs CLIP-L, CLIP-G, T5 and Llama text encoders with "
+                    "their tokenizers, the VAE and the scheduler)");
   vae_ = models::load_vae(folder, device, torch::kFloat32);
   scheduler_ =
       schedulers::make_scheduler(folder.component_config("scheduler", "scheduler_config.json"));
