@@ -305,6 +305,17 @@ TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("partial.png")));
 }
 
+// doctor reports the threads a generation will use (the pipelines' policy), not LibTorch's
+// default before it is applied.
+TEST(Cli, DoctorReportsTheThreadsAGenerationUses) {
+  test::TempDir dir;
+  ::setenv("DIFFUSE_THREADS", "3", 1);
+  auto r = run_cli({"doctor", "--json"}, dir);
+  ::unsetenv("DIFFUSE_THREADS");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["threads"]["intra_op"], 3) << r.out;
+}
+
 // Bad input: exit code non-zero, one line on stderr saying what is wrong, no output file.
 TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
   test::TempDir dir;

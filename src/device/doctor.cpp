@@ -14,6 +14,7 @@
 
 #include "device/cpu_fallback.h"
 #include "device/cpu_info.h"
+#include "device/cpu_threads.h"
 #include "device/cuda_backend.h"
 #include "device/device.h"
 #include "device/npu_backend.h"
@@ -219,7 +220,10 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   r.avx512_bf16 = cpu.avx512_bf16;
   r.amx_bf16 = cpu.amx_bf16;
   r.amx_tile = cpu.amx_tile;
-  r.intra_op_threads = at::get_num_threads();
+  // What a generation will use: the pipelines apply the same policy (DIFFUSE_THREADS, the
+  // user's OMP_NUM_THREADS / MKL_NUM_THREADS, else every CPU this process may run on) before
+  // they run; LibTorch's own default before that is often 1 on a VM.
+  r.intra_op_threads = configure_cpu_threads();
   r.inter_op_threads = at::get_num_interop_threads();
   r.omp_num_threads = env("OMP_NUM_THREADS");
   r.cuda_devices = cuda_count();
