@@ -25,6 +25,7 @@
 #include "pipeline/prompt_loras.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
+#include "vae_tiling_flags.h"
 
 namespace fs = std::filesystem;
 
@@ -52,6 +53,7 @@ struct GenerateFlags {
   LoadFlags load;
   ParallelFlags parallel;
   AccelFlags accel;
+  VaeTilingOptions vae_tiling;
   bool quiet = false;
   bool json = false;
 };
@@ -98,6 +100,7 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
       ->capture_default_str();
   add_load_flags(app, f.load);
   add_accel_flags(app, f.accel);
+  add_vae_tiling_flags(app, f.vae_tiling);
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   app.add_flag("--json", f.json, "Print a JSON summary on stdout");
   add_parallel_flags(app, f.parallel);
@@ -169,6 +172,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   g.prompt_syntax = f.prompt_syntax;
   if (f.seed) g.seed = parse_seed(*f.seed, "--seed");
   apply_accel_flags(f.accel, g);
+  g.vae_tiling = f.vae_tiling;
   if (!f.scheduler.empty()) {
     auto names = scheduler_names();
     if (std::find(names.begin(), names.end(), f.scheduler) == names.end()) {
@@ -198,6 +202,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     if (f.steps_given) h.steps = f.steps;
     if (f.cfg_given) h.cfg_scale = f.cfg_scale;
     h.seed = f.seed;
+    h.vae_tiling = f.vae_tiling;
     h.out = f.out;
     h.device = f.load.device;
     h.dtype = f.load.dtype;

@@ -21,6 +21,7 @@
 #include "pipeline/image_parameters.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
+#include "vae_tiling_flags.h"
 
 namespace fs = std::filesystem;
 
@@ -77,6 +78,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   s.steps = steps;
   s.guidance_scale = cfg_scale;
   s.seed = seed;
+  s.vae_tiling = f.vae_tiling;
   const auto loop_start = std::chrono::steady_clock::now();
   s.on_step = [&](const pipeline::HiDreamStep& st) {
     StepEvent e;
@@ -121,6 +123,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     r = pipe.text_to_image(t);
   }
   progress.finish();
+  for (const auto& w : r.warnings) std::cerr << "warning: " << w << "\n";
   params.width = static_cast<int>(r.image.size(2));
   params.height = static_cast<int>(r.image.size(1));
   write_png(f.out, to_image(r.image), params.png_chunks());
@@ -178,6 +181,7 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
   app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu")
       ->capture_default_str()
       ->check(non_empty());
+  add_vae_tiling_flags(app, f.vae_tiling);
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   if (edit) {
     app.add_option("-i,--image", f.image,

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/pipeline_bench.h"
+#include "diffuse/pipeline.h"
 
 #include <functional>
 #include <optional>
@@ -41,6 +42,7 @@ struct HiDreamCliFlags {
   std::string out = "output.png";
   std::string device = "auto", dtype = "auto", attention = "auto";
   std::string stream_weights = "auto";  // transformer weight streaming: auto|on|off
+  VaeTilingOptions vae_tiling;
   bool quiet = false;
 };
 // Text-to-image (edit = false) or editing; writes f.out.
@@ -55,5 +57,6 @@ std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench);
 std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench);
 std::pair<CLI::App*, Command> add_bench_lora(CLI::App& bench);
 std::pair<CLI::App*, Command> add_bench_hidream_stream(CLI::App& bench);
+std::pair<CLI::App*, Command> add_bench_vae_tiling(CLI::App& bench);
 
 }  // namespace diffuse::app

@@ -83,6 +83,19 @@ struct TokenMergingOptions {
   std::vector<std::string> layers;
 };
 
+// The VAE in overlapping tiles blended at their seams (diffusers' enable_vae_tiling), so that
+// large images fit in memory: the VAE then holds one tile's activations, not the image's.
+// Tiles give slightly different pixels than the whole image (GroupNorm sees one tile), so
+// "auto" tiles only where it pays.
+struct VaeTilingOptions {
+  // "auto": tiles above 1024x1024 pixels, or when the untiled pass would not fit in the
+  // memory available (a warning says so); "on": whenever the image is larger than one tile;
+  // "off": never.
+  std::string mode = "auto";
+  int tile_size = 0;      // pixels per tile side; 0 = the VAE config's sample_size (else 512)
+  double overlap = 0.25;  // fraction of a tile shared with its neighbour, in [0, 0.5]
+};
+
 struct GenerationConfig {
   std::vector<std::string> prompts;           // one image batch entry per prompt
   std::vector<std::string> negative_prompts;  // empty, one for all, or one per prompt
@@ -106,6 +119,7 @@ struct GenerationConfig {
   // UNet accelerators; both off by default (bit-identical to running without them).
   DeepCacheOptions deep_cache;
   TokenMergingOptions token_merging;
+  VaeTilingOptions vae_tiling;
   // LoRA adapters for this generation, on top of LoadOptions::loras. Between generations
   // only the weights of adapters that changed are patched again, from kept originals: a model
   // whose adapters are all removed again is bit-identical to the one loaded (hot swap).

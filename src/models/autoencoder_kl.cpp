@@ -93,7 +93,21 @@ AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config) : config_(std::
         register_module("post_quant_conv", nn::make_conv2d(torch::nn::Conv2dOptions(lc, lc, 1)));
 }
 
+LatentDist LatentDist::from_moments(const torch::Tensor& moments) {
+  auto halves = moments.chunk(2, 1);
+  LatentDist d;
+  d.mean = halves[0];
+  d.logvar = halves[1].clamp(-30.0, 20.0);
+  d.std = torch::exp(0.5 * d.logvar);
+  return d;
+}
+
 LatentDist AutoencoderKLImpl::encode(const torch::Tensor& x, Intermediates* intermediates) {
+  return LatentDist::from_moments(encode_moments(x, intermediates));
+}
+
+torch::Tensor AutoencoderKLImpl::encode_moments(const torch::Tensor& x,
+                                                Intermediates* intermediates) {
   const auto& c = config_;
   const std::string who = "AutoencoderKL.encode (" + c.source + "): ";
   if (!x.defined() || x.dim() != 4)
@@ -114,12 +128,7 @@ LatentDist AutoencoderKLImpl::encode(const torch::Tensor& x, Intermediates* inte
     moments = quant_conv(moments);
     capture(intermediates, "quant_conv", moments);
   }
-  auto halves = moments.chunk(2, 1);
-  LatentDist d;
-  d.mean = halves[0];
-  d.logvar = halves[1].clamp(-30.0, 20.0);
-  d.std = torch::exp(0.5 * d.logvar);
-  return d;
+  return moments;
 }
 
 torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& z_in, Intermediates* intermediates) {

@@ -51,6 +51,8 @@ struct AutoencoderKLConfig {
 // logvar clamped to [-30, 20], std = exp(0.5 * logvar).
 struct LatentDist {
   torch::Tensor mean, logvar, std;
+  // From the encoder's moments [B, 2 * latent_channels, h, w] (after quant_conv).
+  static LatentDist from_moments(const torch::Tensor& moments);
   // mean + std * noise (noise drawn by the caller, e.g. on the CPU for reproducibility).
   torch::Tensor sample(const torch::Tensor& noise) const {
     return mean + std * noise.to(mean.options());
@@ -66,6 +68,8 @@ class AutoencoderKLImpl : public torch::nn::Module {
   // conv_out} and quant_conv. InvalidArgument on malformed input. Inputs of encode and decode
   // are converted to the weights' device and dtype; results have that dtype.
   LatentDist encode(const torch::Tensor& x, Intermediates* intermediates = nullptr);
+  // The posterior's moments (encoder, then quant_conv) that encode() splits.
+  torch::Tensor encode_moments(const torch::Tensor& x, Intermediates* intermediates = nullptr);
   // z: [B, latent_channels, h, w] (unscaled) -> [B, out_channels, h * f, w * f], not clamped.
   // Records post_quant_conv and decoder.{conv_in, mid_block, up_blocks.i, conv_norm_out, conv_out}.
   torch::Tensor decode(const torch::Tensor& z, Intermediates* intermediates = nullptr);

@@ -15,6 +15,7 @@
 #include "models/load_component.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/memory_report.h"
+#include "pipeline/vae_tiling_policy.h"
 #include "schedulers/flow_match.h"
 
 namespace diffuse::pipeline {
@@ -203,16 +204,23 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
   return latents;
 }
 
-torch::Tensor HiDreamPipeline::decode(const torch::Tensor& latents, StageTimings& timings) {
+void HiDreamPipeline::decode(const torch::Tensor& latents, const VaeTilingOptions& tiling,
+                             HiDreamResult& out) {
+  auto& timings = out.timings;
   const double start = now_s();
   device::reset_peak_memory(device_);
   const auto& vc = vae_->config();
-  auto image = to_image(vae_->decode(vc.from_latents(latents.to(torch::kFloat32))));
+  const int64_t f = vc.spatial_factor();
+  const auto choice = choose_vae_tiling(tiling, vc, latents.size(0), latents.size(2) * f,
+                                        latents.size(3) * f, device_, torch::kFloat32);
+  if (!choice.warning.empty()) out.warnings.push_back(choice.warning);
+  auto image =
+      to_image(vae_decode(*vae_, vc.from_latents(latents.to(torch::kFloat32)), choice.tiling));
   check_stage_finite(image, "VAE decoder", device_, torch::kFloat32);
   timings.vae_decode_s = now_s() - start;
   record_stage_memory(&timings, "vae_decode", device_);
   timings.peak_rss_bytes = device::memory_stats().peak_rss_bytes;
-  return image;
+  out.image = image;
 }
 
 HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
@@ -244,7 +252,7 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   };
   latents = denoise(r.sampling, latents, velocity, out.timings);
   out.latents = latents.to(torch::kCPU);
-  out.image = decode(latents, out.timings);
+  decode(latents, r.sampling.vae_tiling, out);
   out.timings.total_s = now_s() - start;
   return out;
 }
@@ -268,7 +276,10 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
   // VaeImageProcessor: [0, 255] -> [-1, 1], NCHW; E1 encodes with the mode (the mean).
   auto pixels = edit_source_pixels(r.image);
   const auto& vc = vae_->config();
-  out.image_latents = vc.to_latents(vae_->encode(pixels.to(device_)).mean).to(torch::kFloat32);
+  const auto tiling = choose_vae_tiling(r.sampling.vae_tiling, vc, 1, pixels.size(2),
+                                        pixels.size(3), device_, torch::kFloat32);
+  out.image_latents =
+      vc.to_latents(vae_encode(*vae_, pixels.to(device_), tiling.tiling).mean).to(torch::kFloat32);
   check_stage_finite(out.image_latents, "VAE encoder", device_, torch::kFloat32);
   const int64_t h = out.image_latents.size(2), w = out.image_latents.size(3);
   out.timings.vae_encode_s = now_s() - start;
@@ -328,7 +339,7 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
   } restore{this};
   latents = denoise(r.sampling, latents, velocity, out.timings);
   out.latents = latents.to(torch::kCPU);
-  out.image = decode(latents, out.timings);
+  decode(latents, r.sampling.vae_tiling, out);
   out.timings.total_s = now_s() - start;
   return out;
 }

@@ -49,6 +49,7 @@ struct HiDreamSampling {
   // Noise for stochastic schedulers, one per step that draws (else drawn from `seed`).
   std::vector<torch::Tensor> step_noise;
   HiDreamStepCallback on_step;
+  VaeTilingOptions vae_tiling;  // the VAE's encode (E1's source) and decode
 };
 
 struct HiDreamTextToImage {
@@ -86,6 +87,7 @@ struct HiDreamResult {
   // Seconds and memory per stage (text_encode includes loading the text encoders the first
   // time, denoise the transformer's).
   StageTimings timings;
+  std::vector<std::string> warnings;  // what the user should know that did not stop the run
 };
 
 class HiDreamPipeline {
@@ -141,7 +143,8 @@ class HiDreamPipeline {
                                 const models::HiDreamForwardOptions& fwd, HiDreamStep& step);
   torch::Tensor denoise(const HiDreamSampling& s, torch::Tensor latents, const Velocity& velocity,
                         StageTimings& timings);
-  torch::Tensor decode(const torch::Tensor& latents, StageTimings& timings);
+  // Sets out.image, its timings and memory, and a warning if the VAE had to tile.
+  void decode(const torch::Tensor& latents, const VaeTilingOptions& tiling, HiDreamResult& out);
   // NumericalError if the text encoders' outputs went NaN/Inf.
   void check_text_stage(const HiDreamEmbeddings& e) const;
   // Ends the text stage that began at `start`: frees the encoders if asked, records the stage.

@@ -24,6 +24,7 @@
 #include "pipeline/memory_estimate.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/model_source.h"
+#include "pipeline/vae_tiling_policy.h"
 #include "schedulers/scheduler.h"
 #include "text/clip_tokenizer.h"
 #include "text/prompt_weighting.h"
@@ -154,6 +155,7 @@ void validate_generation_config(const GenerationConfig& c, bool image2image) {
   if (image2image && !(c.strength > 0 && c.strength <= 1))
     throw InvalidArgument("strength must be in (0, 1], got " + std::to_string(c.strength));
   accel::validate_accel_config(c);
+  validate_vae_tiling_options(c.vae_tiling);
 }
 
 StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& options)
@@ -306,14 +308,21 @@ void StableDiffusion::check_memory(const GenerationConfig& config, int width, in
   const auto element = [](torch::Dtype d) { return static_cast<int64_t>(c10::elementSize(d)); };
   // The UNet's top level holds at least its input, the resnet's hidden state and the skip
   // connection; the VAE decoder's last level at least input, hidden and residual, per image.
-  check_memory_fits({{"UNet step", c_->device,
-                      activation_bytes(unet_batch, c_->unet_config.block_out_channels.front(),
-                                       height / f, width / f, element(c_->unet_dtype), 3),
-                      what},
-                     {"VAE decode", c_->vae_device,
-                      activation_bytes(images, c_->vae_config.block_out_channels.front(), height,
-                                       width, element(c_->vae_dtype), 3),
-                      what}});
+  check_memory_fits(
+      {{"UNet step", c_->device,
+        activation_bytes(unet_batch, c_->unet_config.block_out_channels.front(), height / f,
+                         width / f, element(c_->unet_dtype), 3),
+        what},
+       {"VAE decode", c_->vae_device,
+        vae_working_bytes(c_->vae_config, vae_tiling_for(config, images, height, width).tiling,
+                          images, height, width, c_->vae_dtype),
+        what}});
+}
+
+VaeTilingChoice StableDiffusion::vae_tiling_for(const GenerationConfig& config, int64_t images,
+                                                int64_t height, int64_t width) const {
+  return choose_vae_tiling(config.vae_tiling, c_->vae_config, images, height, width, c_->vae_device,
+                           c_->vae_dtype);
 }
 
 void StableDiffusion::seed_devices(uint64_t seed) const {
@@ -462,10 +471,11 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
   return e;
 }
 
-torch::Tensor StableDiffusion::decode_latents(const torch::Tensor& latents) {
+torch::Tensor StableDiffusion::decode_latents(const torch::Tensor& latents,
+                                              const std::optional<models::VaeTiling>& tiling) {
   const auto& vc = c_->vae_config;
   auto z = vc.from_latents(latents.to(c_->vae_device, torch::kFloat32));
-  auto img = c_->vae()->decode(z.to(c_->vae_dtype)).to(torch::kFloat32);
+  auto img = vae_decode(*c_->vae(), z.to(c_->vae_dtype), tiling).to(torch::kFloat32);
   c_->done_with(c_->vae_module, c_->vae_device);
   return (img / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().to(torch::kCPU);
 }
@@ -548,7 +558,10 @@ GenerationResult StableDiffusion::denoise_and_decode(
   }
   double d0 = now_s();
   device::reset_peak_memory(c_->vae_device);
-  result.images_float = decode_latents(latents);
+  const int64_t f = vae_scale_factor();
+  auto tiling = vae_tiling_for(config, latents.size(0), latents.size(2) * f, latents.size(3) * f);
+  if (!tiling.warning.empty()) result.warnings.push_back(tiling.warning);
+  result.images_float = decode_latents(latents, tiling.tiling);
   check_stage_finite(result.images_float, "VAE decoder", c_->vae_device, c_->vae_dtype);
   timings.vae_decode_s = now_s() - d0;
   record_stage_memory(&timings, "vae_decode", c_->vae_device);
@@ -596,7 +609,7 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
   auto result = denoise_and_decode(config, embeds, latents, scheduler->timesteps(), *scheduler, gen,
                                    on_step, timings, seed);
   result.timings.total_s = now_s() - t0;
-  result.warnings = embeds.warnings;
+  result.warnings.insert(result.warnings.begin(), embeds.warnings.begin(), embeds.warnings.end());
   return result;
 }
 
@@ -645,7 +658,8 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   // image would take different kernels, and give different bits, on different devices.
   auto image = (init.to(torch::kFloat32).contiguous() * 2 - 1);
   trace("image_preprocessed", image);
-  auto dist = c_->vae()->encode(image.to(c_->vae_device, c_->vae_dtype));
+  auto tiling = vae_tiling_for(config, image.size(0), image.size(2), image.size(3));
+  auto dist = vae_encode(*c_->vae(), image.to(c_->vae_device, c_->vae_dtype), tiling.tiling);
   c_->done_with(c_->vae_module, c_->vae_device);
   auto mean = dist.mean.to(torch::kFloat32), std = dist.std.to(torch::kFloat32);
   trace("posterior_mean", mean);
@@ -677,7 +691,7 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step,
                                    timings, seed);
   result.timings.total_s = now_s() - t0;
-  result.warnings = embeds.warnings;
+  result.warnings.insert(result.warnings.begin(), embeds.warnings.begin(), embeds.warnings.end());
   return result;
 }
 

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "diffuse/pipeline.h"
+#include "models/vae_tiling.h"
+#include "pipeline/vae_tiling_policy.h"
 
 namespace diffuse::schedulers {
 class Scheduler;
@@ -67,8 +69,12 @@ class StableDiffusion {
   std::optional<PromptEmbeddings> encode_weighted_prompts(
       const std::vector<std::string>& prompts, const std::vector<std::string>& negative_prompts,
       int images_per_prompt, bool guidance);
-  torch::Tensor decode_latents(
-      const torch::Tensor& latents);  // -> [N, H, W, 3] float in [0,1], CPU
+  // -> [N, H, W, 3] float in [0,1], CPU; in tiles when `tiling` is set.
+  torch::Tensor decode_latents(const torch::Tensor& latents,
+                               const std::optional<models::VaeTiling>& tiling = std::nullopt);
+  // GenerationConfig::vae_tiling resolved for `images` images of height x width pixels.
+  VaeTilingChoice vae_tiling_for(const GenerationConfig& config, int64_t images, int64_t height,
+                                 int64_t width) const;
   int vae_scale_factor() const;
   // InvalidArgument when a generation of this size cannot fit in the devices' free memory.
   void check_memory(const GenerationConfig& config, int width, int height) const;

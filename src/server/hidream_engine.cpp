@@ -87,6 +87,7 @@ pipeline::HiDreamResult HiDreamEngine::run_one(const JobRequest& request, size_t
   s.steps = c.steps;
   s.guidance_scale = c.guidance_scale;
   s.seed = seed;
+  s.vae_tiling = c.vae_tiling;
   s.on_step = [&](const pipeline::HiDreamStep& st) {
     std::string preview;
     if (request.preview) preview = encode_png(preview_.project(st.latents));

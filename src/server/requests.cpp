@@ -8,6 +8,7 @@
 #include "diffuse/errors.h"
 #include "pipeline/prompt_loras.h"
 #include "pipeline/stable_diffusion.h"
+#include "pipeline/vae_tiling_policy.h"
 #include "server/base64.h"
 #include "server/json_fields.h"
 
@@ -157,6 +158,9 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
                           schedule + "\"");
   c.deep_cache.non_uniform = schedule == "non-uniform";
   c.token_merging.ratio = f.number("tome", 0, 1).value_or(0.0);
+  c.vae_tiling.mode = f.string("vae_tiling", 8).value_or("auto");
+  c.vae_tiling.tile_size = to_int(f.integer("vae_tile_size", 0, limits.max_side).value_or(0));
+  pipeline::validate_vae_tiling_options(c.vae_tiling);
   const auto mode = f.string("mode", 16);
   const auto init = f.string("init_image", limits.max_body_bytes);
   if (mode) {
