@@ -255,7 +255,10 @@ TEST(UNetModel, UpcastAttentionInBFloat16StaysCloseToFloat32) {
   EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
   auto err = (out.to(torch::kFloat32) - ref).abs().max().item<double>();
   auto scale = ref.abs().max().item<double>();
-  EXPECT_LT(err, 0.03 * scale + 1e-3) << "max abs err " << err << " on outputs up to " << scale;
+  // 5 % of the largest output: CPUs without native bf16 run LibTorch's fallback bf16 kernels
+  // (3.2 % on an AVX2-only EPYC, over the 3 % this allowed before); a broken upcast gives
+  // errors of the outputs' own size.
+  EXPECT_LT(err, 0.05 * scale + 1e-3) << "max abs err " << err << " on outputs up to " << scale;
 }
 
 TEST(UNetLoad, ConfigThatDoesNotMatchTheWeightsIsAFormatError) {
