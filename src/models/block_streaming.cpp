@@ -57,7 +57,12 @@ void BlockWeightStream::after(size_t i) {
     return;
   }
   torch::NoGradGuard no_grad;
-  for (auto& p : blocks_[i]) p.param.set_data(p.home);
+  // The copy has been used by now: drop the file pages it was read from as well, or every
+  // block read would stay in this process's resident set until the kernel needs the memory.
+  for (auto& p : blocks_[i]) {
+    p.param.set_data(p.home);
+    io::release_mapped_pages(p.home);
+  }
 }
 
 }  // namespace diffuse::models
