@@ -12,6 +12,8 @@
 #include "adapters/lora_runtime.h"
 #include "bench/arch_configs.h"
 #include "bench/bench_util.h"
+#include "device/cpu_allocator.h"
+#include "device/cpu_threads.h"
 #include "device/device.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
@@ -85,6 +87,8 @@ LoraBenchResult run_lora_bench(const LoraBenchOptions& o) {
     if (o.log) o.log(s);
   };
   torch::InferenceMode guard;
+  device::configure_cpu_threads();
+  device::keep_freed_memory();  // the pipelines' heap policy, so steps cost what they cost there
   const auto& arch = builtin_arch(o.arch);
   const torch::Device cpu(torch::kCPU);
   const auto dtype = device::resolve_dtype(o.dtype, cpu, "unet");
