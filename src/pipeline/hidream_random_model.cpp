@@ -14,19 +14,11 @@
 #include "models/hidream_transformer.h"
 #include "nn/layers.h"
 #include "nn/random_init.h"
+#include "pipeline/memory_estimate.h"
 
 namespace fs = std::filesystem;
 
 namespace diffuse::pipeline {
-namespace {
-
-std::string gib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
-  return buf;
-}
-
-}  // namespace
 
 int64_t create_random_hidream_i1(const std::string& dir, const RandomHiDreamOptions& o) {
   auto log = [&](const std::string& s) {
@@ -47,10 +39,10 @@ int64_t create_random_hidream_i1(const std::string& dir, const RandomHiDreamOpti
   fs::create_directories(fs::path(dir) / "transformer");
   const auto space = fs::space(dir);
   if (static_cast<int64_t>(space.available) < total + (int64_t{1} << 30))
-    throw InvalidArgument("create-demo-model --arch hidream-i1: the weights need " + gib(total) +
-                          " (+1 GiB headroom) in '" + dir + "', the disk has " +
-                          gib(static_cast<int64_t>(space.available)) + " free");
-  log("writing a random HiDream-I1 transformer (" + gib(total) + " in bf16) to " + dir);
+    throw InvalidArgument("create-demo-model --arch hidream-i1: the weights need " +
+                          format_gib(total) + " (+1 GiB headroom) in '" + dir + "', the disk has " +
+                          format_gib(static_cast<int64_t>(space.available)) + " free");
+  log("writing a random HiDream-I1 transformer (" + format_gib(total) + " in bf16) to " + dir);
 
   // Units written in order: every top-level module, then each block; a unit is filled with
   // random values, saved into the current shard and freed again.
@@ -86,7 +78,7 @@ int64_t create_random_hidream_i1(const std::string& dir, const RandomHiDreamOpti
     for (const auto& [key, t] : shard) weight_map[key] = name;
     io::save_safetensors((fs::path(dir) / "transformer" / name).string(), shard);
     written += shard_size;
-    log("  " + std::string(name) + " (" + gib(written) + " of " + gib(total) + ")");
+    log("  " + std::string(name) + " (" + format_gib(written) + " of " + format_gib(total) + ")");
     shard.clear();
     shard_size = 0;
     for (auto& p : written_params) p.set_data(torch::empty({0}, p.options()));

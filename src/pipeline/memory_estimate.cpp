@@ -8,15 +8,12 @@
 #include "diffuse/errors.h"
 
 namespace diffuse::pipeline {
-namespace {
 
-std::string gib(int64_t bytes) {
+std::string format_gib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
   return buf;
 }
-
-}  // namespace
 
 int64_t activation_bytes(int64_t batch, int64_t channels, int64_t height, int64_t width,
                          int64_t element_bytes, int64_t copies) {
@@ -31,9 +28,9 @@ void check_memory_fits(const std::vector<StageNeed>& needs) {
   for (const auto& n : needs) {
     const int64_t available = device::available_bytes(n.device);
     if (available <= 0 || n.bytes <= available) continue;
-    throw InvalidArgument("this generation needs about " + gib(n.bytes) + " for the " + n.stage +
-                          " of " + n.what + " on " + device::device_name(n.device) + ", " +
-                          gib(available) +
+    throw InvalidArgument("this generation needs about " + format_gib(n.bytes) + " for the " +
+                          n.stage + " of " + n.what + " on " + device::device_name(n.device) +
+                          ", " + format_gib(available) +
                           " available: use a smaller size or fewer images per batch "
                           "(--num-images; --batch-count runs them one after another)");
   }

@@ -18,6 +18,9 @@ struct StageNeed {
   std::string what;  // e.g. "4 images at 512x512"
 };
 
+// "1.5 GiB": bytes in GiB with one decimal, for messages.
+std::string format_gib(int64_t bytes);
+
 // InvalidArgument "needs about X GiB for the <stage> of <what> on <device>, Y GiB available"
 // for the first stage that does not fit; devices whose free memory is unknown are not checked.
 void check_memory_fits(const std::vector<StageNeed>& needs);

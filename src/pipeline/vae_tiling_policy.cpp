@@ -26,12 +26,6 @@ int64_t default_tile(const models::AutoencoderKLConfig& c) {
   return side >= 2 * f && side % f == 0 ? side : std::max(kDefaultTile, 2 * f);
 }
 
-std::string gib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
-  return buf;
-}
-
 }  // namespace
 
 void validate_vae_tiling_options(const VaeTilingOptions& o) {
@@ -77,7 +71,7 @@ VaeTilingChoice choose_vae_tiling(const VaeTilingOptions& o, const models::Autoe
     choice.tiling = t;
     choice.warning = "the VAE ran in " + std::to_string(t.tile_size) + " px tiles: the whole " +
                      std::to_string(width) + "x" + std::to_string(height) +
-                     " image needs at least " + gib(whole) + ", " + gib(available) +
+                     " image needs at least " + format_gib(whole) + ", " + format_gib(available) +
                      " available (--vae-tiling off refuses instead; on tiles always)";
   }
   return choice;
