@@ -115,6 +115,14 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
       j["baseline"] = unet_run_json(*r.baseline);
       j["speedup_vs_baseline"] = step > 0 ? r.baseline->step_mean_s / step : 0.0;
     }
+    if (o.profile) {
+      json kinds = json::array(), ops = json::array();
+      for (const auto& k : r.profile_kinds)
+        kinds.push_back({{"kind", k.name}, {"seconds", k.seconds}, {"calls", k.calls}});
+      for (const auto& k : r.profile_ops)
+        ops.push_back({{"op", k.name}, {"seconds", k.seconds}, {"calls", k.calls}});
+      j["profile"] = {{"step_s", r.profile_step_s}, {"by_kind", kinds}, {"longest_ops", ops}};
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -151,6 +159,26 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
     std::cout << "  baseline unet step (fp32, math attention) "
               << f("%.3f s", r.baseline->step_mean_s) << " -> "
               << f("%.2fx", step > 0 ? r.baseline->step_mean_s / step : 0) << " faster\n";
+  if (o.profile) {
+    // The kinds the roofline counts (conv, matmul, attention) against what it does not.
+    double inside = 0;
+    for (const auto& k : r.profile_kinds) inside += k.seconds;
+    auto pad = [](std::string s) {
+      return s.size() < 12 ? s + std::string(12 - s.size(), ' ') : s;
+    };
+    std::cout << "  profiled unet step " << f("%.3f s", r.profile_step_s)
+              << ", by operator kind:\n";
+    for (const auto& k : r.profile_kinds)
+      std::cout << "    " << pad(k.name) << f("%8.3f s", k.seconds)
+                << f("  %5.1f%%", 100 * k.seconds / r.profile_step_s)
+                << f("  (%.0f calls)", static_cast<double>(k.calls)) << "\n";
+    std::cout << "    " << pad("outside ops") << f("%8.3f s", r.profile_step_s - inside)
+              << f("  %5.1f%%", 100 * (r.profile_step_s - inside) / r.profile_step_s) << "\n";
+    std::cout << "  longest operators:";
+    for (const auto& k : r.profile_ops)
+      std::cout << " " << k.name << " " << f("%.3f s", k.seconds) << ";";
+    std::cout << "\n";
+  }
   return 0;
 }
 
@@ -192,6 +220,8 @@ Command add_bench_command(CLI::App& app) {
   app.add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   app.add_flag("--baseline", o->baseline,
                "Also time a float32 UNet step with math attention and report the speed-up");
+  app.add_flag("--profile", o->profile,
+               "Also run one UNet step under an operator profile: its time by operator kind");
   app.add_flag(
       "--no-text-encoder", [o](int64_t) { o->text_encoder = false; }, "Skip the text encoder");
   app.add_flag(

@@ -10,8 +10,9 @@
 #include "bench/arch_configs.h"
 #include "bench/flop_counter.h"
 #include "bench/hidream_block_bench.h"
-#include "bench/text_encoder_bench.h"
+#include "bench/op_profile.h"
 #include "bench/precision_bench.h"
+#include "bench/text_encoder_bench.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/hidream_transformer.h"
@@ -183,6 +184,46 @@ TEST(FlopCounter, CountsConvLinearAndAttentionOnce) {
   EXPECT_DOUBLE_EQ(c.matmul, 2.0 * 10 * 7 * 3 + 2.0 * 3 * 4 * 5 * 6);
   EXPECT_DOUBLE_EQ(c.attention, 2.0 * 2 * 3 * 5 * (4 + 4));
   EXPECT_DOUBLE_EQ(c.total(), c.conv + c.matmul + c.attention);
+}
+
+TEST(OpProfile, FilesOutermostOperatorsByKindOnce) {
+  torch::InferenceMode guard;
+  auto x = torch::randn({2, 3, 16, 16}), w = torch::randn({4, 3, 3, 3});
+  auto a = torch::randn({64, 32}), b = torch::randn({16, 32});
+  std::vector<bench::OpTime> kinds, ops;
+  double total = 0;
+  {
+    bench::OpProfile profile;
+    for (int i = 0; i < 3; ++i) torch::conv2d(x, w, torch::Tensor(), 1, 1);
+    torch::linear(a, b);  // its inner matmul is not counted again
+    auto q = torch::randn({1, 2, 8, 4});
+    nn::AttentionOptions o;
+    o.backend = nn::AttentionBackend::kMath;  // bmm and softmax inside count as attention
+    nn::attention(q, q, q, o);
+    kinds = profile.by_kind();
+    ops = profile.by_operator(100);
+    total = profile.total_s();
+  }
+  auto calls = [&](const std::string& kind) {
+    for (const auto& k : kinds)
+      if (k.name == kind) return k.calls;
+    return int64_t{0};
+  };
+  EXPECT_EQ(calls("conv"), 3);
+  EXPECT_EQ(calls("matmul"), 1);
+  EXPECT_EQ(calls("attention"), 1);
+  double sum = 0;
+  for (const auto& k : kinds) sum += k.seconds;
+  EXPECT_NEAR(sum, total, 1e-9);
+  for (size_t i = 1; i < ops.size(); ++i) EXPECT_GE(ops[i - 1].seconds, ops[i].seconds);
+  EXPECT_EQ(bench::OpProfile::kind_of("diffuse::group_norm"), "norm");
+  EXPECT_EQ(bench::OpProfile::kind_of("diffuse::geglu"), "activation");
+  EXPECT_EQ(bench::OpProfile::kind_of("aten::cat"), "copy/layout");
+  EXPECT_EQ(bench::OpProfile::kind_of("aten::add_"), "elementwise");
+  EXPECT_EQ(bench::OpProfile::kind_of("aten::frobnicate"), "other");
+  // One profile per thread, as the FLOP counter.
+  bench::OpProfile first;
+  EXPECT_THROW(bench::OpProfile(), InvalidArgument);
 }
 
 TEST(FlopCounter, OnlyOnePerThread) {

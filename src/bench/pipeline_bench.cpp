@@ -69,7 +69,7 @@ Module build(Make make, torch::Dtype dtype, const torch::Device& device,
 
 UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& device,
                   torch::Dtype dtype, const PipelineBenchOptions& o, int64_t lh, int64_t lw,
-                  int64_t ctx_dim, FlopCounts* flops) {
+                  int64_t ctx_dim, FlopCounts* flops, PipelineBenchResult* profiled = nullptr) {
   auto gen = at::detail::createCPUGenerator(o.seed + 7);
   auto opts = torch::TensorOptions().dtype(torch::kFloat32);
   auto sample =
@@ -105,6 +105,15 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
     run.step_min_s = std::min(run.step_min_s, s);
   }
   run.step_mean_s = run.step_s.empty() ? 0 : sum / static_cast<double>(run.step_s.size());
+  if (profiled) {
+    OpProfile profile;
+    double t0 = now_s();
+    unet->forward(sample, t, context);
+    sync_device(device);
+    profiled->profile_step_s = now_s() - t0;
+    profiled->profile_kinds = profile.by_kind();
+    profiled->profile_ops = profile.by_operator(12);
+  }
   return run;
 }
 
@@ -214,8 +223,8 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
 
   if (o.unet) {
     StagePeak peak(&r.peak_rss_mb);
-    r.unet =
-        time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0], &r.unet_flops);
+    r.unet = time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0],
+                       &r.unet_flops, o.profile ? &r : nullptr);
     r.unet_peak_mb = peak.finish();
   }
 

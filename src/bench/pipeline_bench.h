@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench/flop_counter.h"
+#include "bench/op_profile.h"
 #include "bench/roofline.h"
 
 namespace diffuse::bench {
@@ -29,6 +30,8 @@ struct PipelineBenchOptions {
   // Also time the UNet step in float32 with math attention (the engine's plain baseline) after
   // the main measurement, and report the speed-up.
   bool baseline = false;
+  // Also run one more UNet step under an OpProfile and report its time by operator kind.
+  bool profile = false;
   uint64_t seed = 0;
   std::function<void(const std::string&)> log;  // progress lines (null = quiet)
 };
@@ -60,6 +63,10 @@ struct PipelineBenchResult {
   double roofline_limit_s = 0;   // conv / conv rate + (matmul + attention) / matmul rate
   double roofline_fraction = 0;  // roofline_limit_s / unet step mean
   std::optional<UNetRun> baseline;
+  // With `profile`: one step's wall time, the time inside operators by kind and the longest
+  // operators (bench/op_profile.h).
+  double profile_step_s = 0;
+  std::vector<OpTime> profile_kinds, profile_ops;
 };
 
 PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& options);
