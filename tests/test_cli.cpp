@@ -307,6 +307,32 @@ TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
 
 // doctor reports the threads a generation will use (the pipelines' policy), not LibTorch's
 // default before it is applied.
+TEST(Cli, VaeTilingFlags) {
+  test::TempDir dir;
+  const std::string demo = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
+  // On: a 256x256 image in the demo VAE's 128 px tiles, written like any other.
+  auto tiled =
+      run_cli({"txt2img", "-m", demo, "-p", "a red circle", "-W", "256", "-H", "256", "--steps",
+               "2", "--seed", "1", "--vae-tiling", "on", "--quiet", "-o", dir.file("tiled.png")},
+              dir);
+  ASSERT_EQ(tiled.exit_code, 0) << tiled.err;
+  EXPECT_EQ(read_png(dir.file("tiled.png")).width, 256);
+  // A mode that does not exist is a usage error naming the flag.
+  auto bad_mode = run_cli({"txt2img", "-m", demo, "-p", "x", "--vae-tiling", "sometimes", "--quiet",
+                           "-o", dir.file("no.png")},
+                          dir);
+  EXPECT_EQ(bad_mode.exit_code, 2) << bad_mode.err;
+  EXPECT_NE(bad_mode.err.find("--vae-tiling"), std::string::npos) << bad_mode.err;
+  // A tile that is no multiple of the VAE's 8 pixels: refused, naming it, no output file.
+  auto bad_tile =
+      run_cli({"txt2img", "-m", demo, "-p", "x", "-W", "256", "-H", "256", "--steps", "1",
+               "--vae-tiling", "on", "--vae-tile-size", "100", "--quiet", "-o", dir.file("no.png")},
+              dir);
+  EXPECT_NE(bad_tile.exit_code, 0);
+  EXPECT_NE(bad_tile.err.find("tile size 100"), std::string::npos) << bad_tile.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("no.png")));
+}
+
 TEST(Cli, DoctorReportsTheThreadsAGenerationUses) {
   test::TempDir dir;
   ::setenv("DIFFUSE_THREADS", "3", 1);
