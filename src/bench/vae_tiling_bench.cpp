@@ -43,7 +43,7 @@ models::AutoencoderKL build_vae(const VaeTilingBenchOptions& o, torch::Device de
 }
 
 int64_t count_tiles(const models::VaeTiling& t, int64_t latent_side, int64_t f) {
-  const auto stride = static_cast<int64_t>(std::floor(t.tile_size / f * (1.0 - t.overlap) + 1e-9));
+  const int64_t stride = models::latent_stride(t, f);
   const int64_t per_side = (latent_side + stride - 1) / stride;
   return per_side * per_side;
 }

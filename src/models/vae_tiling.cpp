@@ -13,11 +13,6 @@
 namespace diffuse::models {
 namespace {
 
-// Latent pixels from one tile's start to the next's (diffusers' overlap_size of the decoder).
-int64_t latent_stride(const VaeTiling& t, int64_t factor) {
-  return static_cast<int64_t>(std::floor(t.tile_size / factor * (1.0 - t.overlap) + 1e-9));
-}
-
 // b's first rows (columns, for dim 3) that `a`, the tile one stride before it, also covers
 // become a ramp from a's values to b's own: at row y of e, a * (1 - y/e) + b * (y/e).
 // `offset` is where b starts inside a.
@@ -65,6 +60,10 @@ torch::Tensor run_tiles(const torch::Tensor& x, int64_t tile, int64_t stride, in
 }
 
 }  // namespace
+
+int64_t latent_stride(const VaeTiling& t, int64_t factor) {
+  return static_cast<int64_t>(std::floor(t.tile_size / factor * (1.0 - t.overlap) + 1e-9));
+}
 
 void check_vae_tiling(const VaeTiling& t, const AutoencoderKLConfig& c) {
   const int64_t f = c.spatial_factor();

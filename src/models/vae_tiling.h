@@ -29,6 +29,9 @@ struct VaeTiling {
 // tiles a whole number of latent pixels.
 void check_vae_tiling(const VaeTiling& tiling, const AutoencoderKLConfig& config);
 
+// Latent pixels from one tile's start to the next (diffusers' overlap_size of the decoder).
+int64_t latent_stride(const VaeTiling& tiling, int64_t spatial_factor);
+
 // Whether an image of height x width pixels spans more than one tile (diffusers' condition).
 bool spans_several_tiles(const VaeTiling& tiling, int64_t height, int64_t width);
 

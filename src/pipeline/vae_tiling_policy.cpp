@@ -33,9 +33,8 @@ void validate_vae_tiling_options(const VaeTilingOptions& o) {
     throw InvalidArgument("vae_tiling mode: expected auto, on or off, got '" + o.mode + "'");
   if (o.tile_size < 0 || o.tile_size > models::kMaxImageSide)
     throw InvalidArgument(
-        "vae_tiling tile_size: expected 0 (the VAE's sample_size) or pixels in "
-        "[16, " +
-        std::to_string(models::kMaxImageSide) + "], got " + std::to_string(o.tile_size));
+        "vae_tiling tile_size: expected 0 (the VAE's sample_size) or pixels up to " +
+        std::to_string(models::kMaxImageSide) + ", got " + std::to_string(o.tile_size));
   if (!(o.overlap >= 0.0 && o.overlap <= 0.5))
     throw InvalidArgument("vae_tiling overlap: expected a fraction of the tile in [0, 0.5], got " +
                           std::to_string(o.overlap));
