@@ -75,8 +75,11 @@ std::vector<AttentionBenchRow> run_attention_bench(const std::vector<AttentionCa
           device::empty_cache(torch::Device(torch::kCPU));
           const bool reset = reset_peak_rss();
           const int64_t before = current_rss_bytes();
+          // An accelerator queues the kernels: the clock reads only after they have run.
+          sync_device(device);
           double t0 = now_s();
           nn::attention(q, k, v, opts);
+          sync_device(device);
           double first = now_s() - t0;
           row.peak_extra_mb =
               reset ? static_cast<double>(peak_rss_bytes() - before) / (1 << 20) : -1;
@@ -84,6 +87,7 @@ std::vector<AttentionBenchRow> run_attention_bench(const std::vector<AttentionCa
           for (int i = 0; i < o.repeat && spent < o.max_seconds; ++i) {
             t0 = now_s();
             nn::attention(q, k, v, opts);
+            sync_device(device);
             double dt = now_s() - t0;
             best = std::min(best, dt);
             spent += dt;

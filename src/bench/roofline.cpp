@@ -43,9 +43,7 @@ Roofline measure_roofline(const torch::Device& device, torch::Dtype dtype, bool 
   r.dtype = device::dtype_name(dtype);
   r.channels_last = channels_last;
   auto opts = torch::TensorOptions().device(device).dtype(dtype);
-  auto sync = [&] {
-    if (device.is_cuda()) torch::cuda::synchronize();
-  };
+  auto sync = [&] { sync_device(device); };
   // Linear layers of SD2's UNet at 512x512, batch 2: tokens x in -> out.
   const int64_t mm[][3] = {{8192, 320, 320},  {8192, 320, 2560},  {8192, 1280, 320},
                            {2048, 640, 5120}, {512, 1280, 10240}, {2048, 640, 640}};

@@ -1,11 +1,31 @@
 #include "device/cuda_backend.h"
 
+#include <ATen/Context.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
 #ifdef DIFFUSE_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 namespace diffuse::device::cuda {
+
+bool tf32_allowed() {
+  const char* env = std::getenv("DIFFUSE_ALLOW_TF32");
+  return env && std::strcmp(env, "1") == 0;
+}
+
+void apply_float32_precision() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const bool tf32 = tf32_allowed();
+    at::globalContext().setAllowTF32CuDNN(tf32);
+    at::globalContext().setAllowTF32CuBLAS(tf32);
+  });
+}
 
 #ifdef DIFFUSE_WITH_CUDA
 

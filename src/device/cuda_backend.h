@@ -23,4 +23,11 @@ bool allocator_stats(c10::DeviceIndex index, AllocatorStats* out);
 void reset_peak(c10::DeviceIndex index);
 void empty_cache();
 
+// float32 means float32: LibTorch lets cuDNN run float32 convolutions in TF32 (10-bit
+// mantissa) by default, which put the H100's fp32 images 1e-3 away from the reference and
+// from the CPU's. Turns TF32 off for convolutions and matmuls unless DIFFUSE_ALLOW_TF32=1 (the
+// faster, less exact choice). Applied once, when a CUDA device is first resolved.
+void apply_float32_precision();
+bool tf32_allowed();
+
 }  // namespace diffuse::device::cuda

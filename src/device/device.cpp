@@ -93,7 +93,10 @@ torch::Device resolve_device(const std::string& spec_in) {
     throw DeviceError("device '" + spec + "' does not exist: " + std::to_string(count) + " " +
                       type + " device(s) found (available here: " + join(available_devices()) +
                       ")");
-  if (type == "cuda") return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  if (type == "cuda") {
+    cuda::apply_float32_precision();
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
   return torch::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index));
 }
 

@@ -133,7 +133,9 @@ DeviceCheck check_device(const std::string& name, bool smoke, const torch::Tenso
     } else if (d.is_cuda()) {
       cuda::Properties p;
       if (cuda::properties(d.index(), &p)) {
-        c.description = p.name + " (sm" + std::to_string(p.major) + std::to_string(p.minor) + ")";
+        c.description = p.name + " (sm" + std::to_string(p.major) + std::to_string(p.minor) +
+                        (cuda::tf32_allowed() ? ", fp32 matmul/conv in TF32: DIFFUSE_ALLOW_TF32=1)"
+                                              : ", fp32 exact: TF32 off)");
         c.total_memory_bytes = p.total_bytes;
       }
     } else if (const NpuBackend* b = npu_backend()) {

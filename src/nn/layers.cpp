@@ -7,6 +7,23 @@
 namespace diffuse::nn {
 namespace {
 
+// The options' variants are c10::variant in libtorch 1.13 and std::variant from 2.x on:
+// unqualified calls find get/get_if in either namespace by argument-dependent lookup. These
+// declarations (never called) only make `get_if<T>(...)` parse as a template call in C++17.
+struct NotAVariant;
+template <typename T>
+void get_if(NotAVariant*);
+template <typename T>
+void get(NotAVariant*);
+template <typename T, typename V>
+auto variant_get_if(V* v) {
+  return get_if<T>(v);
+}
+template <typename T, typename V>
+const T& variant_get(const V& v) {
+  return get<T>(v);
+}
+
 thread_local bool t_skip_init = false;
 thread_local c10::ScalarType t_dtype = c10::ScalarType::Float;
 
@@ -39,7 +56,7 @@ struct UninitConv2dImpl : Conv2dImpl {
   // Same padding, stride, dilation, groups and padding mode (what the base's reset() derives
   // state from), one input and output channel per group, 1x1 kernel.
   static torch::nn::Conv2dOptions small(const torch::nn::Conv2dOptions& o) {
-    if (!c10::get_if<torch::ExpandingArray<2>>(&o.padding()))
+    if (!variant_get_if<torch::ExpandingArray<2>>(&o.padding()))
       throw InvalidArgument("make_conv2d: only explicit padding sizes are supported");
     auto s = o;
     s.in_channels(o.groups()).out_channels(o.groups()).kernel_size(1);
@@ -78,14 +95,14 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
 
 bool supports_low_rank(const Conv2dImpl& conv) {
   return conv.options.groups() == 1 &&
-         c10::get_if<torch::ExpandingArray<2>>(&conv.options.padding()) != nullptr &&
-         c10::get_if<torch::enumtype::kZeros>(&conv.options.padding_mode()) != nullptr;
+         variant_get_if<torch::ExpandingArray<2>>(&conv.options.padding()) != nullptr &&
+         variant_get_if<torch::enumtype::kZeros>(&conv.options.padding_mode()) != nullptr;
 }
 
 torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
   auto y = torch::nn::Conv2dImpl::forward(input);
   if (low_rank.empty()) return y;
-  const auto& padding = c10::get<torch::ExpandingArray<2>>(options.padding());
+  const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
   for (const auto& u : low_rank) {
     auto h = torch::conv2d(input, u.down, {}, *options.stride(), *padding, *options.dilation());
     y.add_(torch::conv2d(h, u.up), u.scale);

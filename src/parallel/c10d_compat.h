@@ -20,7 +20,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#ifdef USE_C10D_GLOO
+// PyTorch's pip wheels define USE_C10D_GLOO in their CMake package but ship no Gloo headers:
+// Gloo is used only where its headers are there too.
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
+#define DIFFUSE_HAVE_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 #ifdef USE_C10D_NCCL

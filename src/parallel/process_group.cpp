@@ -16,7 +16,7 @@ std::string seconds(std::chrono::milliseconds ms) {
 compat::BackendPtr make_backend(const std::string& name,
                                 const c10::intrusive_ptr<c10d::Store>& store,
                                 const GroupOptions& o) {
-#ifdef USE_C10D_GLOO
+#ifdef DIFFUSE_HAVE_GLOO
   if (name == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
     // Loopback only: the ranks are processes on this machine, and nothing else may join.
@@ -89,7 +89,7 @@ class ProcessGroupCfg : public CfgGroup {
 std::string backend_for(const torch::Device& device) {
   switch (device.type()) {
     case c10::DeviceType::CPU:
-#ifdef USE_C10D_GLOO
+#ifdef DIFFUSE_HAVE_GLOO
       return "gloo";
 #else
       throw DeviceError(

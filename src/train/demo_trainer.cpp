@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -216,16 +217,39 @@ class Ema {
 };
 
 // bf16 autocast for the CPU: matmuls and convolutions in bf16 (oneDNN), the rest in float32.
+// libtorch 2.4 names the device in the autocast calls; the CPU-only names are deprecated there.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+inline bool cpu_autocast_enabled() {
+  return at::autocast::is_autocast_enabled(at::kCPU);
+}
+inline void set_cpu_autocast(bool on) {
+  at::autocast::set_autocast_enabled(at::kCPU, on);
+}
+inline void set_cpu_autocast_dtype(at::ScalarType t) {
+  at::autocast::set_autocast_dtype(at::kCPU, t);
+}
+#else
+inline bool cpu_autocast_enabled() {
+  return at::autocast::is_cpu_enabled();
+}
+inline void set_cpu_autocast(bool on) {
+  at::autocast::set_cpu_enabled(on);
+}
+inline void set_cpu_autocast_dtype(at::ScalarType t) {
+  at::autocast::set_autocast_cpu_dtype(t);
+}
+#endif
+
 class AutocastGuard {
  public:
-  explicit AutocastGuard(bool enabled) : enabled_(enabled), prev_(at::autocast::is_cpu_enabled()) {
+  explicit AutocastGuard(bool enabled) : enabled_(enabled), prev_(cpu_autocast_enabled()) {
     if (!enabled_) return;
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    set_cpu_autocast(true);
+    set_cpu_autocast_dtype(at::kBFloat16);
   }
   ~AutocastGuard() {
     if (!enabled_) return;
-    at::autocast::set_cpu_enabled(prev_);
+    set_cpu_autocast(prev_);
     at::autocast::clear_cache();
   }
   AutocastGuard(const AutocastGuard&) = delete;
