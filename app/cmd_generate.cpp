@@ -205,6 +205,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     h.vae_tiling = f.vae_tiling;
     h.out = f.out;
     h.device = f.load.device;
+    h.text_encoder_device = f.load.text_encoder_device;
+    h.vae_device = f.load.vae_device;
     h.dtype = f.load.dtype;
     h.attention = f.load.attention;
     h.quiet = f.quiet || f.json;

@@ -48,6 +48,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   }
   const auto device = device::resolve_device(f.device);
   const auto dtype = device::resolve_dtype(f.dtype, device, "transformer");
+  const auto placement = pipeline::hidream_placement(f.text_encoder_device, f.vae_device, f.dtype);
   nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(f.attention, device));
   const uint64_t seed = f.seed ? parse_seed(*f.seed, "--seed") : std::random_device{}();
 
@@ -64,7 +65,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     std::cerr << "HiDream " << defaults.variant << ": " << steps << " steps, guidance " << cfg_scale
               << (edit ? ", image guidance " + c10::str(image_guidance) : "")
               << (refine > 0 ? ", refine " + c10::str(refine) : "") << "\n";
-  pipeline::HiDreamPipeline pipe(folder, device, dtype, f.transformer);
+  pipeline::HiDreamPipeline pipe(folder, device, dtype, f.transformer, placement);
   pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
   pipe.set_weight_streaming(f.stream_weights);
   if (!f.e1_lora.empty()) {
@@ -169,6 +170,11 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
   app.add_option("-o,--out", f.out, "Output PNG")->capture_default_str();
   app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N]")
       ->capture_default_str()
+      ->check(non_empty());
+  app.add_option("--text-encoder-device", f.text_encoder_device,
+                 "Device for the four text encoders (default: --device)")
+      ->check(non_empty());
+  app.add_option("--vae-device", f.vae_device, "Device for the VAE (default: --device)")
       ->check(non_empty());
   app.add_option("--dtype", f.dtype, "auto|fp32|bf16|fp16 for encoders and transformer")
       ->capture_default_str()

@@ -41,7 +41,8 @@ struct HiDreamCliFlags {
   std::optional<std::string> seed;
   std::string out = "output.png";
   std::string device = "auto", dtype = "auto", attention = "auto";
-  std::string stream_weights = "auto";  // transformer weight streaming: auto|on|off
+  std::string text_encoder_device, vae_device;  // empty: --device
+  std::string stream_weights = "auto";          // transformer weight streaming: auto|on|off
   VaeTilingOptions vae_tiling;
   bool quiet = false;
 };

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli_run.h"
 #include "diffuse/image.h"
 #include "io/json_config.h"
 #include "io/safetensors.h"
@@ -26,36 +27,8 @@
 namespace diffuse {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-RunResult run_cli(const std::vector<std::string>& args, const test::TempDir& dir) {
-  std::string cmd = quote(DIFFUSE_CLI_PATH);
-  for (const auto& a : args) cmd += " " + quote(a);
-  std::string err_file = dir.file("stderr.txt");
-  cmd += " 2>" + quote(err_file) + " </dev/null";
-  RunResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  return r;
-}
+using RunResult = test::CliRun;
+using test::run_cli;
 
 // The CLI scheduler name whose class is `class_name` when built from `base`.
 std::string scheduler_flag_for(const std::string& class_name, const io::JsonConfig& base) {
@@ -283,8 +256,35 @@ TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
                         dir);
   ASSERT_EQ(refine.exit_code, 0) << refine.err;
   EXPECT_TRUE(std::filesystem::exists(dir.file("refined.png")));
+  // Stage devices: the same image with the text encoders and the VAE named explicitly.
+  auto placed = run_cli({"edit",
+                         "-m",
+                         model,
+                         "--transformer",
+                         "transformer_e1",
+                         "-i",
+                         dir.file("fox.png"),
+                         "-p",
+                         "make it blue",
+                         "--steps",
+                         "2",
+                         "--seed",
+                         "3",
+                         "--quiet",
+                         "--text-encoder-device",
+                         "cpu",
+                         "--vae-device",
+                         "cpu",
+                         "-o",
+                         dir.file("placed.png")},
+                        dir);
+  ASSERT_EQ(placed.exit_code, 0) << placed.err;
+  EXPECT_EQ(read_png(dir.file("placed.png")).rgb, read_png(dir.file("blue.png")).rgb);
   for (const auto& bad : std::vector<std::vector<std::string>>{
-           {"-i", dir.file("fox.png"), "--refine", "1.5"}, {"-i", dir.file("missing.png")}}) {
+           {"-i", dir.file("fox.png"), "--refine", "1.5"},
+           {"-i", dir.file("missing.png")},
+           {"-i", dir.file("fox.png"), "--text-encoder-device", "tpu"},
+           {"-i", dir.file("fox.png"), "--vae-device", "cuda:9"}}) {
     std::vector<std::string> args = {
         "edit", "-m", model, "-p", "x", "--steps", "1", "-o", dir.file("bad.png")};
     args.insert(args.end(), bad.begin(), bad.end());

@@ -51,10 +51,25 @@ bool is_hidream_folder(const std::string& path) {
              .rfind("HiDream", 0) == 0;
 }
 
+HiDreamPlacement hidream_placement(const std::string& text_encoder_device,
+                                   const std::string& vae_device, const std::string& dtype) {
+  HiDreamPlacement p;
+  if (!text_encoder_device.empty()) {
+    p.text_device = device::resolve_device(text_encoder_device);
+    p.text_dtype = device::resolve_dtype(dtype, *p.text_device, "text_encoder");
+  }
+  if (!vae_device.empty()) p.vae_device = device::resolve_device(vae_device);
+  return p;
+}
+
 HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device device,
-                                 torch::Dtype dtype, const std::string& transformer_component)
+                                 torch::Dtype dtype, const std::string& transformer_component,
+                                 const HiDreamPlacement& placement)
     : device_(device),
       dtype_(dtype),
+      text_device_(placement.text_device.value_or(device)),
+      vae_device_(placement.vae_device.value_or(device)),
+      text_dtype_(placement.text_dtype.value_or(dtype)),
       folder_(folder),
       transformer_component_(transformer_component),
       tconfig_(models::HiDreamTransformerConfig::from_json(models::component_config(
@@ -71,13 +86,13 @@ HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device de
       throw IoError("HiDream model folder '" + folder.dir() + "' has no " + component +
                     "/ (a HiDream pipeline needs CLIP-L, CLIP-G, T5 and Llama text encoders with "
                     "their tokenizers, the VAE and the scheduler)");
-  vae_ = models::load_vae(folder, device, torch::kFloat32);
+  vae_ = models::load_vae(folder, vae_device_, torch::kFloat32);
   scheduler_ =
       schedulers::make_scheduler(folder.component_config("scheduler", "scheduler_config.json"));
 }
 
 HiDreamTextEncoders& HiDreamPipeline::text_encoders() {
-  if (!text_) text_ = std::make_unique<HiDreamTextEncoders>(folder_, device_, dtype_);
+  if (!text_) text_ = std::make_unique<HiDreamTextEncoders>(folder_, text_device_, text_dtype_);
   return *text_;
 }
 
@@ -104,13 +119,13 @@ models::HiDreamImageTransformer2DModel& HiDreamPipeline::transformer() {
 
 void HiDreamPipeline::check_text_stage(const HiDreamEmbeddings& e) const {
   for (const auto* t : {&e.pooled, &e.t5, &e.llama})
-    check_stage_finite(*t, "text encoder", device_, dtype_);
+    check_stage_finite(*t, "text encoder", text_device_, text_dtype_);
 }
 
 void HiDreamPipeline::end_text_stage(double start, StageTimings& timings) {
   if (!keep_text_encoders_) text_.reset();
   timings.text_encode_s = now_s() - start;
-  record_stage_memory(&timings, "text_encode", device_);
+  record_stage_memory(&timings, "text_encode", text_device_);
 }
 
 void HiDreamPipeline::set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler) {
@@ -208,17 +223,17 @@ void HiDreamPipeline::decode(const torch::Tensor& latents, const VaeTilingOption
                              HiDreamResult& out) {
   auto& timings = out.timings;
   const double start = now_s();
-  device::reset_peak_memory(device_);
+  device::reset_peak_memory(vae_device_);
   const auto& vc = vae_->config();
   const int64_t f = vc.spatial_factor();
   const auto choice = choose_vae_tiling(tiling, vc, latents.size(0), latents.size(2) * f,
-                                        latents.size(3) * f, device_, torch::kFloat32);
+                                        latents.size(3) * f, vae_device_, torch::kFloat32);
   if (!choice.warning.empty()) out.warnings.push_back(choice.warning);
-  auto image =
-      to_image(vae_decode(*vae_, vc.from_latents(latents.to(torch::kFloat32)), choice.tiling));
-  check_stage_finite(image, "VAE decoder", device_, torch::kFloat32);
+  auto image = to_image(
+      vae_decode(*vae_, vc.from_latents(latents.to(vae_device_, torch::kFloat32)), choice.tiling));
+  check_stage_finite(image, "VAE decoder", vae_device_, torch::kFloat32);
   timings.vae_decode_s = now_s() - start;
-  record_stage_memory(&timings, "vae_decode", device_);
+  record_stage_memory(&timings, "vae_decode", vae_device_);
   timings.peak_rss_bytes = device::memory_stats().peak_rss_bytes;
   out.image = image;
 }
@@ -231,16 +246,18 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   const bool cfg = r.sampling.guidance_scale > 1.0;
   HiDreamResult out;
   const double start = now_s();
-  device::reset_peak_memory(device_);
+  device::reset_peak_memory(text_device_);
   out.prompt_embeddings = text_encoders().encode({r.prompt}, r.sampling.max_sequence_length);
+  check_text_stage(out.prompt_embeddings);
+  out.prompt_embeddings = out.prompt_embeddings.to(device_);
   HiDreamEmbeddings cond = out.prompt_embeddings;
   if (cfg) {
     out.negative_embeddings =
         text_encoders().encode({r.negative_prompt}, r.sampling.max_sequence_length);
+    check_text_stage(out.negative_embeddings);
+    out.negative_embeddings = out.negative_embeddings.to(device_);
     cond = HiDreamEmbeddings::cat({&out.negative_embeddings, &out.prompt_embeddings});
   }
-  check_text_stage(out.prompt_embeddings);
-  if (cfg) check_text_stage(out.negative_embeddings);
   end_text_stage(start, out.timings);
   prepare_schedule(r.sampling.steps);
   auto latents = initial_latents(r.sampling, height / kVaeScale, width / kVaeScale);
@@ -272,37 +289,40 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
   torch::InferenceMode inference;
   HiDreamResult out;
   const double start = now_s();
-  device::reset_peak_memory(device_);
+  device::reset_peak_memory(vae_device_);
   // VaeImageProcessor: [0, 255] -> [-1, 1], NCHW; E1 encodes with the mode (the mean).
   auto pixels = edit_source_pixels(r.image);
   const auto& vc = vae_->config();
   const auto tiling = choose_vae_tiling(r.sampling.vae_tiling, vc, 1, pixels.size(2),
-                                        pixels.size(3), device_, torch::kFloat32);
-  out.image_latents =
-      vc.to_latents(vae_encode(*vae_, pixels.to(device_), tiling.tiling).mean).to(torch::kFloat32);
-  check_stage_finite(out.image_latents, "VAE encoder", device_, torch::kFloat32);
+                                        pixels.size(3), vae_device_, torch::kFloat32);
+  out.image_latents = vc.to_latents(vae_encode(*vae_, pixels.to(vae_device_), tiling.tiling).mean)
+                          .to(torch::kFloat32);
+  check_stage_finite(out.image_latents, "VAE encoder", vae_device_, torch::kFloat32);
+  out.image_latents = out.image_latents.to(device_);
   const int64_t h = out.image_latents.size(2), w = out.image_latents.size(3);
   out.timings.vae_encode_s = now_s() - start;
-  record_stage_memory(&out.timings, "vae_encode", device_);
+  record_stage_memory(&out.timings, "vae_encode", vae_device_);
 
   const double text_start = now_s();
-  device::reset_peak_memory(device_);
-  out.prompt_embeddings = text_encoders().encode({r.prompt}, r.sampling.max_sequence_length);
-  out.negative_embeddings =
-      text_encoders().encode({r.negative_prompt}, r.sampling.max_sequence_length);
+  device::reset_peak_memory(text_device_);
+  // Each prompt's embeddings are checked where they were computed, then moved to the
+  // transformer's device.
+  const auto encode = [&](const std::string& prompt) {
+    auto e = text_encoders().encode({prompt}, r.sampling.max_sequence_length);
+    check_text_stage(e);
+    return e.to(device_);
+  };
+  out.prompt_embeddings = encode(r.prompt);
+  out.negative_embeddings = encode(r.negative_prompt);
   const auto& pos = out.prompt_embeddings;
   const auto& neg = out.negative_embeddings;
   auto text = r.clip_cfg_norm ? HiDreamEmbeddings::cat({&pos, &neg, &pos})
                               : HiDreamEmbeddings::cat({&neg, &neg, &pos});
   HiDreamEmbeddings target_text;
   if (refine) {
-    out.target_embeddings =
-        text_encoders().encode({target_description(r)}, r.sampling.max_sequence_length);
+    out.target_embeddings = encode(target_description(r));
     target_text = HiDreamEmbeddings::cat({&neg, &out.target_embeddings});
   }
-  check_text_stage(pos);
-  check_text_stage(neg);
-  if (refine) check_text_stage(out.target_embeddings);
   end_text_stage(text_start, out.timings);
   prepare_schedule(r.sampling.steps);
   auto latents = initial_latents(r.sampling, h, w);

@@ -90,14 +90,31 @@ struct HiDreamResult {
   std::vector<std::string> warnings;  // what the user should know that did not stop the run
 };
 
+// Where the stages other than the transformer run; unset = the transformer's device (and
+// dtype for the text encoders). E.g. the 16 GiB Llama on another chip or on the host while
+// the transformer has the accelerator to itself.
+struct HiDreamPlacement {
+  std::optional<torch::Device> text_device;
+  std::optional<torch::Dtype> text_dtype;
+  std::optional<torch::Device> vae_device;
+};
+
+// The placement from device flags ("" = the transformer's device) and the --dtype flag
+// ("auto" picks per device, as for the transformer). DeviceError/InvalidArgument as
+// resolve_device/resolve_dtype give them.
+HiDreamPlacement hidream_placement(const std::string& text_encoder_device,
+                                   const std::string& vae_device, const std::string& dtype);
+
 class HiDreamPipeline {
  public:
   // A HiDream model folder on `device` (transformer and text encoders in `dtype`, the VAE in
-  // float32 as its config's force_upcast asks). The VAE loads now; the text encoders and the
-  // transformer when first needed, so that with keep_text_encoders off the peak is the larger
-  // of the two, not their sum (Llama-8B + T5-XXL alone are 23 GiB in bf16).
+  // float32 as its config's force_upcast asks), the text encoders and the VAE where
+  // `placement` puts them. The VAE loads now; the text encoders and the transformer when
+  // first needed, so that with keep_text_encoders off the peak is the larger of the two, not
+  // their sum (Llama-8B + T5-XXL alone are 23 GiB in bf16).
   HiDreamPipeline(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
-                  const std::string& transformer_component = "transformer");
+                  const std::string& transformer_component = "transformer",
+                  const HiDreamPlacement& placement = {});
 
   // (width, height) after the I1 pipeline's area normalisation to area_side^2.
   std::pair<int, int> normalized_size(int width, int height, int area_side) const;
@@ -155,6 +172,8 @@ class HiDreamPipeline {
 
   torch::Device device_;
   torch::Dtype dtype_;
+  torch::Device text_device_, vae_device_;
+  torch::Dtype text_dtype_;
   io::ModelFolder folder_;
   std::string transformer_component_;
   models::HiDreamTransformerConfig tconfig_;

@@ -47,6 +47,13 @@ torch::Tensor token_mask_tensor(const text::TokenBatch& batch) {
   return rows_tensor(batch.attention_mask);
 }
 
+HiDreamEmbeddings HiDreamEmbeddings::to(const torch::Device& device) const {
+  HiDreamEmbeddings e = *this;
+  for (auto* t : {&e.pooled, &e.t5, &e.llama})
+    if (t->defined()) *t = t->to(device);
+  return e;
+}
+
 HiDreamEmbeddings HiDreamEmbeddings::cat(const std::vector<const HiDreamEmbeddings*>& parts) {
   std::vector<torch::Tensor> pooled, t5, llama;
   std::vector<const text::TokenBatch*> l, g, t, m;

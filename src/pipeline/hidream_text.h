@@ -29,6 +29,8 @@ struct HiDreamEmbeddings {
 
   // Batch concatenation (llama along its dim 1), e.g. [negative, positive] for guidance.
   static HiDreamEmbeddings cat(const std::vector<const HiDreamEmbeddings*>& parts);
+  // The same embeddings on `device` (the transformer's, when the encoders run elsewhere).
+  HiDreamEmbeddings to(const torch::Device& device) const;
 };
 
 class HiDreamTextEncoders {

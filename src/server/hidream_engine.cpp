@@ -32,9 +32,6 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
         "E1-Full editing LoRA, --e1-lora)");
   if (options.offload)
     throw InvalidArgument("--offload: not supported for HiDream models by the server");
-  if (!options.text_encoder_device.empty() || !options.vae_device.empty())
-    throw InvalidArgument(
-        "--text-encoder-device/--vae-device: HiDream models run every stage on --device");
   device::configure_cpu_threads();
   const auto device = device::resolve_device(options.device);
   device::prepare_device(device);
@@ -43,7 +40,10 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
       nn::attention_backend_from_flag_or_env(options.attention, device));
   auto folder = io::ModelFolder::open(this->model_path());
   variant_ = pipeline::hidream_defaults(folder);
-  pipe_ = std::make_unique<pipeline::HiDreamPipeline>(folder, device, dtype, hidream.transformer);
+  const auto placement =
+      pipeline::hidream_placement(options.text_encoder_device, options.vae_device, options.dtype);
+  pipe_ = std::make_unique<pipeline::HiDreamPipeline>(folder, device, dtype, hidream.transformer,
+                                                      placement);
   if (!hidream.e1_lora.empty()) {
     adapters::LoraOptions lo;
     lo.alpha = hidream.lora_alpha;
@@ -54,8 +54,11 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
                           hidream.transformer + ")");
   }
   info_.model = this->model_path();
-  info_.device = info_.text_encoder_device = info_.vae_device = device::device_name(device);
-  info_.unet_dtype = info_.text_encoder_dtype = device::dtype_name(dtype);
+  info_.device = device::device_name(device);
+  info_.text_encoder_device = device::device_name(placement.text_device.value_or(device));
+  info_.vae_device = device::device_name(placement.vae_device.value_or(device));
+  info_.unet_dtype = device::dtype_name(dtype);
+  info_.text_encoder_dtype = device::dtype_name(placement.text_dtype.value_or(dtype));
   info_.vae_dtype = device::dtype_name(torch::kFloat32);  // the Flux VAE's force_upcast
   info_.attention = nn::attention_backend_name(nn::default_attention_backend());
   info_.scheduler = pipe_->scheduler().class_name();

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
 
 #include "io/json_config.h"
 #include "io/model_folder.h"
@@ -98,20 +99,36 @@ TEST_F(NpuSimHiDream, SameSeedGivesTheSameEditOnCpuAndNpu) {
   if (!folder.has_component("transformer_e1")) GTEST_SKIP() << "the set has no E1 weights";
   torch::manual_seed(9);
   const auto source = (torch::rand({48, 64, 3}) * 255).to(torch::kUInt8);
-  auto edit_on = [&](const torch::Device& device) {
-    pipeline::HiDreamPipeline pipe(folder, device, torch::kFloat32, "transformer_e1");
+  auto edit_on = [&](const torch::Device& device, const pipeline::HiDreamPlacement& placement) {
+    pipeline::HiDreamPipeline pipe(folder, device, torch::kFloat32, "transformer_e1", placement);
     pipeline::HiDreamEdit e;
     e.prompt = "make the sky red";
     e.image = source;
     e.sampling.steps = 3;
     e.sampling.seed = 1234;
-    return pipe.edit(e).image;
+    return pipe.edit(e);
   };
-  const auto cpu = edit_on(torch::kCPU);
-  const auto on_npu = edit_on(npu());
+  const auto cpu = edit_on(torch::kCPU, {}).image;
+  const auto on_npu = edit_on(npu(), {}).image;
   EXPECT_GT(device::sim::reference_op_calls("npu_rms_norm"), 0);  // the fused path ran
   EXPECT_LT((on_npu - cpu).abs().max().item<double>(), 1e-4);
   EXPECT_TRUE(pipeline::to_images(on_npu)[0].rgb == pipeline::to_images(cpu)[0].rgb);
+
+  // The text encoders and the VAE on the host, the transformer alone on the npu: the same
+  // image, and each stage reports the device it ran on.
+  pipeline::HiDreamPlacement host_stages;
+  host_stages.text_device = torch::Device(torch::kCPU);
+  host_stages.text_dtype = torch::kFloat32;
+  host_stages.vae_device = torch::Device(torch::kCPU);
+  const auto split = edit_on(npu(), host_stages);
+  EXPECT_LT((split.image - cpu).abs().max().item<double>(), 1e-4);
+  EXPECT_TRUE(pipeline::to_images(split.image)[0].rgb == pipeline::to_images(cpu)[0].rgb);
+  std::map<std::string, std::string> stage_device;
+  for (const auto& m : split.timings.memory) stage_device[m.stage] = m.device;
+  EXPECT_EQ(stage_device["text_encode"], "cpu");
+  EXPECT_EQ(stage_device["vae_encode"], "cpu");
+  EXPECT_EQ(stage_device["denoise"], device::device_name(npu()));
+  EXPECT_EQ(stage_device["vae_decode"], "cpu");
 }
 
 }  // namespace
