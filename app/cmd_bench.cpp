@@ -89,6 +89,12 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
               {"unet_steps_s", r.unet.step_s},
               {"steps_per_s", step > 0 ? 1.0 / step : 0.0},
               {"vae_decode_s", r.vae_decode_s},
+              {"vae_gflop", r.vae_flops.total() / 1e9},
+              {"vae_gflop_by_kind",
+               {{"conv", r.vae_flops.conv / 1e9},
+                {"matmul", r.vae_flops.matmul / 1e9},
+                {"attention", r.vae_flops.attention / 1e9}}},
+              {"vae_roofline_limit_s", r.vae_roofline_limit_s},
               {"peak_rss_mb", r.peak_rss_mb},
               {"peak_rss_mb_by_stage",
                {{"build", r.build_peak_mb},
@@ -111,6 +117,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
       j["roofline_limit_s"] = r.roofline_limit_s;
       j["roofline_fraction"] = r.roofline_fraction;
     }
+    if (r.vae_roofline) j["vae_roofline"] = roofline_json(*r.vae_roofline);
     if (r.baseline) {
       j["baseline"] = unet_run_json(*r.baseline);
       j["speedup_vs_baseline"] = step > 0 ? r.baseline->step_mean_s / step : 0.0;
@@ -141,7 +148,20 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
               << f("%.1f", r.unet_flops.matmul / 1e9) << " + attention "
               << f("%.1f", r.unet_flops.attention / 1e9) << ", "
               << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0) << ")\n";
-  if (o.vae) std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "\n";
+  if (o.vae) {
+    std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "  ("
+              << f("%.1f GFLOP", r.vae_flops.total() / 1e9) << " = conv "
+              << f("%.1f", r.vae_flops.conv / 1e9) << " + matmul "
+              << f("%.1f", r.vae_flops.matmul / 1e9) << " + attention "
+              << f("%.1f", r.vae_flops.attention / 1e9) << ", "
+              << f("%.1f GFLOP/s",
+                   r.vae_decode_s > 0 ? r.vae_flops.total() / 1e9 / r.vae_decode_s : 0)
+              << ")\n";
+    if (r.vae_roofline_limit_s > 0)
+      std::cout << "  vae decode limit        " << f("%8.3f s", r.vae_roofline_limit_s)
+                << "  (the roofline's rates in " << r.vae_dtype << "; the decode takes "
+                << f("%.2fx", r.vae_decode_s / r.vae_roofline_limit_s) << " the limit)\n";
+  }
   std::cout << "  peak RSS                " << f("%8.0f MiB", r.peak_rss_mb)
             << "  (models built: " << f("%.0f MiB", r.models_rss_mb) << "; peaks: build "
             << f("%.0f", r.build_peak_mb) << ", text " << f("%.0f", r.text_encoder_peak_mb)

@@ -120,7 +120,19 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
 }  // namespace
 
 void sync_device(const torch::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize();
+  if (device.is_cpu()) return;
+  if (device.is_cuda()) {
+    torch::cuda::synchronize();
+    return;
+  }
+  // Other accelerators (npu): a blocking copy to the host runs after everything queued before it.
+  torch::zeros({1}, torch::TensorOptions().device(device)).to(torch::kCPU);
+}
+
+double roofline_limit_s(const FlopCounts& flops, const Roofline& rl) {
+  if (rl.conv_gflops <= 0 || rl.matmul_gflops <= 0) return 0;
+  return flops.conv / 1e9 / rl.conv_gflops +
+         (flops.matmul + flops.attention) / 1e9 / rl.matmul_gflops;
 }
 
 PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
@@ -236,8 +248,12 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
                           torch::TensorOptions().dtype(torch::kFloat32))
                  .to(device, vae_dtype);
     double s0 = now_s();
-    vae->decode(z);
-    sync_device(device);
+    {
+      FlopCounter counter;  // the observer costs little next to the decoder's convolutions
+      vae->decode(z);
+      sync_device(device);
+      r.vae_flops = counter.counts();
+    }
     r.vae_decode_s = now_s() - s0;
     r.vae_peak_mb = peak.finish();
     if (o.log) o.log("vae decode (1 image): " + fmt("%.3f s", r.vae_decode_s));
@@ -246,14 +262,18 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   if (o.roofline && o.unet) {
     r.roofline = measure_roofline(device, dtype, /*channels_last=*/false);
     const auto& rl = *r.roofline;
-    if (rl.conv_gflops > 0 && rl.matmul_gflops > 0) {
-      r.roofline_limit_s = r.unet_flops.conv / 1e9 / rl.conv_gflops +
-                           (r.unet_flops.matmul + r.unet_flops.attention) / 1e9 / rl.matmul_gflops;
-      r.roofline_fraction = r.roofline_limit_s / r.unet.step_mean_s;
-    }
+    r.roofline_limit_s = roofline_limit_s(r.unet_flops, rl);
+    if (r.roofline_limit_s > 0) r.roofline_fraction = r.roofline_limit_s / r.unet.step_mean_s;
     if (o.log)
       o.log("roofline " + rl.dtype + ": matmul " + fmt("%.1f", rl.matmul_gflops) +
             " GFLOP/s, conv " + fmt("%.1f", rl.conv_gflops) + " GFLOP/s");
+  }
+  if (o.roofline && o.vae) {
+    // The decoder's floor at the rates of its own dtype (a second roofline only if it differs).
+    if (!r.roofline || vae_dtype != dtype)
+      r.vae_roofline = measure_roofline(device, vae_dtype, /*channels_last=*/false);
+    r.vae_roofline_limit_s =
+        roofline_limit_s(r.vae_flops, r.vae_roofline ? *r.vae_roofline : *r.roofline);
   }
 
   if (o.baseline) {

@@ -51,17 +51,20 @@ struct PipelineBenchResult {
   double build_s = 0;
   double text_encoder_s = 0;  // one forward of `batch` prompts (77 tokens)
   UNetRun unet;
-  double vae_decode_s = 0;  // one image
+  double vae_decode_s = 0;          // one image
+  FlopCounts vae_flops;             // that decode
+  double vae_roofline_limit_s = 0;  // its FLOPs at the roofline's rates for the VAE's dtype
   // Memory in MiB (2^20 bytes); the JSON keys keep the "_mb" names.
   double peak_rss_mb = 0;  // process peak while models were built and run (before baseline)
   // Peak RSS during each stage (where the system lets the peak mark be reset; else 0):
   double build_peak_mb = 0, text_encoder_peak_mb = 0, unet_peak_mb = 0, vae_peak_mb = 0;
   double models_rss_mb = 0;  // RSS with the three networks built, before running them
   double unet_params_m = 0, text_encoder_params_m = 0, vae_params_m = 0;
-  FlopCounts unet_flops;  // one step at `batch`
-  std::optional<Roofline> roofline;
-  double roofline_limit_s = 0;   // conv / conv rate + (matmul + attention) / matmul rate
-  double roofline_fraction = 0;  // roofline_limit_s / unet step mean
+  FlopCounts unet_flops;                 // one step at `batch`
+  std::optional<Roofline> roofline;      // in the UNet's dtype
+  std::optional<Roofline> vae_roofline;  // only when the VAE runs in another dtype
+  double roofline_limit_s = 0;           // conv / conv rate + (matmul + attention) / matmul rate
+  double roofline_fraction = 0;          // roofline_limit_s / unet step mean
   std::optional<UNetRun> baseline;
   // With `profile`: one step's wall time, the time inside operators by kind and the longest
   // operators (bench/op_profile.h).
@@ -70,5 +73,9 @@ struct PipelineBenchResult {
 };
 
 PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& options);
+
+// The time `flops` take at the roofline's rates: conv at its conv rate, matmul and attention at
+// its matmul rate (0 when the roofline has no rates).
+double roofline_limit_s(const FlopCounts& flops, const Roofline& roofline);
 
 }  // namespace diffuse::bench
