@@ -4,11 +4,12 @@
 
 namespace diffuse::test {
 
-// CPU, float32: the setting the golden comparisons use.
+// CPU, float32 for every network: the setting the golden comparisons use.
 inline LoadOptions fp32_cpu() {
   LoadOptions o;
   o.device = "cpu";
   o.dtype = "fp32";
+  o.vae_dtype = "fp32";
   return o;
 }
 

@@ -18,11 +18,13 @@
 #include "accel/token_merging.h"
 #include "accel/unet_accelerator.h"
 #include "bench/arch_configs.h"
+#include "cli_run.h"
 #include "diffuse/pipeline.h"
 #include "io/json_config.h"
 #include "io/model_folder.h"
 #include "models/unet2d_condition.h"
 #include "pipeline/stable_diffusion.h"
+#include "pipeline_test_util.h"
 #include "server/requests.h"
 #include "test_util.h"
 
@@ -31,13 +33,7 @@ namespace {
 
 const std::string kDemo = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
 
-LoadOptions fp32_cpu() {
-  LoadOptions lo;
-  lo.device = "cpu";
-  lo.dtype = "fp32";
-  lo.vae_dtype = "fp32";
-  return lo;
-}
+using test::fp32_cpu;
 
 GenerationConfig demo_config(uint64_t seed = 3, int steps = 8) {
   GenerationConfig cfg;
@@ -412,29 +408,7 @@ TEST(Accel, NativeJobApiFields) {
 
 // --- Through the CLI ---------------------------------------------------------------------------
 
-struct CliRun {
-  int exit_code = -1;
-  std::string err;
-};
-
-CliRun run_cli(const std::vector<std::string>& args, const test::TempDir& dir) {
-  auto quote = [](const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-  };
-  std::string cmd = quote(DIFFUSE_CLI_PATH);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " >/dev/null 2>" + quote(dir.file("stderr.txt")) + " </dev/null";
-  CliRun r;
-  const int status = std::system(cmd.c_str());
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(dir.file("stderr.txt"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  return r;
-}
+using test::run_cli;
 
 TEST(AccelCli, DeepCacheAndTomeFlagsMakeImagesAndBadValuesAreOneLineErrors) {
   test::TempDir dir;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "diffuse/pipeline.h"
+#include "pipeline_test_util.h"
 #include "train/scene.h"
 #include "train/scene_scorer.h"
 
@@ -12,13 +13,7 @@ namespace {
 
 const std::string kDemo = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
 
-LoadOptions fp32_cpu() {
-  LoadOptions lo;
-  lo.device = "cpu";
-  lo.dtype = "fp32";
-  lo.vae_dtype = "fp32";
-  return lo;
-}
+using test::fp32_cpu;
 
 TEST(DemoModel, DrawsTheAskedBackgroundAndObjectColours) {
   auto pipe = Text2Image::load(kDemo, fp32_cpu());

@@ -17,20 +17,12 @@
 namespace diffuse {
 namespace {
 
-// $DIFFUSE_HIDREAM_GOLDEN_DIR, else the hidream-tiny set next to the default golden set.
-std::string hidream_golden_dir() {
-  if (const char* env = std::getenv("DIFFUSE_HIDREAM_GOLDEN_DIR"); env && *env) return env;
-  std::filesystem::path p(DIFFUSE_DEFAULT_GOLDEN_DIR);
-  if (!p.has_filename()) p = p.parent_path();
-  return (p.parent_path() / "hidream-tiny").string();
-}
-
 const char* const kNoCases = "no_text_cases";
 
 std::vector<std::string> text_case_names() {
   std::vector<std::string> names;
   try {
-    for (const auto& c : verify::GoldenSet::load(hidream_golden_dir()).cases)
+    for (const auto& c : verify::GoldenSet::load(test::hidream_golden_dir()).cases)
       if (c.component == "tokenizer" || c.component == "text_encoder") names.push_back(c.name);
   } catch (const std::exception&) {
     // Reported by the test itself (the set may be absent on this machine).
@@ -42,7 +34,7 @@ std::vector<std::string> text_case_names() {
 class HiDreamTextCaseTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HiDreamTextCaseTest, MatchesReference) {
-  const std::string dir = hidream_golden_dir();
+  const std::string dir = test::hidream_golden_dir();
   if (!std::filesystem::exists(dir + "/cases.json"))
     GTEST_SKIP() << "no golden set at " << dir << " (set DIFFUSE_HIDREAM_GOLDEN_DIR)";
   if (GetParam() == kNoCases) GTEST_SKIP() << dir << " has no tokenizer or text-encoder cases";
