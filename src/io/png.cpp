@@ -11,9 +11,9 @@
 #include <memory>
 
 #include "diffuse/errors.h"
-#include "io/input_file.h"
 #include "diffuse/image.h"
 #include "io/atomic_file.h"
+#include "io/input_file.h"
 
 namespace diffuse {
 namespace {
@@ -40,7 +40,13 @@ void on_error(png_structp png, png_const_charp msg) {
   if (err) std::snprintf(err->message, sizeof(err->message), "%s", msg);
   png_longjmp(png, 1);
 }
-void on_warning(png_structp, png_const_charp) {}
+// libpng reports a chunk longer than png_set_chunk_malloc_max as a *benign* error, which a read
+// struct turns into a warning, and then allocates the chunk's declared length anyway (1.5 GiB
+// for a 132-byte file). That one is an error here; other benign errors (an sRGB profile libpng
+// dislikes, say) stay warnings so that real-world files still load.
+void on_warning(png_structp png, png_const_charp msg) {
+  if (msg && std::strstr(msg, "chunk data is too large")) on_error(png, msg);
+}
 
 // Where libpng reads from or writes to: a FILE, or a memory buffer.
 struct MemoryReader {
