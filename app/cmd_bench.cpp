@@ -7,6 +7,7 @@
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "bench/arch_configs.h"
 #include "bench/attention_bench.h"
@@ -17,6 +18,7 @@
 #include "bench/text_encoder_bench.h"
 #include "commands.h"
 #include "device/device.h"
+#include "diffuse/errors.h"
 #include "flag_checks.h"
 #include "nn/attention.h"
 
@@ -64,7 +66,24 @@ json unet_run_json(const bench::UNetRun& u) {
           {"step_min_s", u.step_min_s}};
 }
 
-int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
+// With --fail-above R: 1 when the step took more than R times its roofline limit (a slowdown
+// against the ratio a release measured on this kind of machine), after the report.
+int regression_gate(const bench::PipelineBenchResult& r, std::optional<double> fail_above) {
+  if (!fail_above) return 0;
+  if (r.roofline_fraction <= 0) {
+    std::cerr << "error: --fail-above needs the UNet step and the roofline (no --no-unet or "
+                 "--no-roofline)\n";
+    return 1;
+  }
+  const double ratio = 1 / r.roofline_fraction;
+  if (ratio <= *fail_above) return 0;
+  std::cerr << "FAIL: the UNet step took " << c10::str(ratio) << "x its roofline limit, above "
+            << "--fail-above " << c10::str(*fail_above) << "\n";
+  return 1;
+}
+
+int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
+                 std::optional<double> fail_above) {
   auto o = opts_in;
   if (!as_json) o.log = [](const std::string& line) { std::cerr << line << "\n"; };
   auto r = bench::run_pipeline_bench(o);
@@ -131,7 +150,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
       j["profile"] = {{"step_s", r.profile_step_s}, {"by_kind", kinds}, {"longest_ops", ops}};
     }
     std::cout << j.dump(2) << "\n";
-    return 0;
+    return regression_gate(r, fail_above);
   }
   std::cout << (r.arch.empty() ? r.model : r.arch) << " at " << r.width << "x" << r.height << " on "
             << r.device << " (" << r.threads << " threads): unet " << r.dtype << ", text encoder "
@@ -199,7 +218,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json) {
       std::cout << " " << k.name << " " << f("%.3f s", k.seconds) << ";";
     std::cout << "\n";
   }
-  return 0;
+  return regression_gate(r, fail_above);
 }
 
 }  // namespace
@@ -242,6 +261,11 @@ Command add_bench_command(CLI::App& app) {
                "Also time a float32 UNet step with math attention and report the speed-up");
   app.add_flag("--profile", o->profile,
                "Also run one UNet step under an operator profile: its time by operator kind");
+  auto fail_above = std::make_shared<std::optional<double>>();
+  app.add_option("--fail-above", *fail_above,
+                 "Exit 1 when the UNet step takes more than this many times its roofline limit "
+                 "(a regression check; see the README for the ratios measured per machine)")
+      ->check(CLI::PositiveNumber);
   app.add_flag(
       "--no-text-encoder", [o](int64_t) { o->text_encoder = false; }, "Skip the text encoder");
   app.add_flag(
@@ -314,7 +338,7 @@ Command add_bench_command(CLI::App& app) {
   };
 
   return [o, as_json, att, af, roof, rf, prec, pf, pjson, dtypes_for, demo_quality, lora, stream,
-          accel, vae_tiling]() {
+          accel, vae_tiling, fail_above]() {
     if (demo_quality.first->parsed()) return demo_quality.second();
     if (accel.first->parsed()) return accel.second();
     if (lora.first->parsed()) return lora.second();
@@ -414,9 +438,11 @@ Command add_bench_command(CLI::App& app) {
         std::cout << json{{"threads", at::get_num_threads()}, {"rooflines", all}}.dump(2) << "\n";
       return 0;
     }
+    if (*fail_above && (bench::is_hidream_arch(o->arch) || bench::is_text_encoder_arch(o->arch)))
+      throw InvalidArgument("--fail-above checks a UNet step: not with --arch " + o->arch);
     if (bench::is_hidream_arch(o->arch)) return run_hidream_block_bench(*o, *as_json);
     if (bench::is_text_encoder_arch(o->arch)) return run_text_encoder_bench(*o, *as_json);
-    return run_pipeline(*o, *as_json);
+    return run_pipeline(*o, *as_json, *fail_above);
   };
 }
 

@@ -293,13 +293,36 @@ TEST(BenchCli, JsonHasTheStageKeys) {
                                 &status);
   ASSERT_EQ(status, 0) << out;
   auto j = nlohmann::json::parse(out);
-  for (const char* key : {"device", "dtype", "attention", "width", "height", "text_encoder_s",
-                          "unet_step_s", "vae_decode_s", "peak_rss_mb", "unet_gflop"})
+  for (const char* key :
+       {"device", "dtype", "attention", "width", "height", "text_encoder_s", "unet_step_s",
+        "vae_decode_s", "peak_rss_mb", "unet_gflop", "vae_gflop", "vae_gflop_by_kind"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["width"], 16);
   EXPECT_GT(j["unet_step_s"].get<double>(), 0);
   EXPECT_GT(j["unet_gflop"].get<double>(), 0);
+  EXPECT_GT(j["vae_gflop_by_kind"]["conv"].get<double>(), 0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 0);
+}
+
+// --fail-above compares the step with its roofline limit: without the roofline, or on a bench
+// without a UNet step, it is an error rather than a silent pass.
+TEST(BenchCli, FailAboveNeedsAUNetStepAndTheRoofline) {
+  int status = -1;
+  std::string out =
+      run_command("DIFFUSE_THREADS=1 " + std::string(DIFFUSE_CLI_PATH) +
+                      " bench --arch tiny --steps 1 --no-roofline --fail-above 2 2>&1",
+                  &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--fail-above needs the UNet step and the roofline"), std::string::npos)
+      << out;
+  out = run_command(std::string(DIFFUSE_CLI_PATH) + " bench --arch hidream-i1 --fail-above 2 2>&1",
+                    &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--fail-above checks a UNet step"), std::string::npos) << out;
+  out = run_command(std::string(DIFFUSE_CLI_PATH) + " bench --arch tiny --fail-above -1 2>&1",
+                    &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--fail-above"), std::string::npos) << out;
 }
 
 TEST(BenchCli, RejectsUnknownArch) {
