@@ -17,6 +17,7 @@
 #include "io/json_config.h"
 #include "io/lora_key_map.h"
 #include "io/safetensors.h"
+#include "lora_toy_network.h"
 #include "models/unet2d_condition.h"
 #include "test_util.h"
 #include "verify/verify.h"
@@ -59,28 +60,7 @@ TEST_P(LoraGoldenTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(HiDreamGolden, LoraGoldenTest, ::testing::ValuesIn(lora_case_names()),
                          test::case_param_name);
 
-// A small network with diffusers-like names: linear, 3x3 conv, 1x1 conv.
-struct AttnImpl : torch::nn::Module {
-  AttnImpl() {
-    to_q = register_module("to_q", torch::nn::Linear(6, 5));
-    to_out = register_module("to_out", torch::nn::ModuleList());
-    to_out->push_back(torch::nn::Linear(5, 6));
-  }
-  torch::nn::Linear to_q{nullptr};
-  torch::nn::ModuleList to_out{nullptr};
-};
-TORCH_MODULE(Attn);
-
-struct ToyImpl : torch::nn::Module {
-  ToyImpl() {
-    attn1 = register_module("attn1", Attn());
-    conv_in = register_module("conv_in", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 3, 3)));
-    proj_in = register_module("proj_in", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 3, 1)));
-  }
-  Attn attn1{nullptr};
-  torch::nn::Conv2d conv_in{nullptr}, proj_in{nullptr};
-};
-TORCH_MODULE(Toy);
+using test::Toy;
 
 TensorMap snapshot(torch::nn::Module& m) {
   TensorMap out;
