@@ -25,6 +25,7 @@
 #include "pipeline/prompt_loras.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
+#include "tensor_files.h"
 #include "vae_tiling_flags.h"
 
 namespace fs = std::filesystem;
@@ -117,14 +118,6 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
   }
 }
 
-// The single tensor of a safetensors file, or the one named `name`.
-torch::Tensor read_tensor_file(const std::string& path, const std::string& name) {
-  auto file = io::SafetensorsFile::open(path);
-  if (file->contains(name)) return file->get(name).clone();
-  if (file->names().size() == 1) return file->get(file->names()[0]).clone();
-  throw FormatError(path + ": expected a tensor named '" + name + "' or exactly one tensor");
-}
-
 std::string output_path(const std::string& out, size_t index, size_t total) {
   if (total <= 1) return out;
   fs::path p(out);
@@ -202,6 +195,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     if (f.steps_given) h.steps = f.steps;
     if (f.cfg_given) h.cfg_scale = f.cfg_scale;
     h.seed = f.seed;
+    h.latents_file = f.latents_file;
     h.vae_tiling = f.vae_tiling;
     h.out = f.out;
     h.device = f.load.device;

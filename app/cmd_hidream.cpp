@@ -21,6 +21,7 @@
 #include "pipeline/image_parameters.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
+#include "tensor_files.h"
 #include "vae_tiling_flags.h"
 
 namespace fs = std::filesystem;
@@ -79,6 +80,8 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   s.steps = steps;
   s.guidance_scale = cfg_scale;
   s.seed = seed;
+  if (!f.latents_file.empty()) s.latents = read_tensor_file(f.latents_file, "latents");
+  if (!f.step_noise_file.empty()) s.step_noise = read_step_noise_file(f.step_noise_file);
   s.vae_tiling = f.vae_tiling;
   const auto loop_start = std::chrono::steady_clock::now();
   s.on_step = [&](const pipeline::HiDreamStep& st) {
@@ -167,6 +170,11 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
   app.add_option("--cfg-scale", f.cfg_scale,
                  "Text guidance scale, <= 1 disables it (default: the variant's)");
   app.add_option("-s,--seed", f.seed, "Seed (default: random)");
+  app.add_option("--latents", f.latents_file,
+                 "safetensors file with the initial latents (instead of the seed)");
+  app.add_option("--step-noise", f.step_noise_file,
+                 "safetensors file with noise.0, noise.1, ... for a stochastic scheduler's steps "
+                 "(instead of the seed)");
   app.add_option("-o,--out", f.out, "Output PNG")->capture_default_str();
   app.add_option("--device", f.device, "auto|cpu|cuda[:N]|npu[:N]")
       ->capture_default_str()

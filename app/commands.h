@@ -39,6 +39,9 @@ struct HiDreamCliFlags {
   std::string e1_lora;  // edit: HiDream-E1-Full's peft LoRA on the I1 transformer
   std::optional<double> lora_alpha, lora_rank;
   std::optional<std::string> seed;
+  // Replaying a run exactly (golden sets): initial latents, and noise.0.. for stochastic
+  // schedulers; both safetensors files.
+  std::string latents_file, step_noise_file;
   std::string out = "output.png";
   std::string device = "auto", dtype = "auto", attention = "auto";
   std::string text_encoder_device, vae_device;  // empty: --device

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -212,6 +213,110 @@ TEST(Cli, Img2ImgFromAPng) {
             std::string::npos);
 }
 
+// The HiDream golden pipeline cases through the CLI, wherever the CLI can state the case: the
+// folder's own scheduler (it has no flag for another scheduler config), the model's own area
+// for text-to-image, 128-token prompts, refine only with the set's E1 LoRA file. Initial
+// latents and a stochastic scheduler's noise come from the case file (--latents,
+// --step-noise); the PNG must be the reference image to 8 bits.
+TEST(Cli, HiDreamGoldenPipelineCasesThroughTheCli) {
+  const std::string set_dir = test::hidream_golden_dir();
+  if (!std::filesystem::exists(set_dir + "/cases.json")) GTEST_SKIP() << "no set at " << set_dir;
+  const auto set = verify::GoldenSet::load(set_dir);
+  const std::string model = set.model_dir();
+  const auto read_json = [](const std::string& path) {
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  };
+  const auto folder_scheduler = read_json(model + "/scheduler/scheduler_config.json");
+  const auto max_resolution = read_json(model + "/transformer/config.json")["max_resolution"];
+  int ran = 0;
+  for (const auto& c : set.cases) {
+    if (c.component != "pipeline") continue;
+    const auto& p = c.params;
+    bool same_scheduler = p.contains("scheduler");
+    if (same_scheduler)
+      for (const auto& [key, value] : p["scheduler"].items())
+        if (key != "_diffusers_version" && folder_scheduler.contains(key) &&
+            folder_scheduler[key] != value)
+          same_scheduler = false;
+    if (!same_scheduler || p.value("max_sequence_length", 128) != 128) continue;
+    verify::CaseTensors t(c);
+    const bool editing = t.has("image_uint8");
+    const double refine = p.value("refine_strength", 0.0);
+    const auto lora = set.index.value("e1_weights", nlohmann::json::object());
+    if (editing && refine > 0 && !lora.contains("lora_file")) continue;
+    if (!editing && p.value("default_sample_size", 0) * p.value("vae_scale_factor", 8) !=
+                        max_resolution[0].get<int>() * 8)
+      continue;
+    test::TempDir dir;
+    // The case file holds the latents as "latents" and the noise as noise.0, noise.1, ...
+    std::vector<std::string> args = {
+        editing ? "edit" : "txt2img",
+        "-m",
+        model,
+        "-p",
+        p["prompt"].is_array() ? p["prompt"][0].get<std::string>() : p["prompt"].get<std::string>(),
+        "--steps",
+        std::to_string(p.value("num_inference_steps", 50)),
+        "--cfg-scale",
+        c10::str(p.value("guidance_scale", 5.0)),
+        "--latents",
+        c.file,
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--quiet",
+        "-o",
+        dir.file("out.png")};
+    if (p.contains("negative_prompt")) {
+      const auto& n = p["negative_prompt"];
+      args.insert(args.end(),
+                  {"-n", n.is_array() ? n[0].get<std::string>() : n.get<std::string>()});
+    }
+    if (t.has("noise.0")) args.insert(args.end(), {"--step-noise", c.file});
+    if (editing) {
+      const auto src = t.get("image_uint8").contiguous();
+      Image image;
+      image.height = static_cast<int>(src.size(0));
+      image.width = static_cast<int>(src.size(1));
+      image.rgb.assign(src.data_ptr<uint8_t>(), src.data_ptr<uint8_t>() + src.numel());
+      write_png(dir.file("source.png"), image);
+      args.insert(args.end(),
+                  {"-i", dir.file("source.png"), "--image-guidance",
+                   c10::str(p.value("image_guidance_scale", 4.0)), "--refine", c10::str(refine)});
+      if (!p.value("clip_cfg_norm", true)) args.push_back("--no-clip-cfg-norm");
+      if (refine > 0) {
+        args.insert(args.end(), {"--e1-lora", set.path_inside(lora["lora_file"].get<std::string>(),
+                                                              "e1_weights.lora_file")});
+        if (lora.contains("lora_alpha"))
+          args.insert(args.end(), {"--lora-alpha", c10::str(lora["lora_alpha"].get<double>())});
+        if (lora.contains("lora_rank"))
+          args.insert(args.end(), {"--lora-rank", c10::str(lora["lora_rank"].get<double>())});
+      } else {
+        args.insert(args.end(), {"--transformer", "transformer_e1"});
+      }
+    } else {
+      args.insert(args.end(), {"-W", std::to_string(p.value("width", 0)), "-H",
+                               std::to_string(p.value("height", 0))});
+    }
+    auto r = run_cli(args, dir);
+    ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.err;
+    const auto expected = t.get("image")[0].to(torch::kFloat64);  // [H, W, 3] in [0, 1]
+    auto img = read_png(dir.file("out.png"));
+    ASSERT_EQ(img.height, expected.size(0)) << c.name;
+    ASSERT_EQ(img.width, expected.size(1)) << c.name;
+    auto got = torch::from_blob(img.rgb.data(), {img.height, img.width, 3}, torch::kUInt8)
+                   .to(torch::kFloat64) /
+               255.0;
+    EXPECT_LE((got - expected).abs().max().item<double>(), 0.5 / 255.0 + c.tol("atol", 1e-4) + 1e-9)
+        << c.name;
+    std::cout << c.name << ": the CLI's image matches\n";
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "no HiDream pipeline case the CLI can state in this golden set";
+}
+
 TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
   const std::string hidream = test::hidream_golden_dir();
   if (!std::filesystem::exists(hidream + "/cases.json")) GTEST_SKIP() << "no set at " << hidream;
@@ -280,9 +385,14 @@ TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
                         dir);
   ASSERT_EQ(placed.exit_code, 0) << placed.err;
   EXPECT_EQ(read_png(dir.file("placed.png")).rgb, read_png(dir.file("blue.png")).rgb);
+  // Two tensors, neither named latents nor noise.0: not what --latents / --step-noise take.
+  io::save_safetensors(dir.file("other.safetensors"),
+                       {{"a", torch::zeros({1, 2})}, {"b", torch::zeros({3})}});
   for (const auto& bad : std::vector<std::vector<std::string>>{
            {"-i", dir.file("fox.png"), "--refine", "1.5"},
            {"-i", dir.file("missing.png")},
+           {"-i", dir.file("fox.png"), "--latents", dir.file("other.safetensors")},
+           {"-i", dir.file("fox.png"), "--step-noise", dir.file("other.safetensors")},
            {"-i", dir.file("fox.png"), "--text-encoder-device", "tpu"},
            {"-i", dir.file("fox.png"), "--vae-device", "cuda:9"}}) {
     std::vector<std::string> args = {
