@@ -43,7 +43,6 @@ Roofline measure_roofline(const torch::Device& device, torch::Dtype dtype, bool 
   r.dtype = device::dtype_name(dtype);
   r.channels_last = channels_last;
   auto opts = torch::TensorOptions().device(device).dtype(dtype);
-  auto sync = [&] { sync_device(device); };
   // Linear layers of SD2's UNet at 512x512, batch 2: tokens x in -> out.
   const int64_t mm[][3] = {{8192, 320, 320},  {8192, 320, 2560},  {8192, 1280, 320},
                            {2048, 640, 5120}, {512, 1280, 10240}, {2048, 640, 640}};
@@ -57,7 +56,7 @@ Roofline measure_roofline(const torch::Device& device, torch::Dtype dtype, bool 
     e.seconds = best_time(
         [&] {
           torch::linear(x, w);
-          sync();
+          sync_device(device);
         },
         min_seconds);
     r.matmul_gflops = std::max(r.matmul_gflops, e.gflops());
@@ -79,7 +78,7 @@ Roofline measure_roofline(const torch::Device& device, torch::Dtype dtype, bool 
     e.seconds = best_time(
         [&] {
           torch::conv2d(x, w, b, 1, 1);
-          sync();
+          sync_device(device);
         },
         min_seconds);
     r.conv_gflops = std::max(r.conv_gflops, e.gflops());

@@ -122,6 +122,13 @@ void HiDreamPipeline::check_text_stage(const HiDreamEmbeddings& e) const {
     check_stage_finite(*t, "text encoder", text_device_, text_dtype_);
 }
 
+HiDreamEmbeddings HiDreamPipeline::encode_prompt(const std::string& prompt,
+                                                 int64_t max_sequence_length) {
+  auto e = text_encoders().encode({prompt}, max_sequence_length);
+  check_text_stage(e);
+  return e.to(device_);
+}
+
 void HiDreamPipeline::end_text_stage(double start, StageTimings& timings) {
   if (!keep_text_encoders_) text_.reset();
   timings.text_encode_s = now_s() - start;
@@ -247,15 +254,10 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   HiDreamResult out;
   const double start = now_s();
   device::reset_peak_memory(text_device_);
-  out.prompt_embeddings = text_encoders().encode({r.prompt}, r.sampling.max_sequence_length);
-  check_text_stage(out.prompt_embeddings);
-  out.prompt_embeddings = out.prompt_embeddings.to(device_);
+  out.prompt_embeddings = encode_prompt(r.prompt, r.sampling.max_sequence_length);
   HiDreamEmbeddings cond = out.prompt_embeddings;
   if (cfg) {
-    out.negative_embeddings =
-        text_encoders().encode({r.negative_prompt}, r.sampling.max_sequence_length);
-    check_text_stage(out.negative_embeddings);
-    out.negative_embeddings = out.negative_embeddings.to(device_);
+    out.negative_embeddings = encode_prompt(r.negative_prompt, r.sampling.max_sequence_length);
     cond = HiDreamEmbeddings::cat({&out.negative_embeddings, &out.prompt_embeddings});
   }
   end_text_stage(start, out.timings);
@@ -305,22 +307,15 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
 
   const double text_start = now_s();
   device::reset_peak_memory(text_device_);
-  // Each prompt's embeddings are checked where they were computed, then moved to the
-  // transformer's device.
-  const auto encode = [&](const std::string& prompt) {
-    auto e = text_encoders().encode({prompt}, r.sampling.max_sequence_length);
-    check_text_stage(e);
-    return e.to(device_);
-  };
-  out.prompt_embeddings = encode(r.prompt);
-  out.negative_embeddings = encode(r.negative_prompt);
+  out.prompt_embeddings = encode_prompt(r.prompt, r.sampling.max_sequence_length);
+  out.negative_embeddings = encode_prompt(r.negative_prompt, r.sampling.max_sequence_length);
   const auto& pos = out.prompt_embeddings;
   const auto& neg = out.negative_embeddings;
   auto text = r.clip_cfg_norm ? HiDreamEmbeddings::cat({&pos, &neg, &pos})
                               : HiDreamEmbeddings::cat({&neg, &neg, &pos});
   HiDreamEmbeddings target_text;
   if (refine) {
-    out.target_embeddings = encode(target_description(r));
+    out.target_embeddings = encode_prompt(target_description(r), r.sampling.max_sequence_length);
     target_text = HiDreamEmbeddings::cat({&neg, &out.target_embeddings});
   }
   end_text_stage(text_start, out.timings);

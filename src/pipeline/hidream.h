@@ -143,6 +143,10 @@ class HiDreamPipeline {
   HiDreamTextEncoders& text_encoders();
   models::HiDreamImageTransformer2DModel& transformer();
   models::AutoencoderKL& vae() { return vae_; }
+  // Where each stage runs (the placement given, else the transformer's device and dtype).
+  const torch::Device& text_device() const { return text_device_; }
+  const torch::Device& vae_device() const { return vae_device_; }
+  torch::Dtype text_dtype() const { return text_dtype_; }
   const schedulers::Scheduler& scheduler() const { return *scheduler_; }
   // The side of the square whose area text-to-image renders (the transformer's max_resolution
   // in pixels, 1024 for HiDream-I1).
@@ -164,6 +168,8 @@ class HiDreamPipeline {
   void decode(const torch::Tensor& latents, const VaeTilingOptions& tiling, HiDreamResult& out);
   // NumericalError if the text encoders' outputs went NaN/Inf.
   void check_text_stage(const HiDreamEmbeddings& e) const;
+  // One prompt through the four encoders, checked where they ran, on the transformer's device.
+  HiDreamEmbeddings encode_prompt(const std::string& prompt, int64_t max_sequence_length);
   // Ends the text stage that began at `start`: frees the encoders if asked, records the stage.
   void end_text_stage(double start, StageTimings& timings);
   // The source image as the VAE takes it ([1, 3, h, w] in [-1, 1]), resized if needed.

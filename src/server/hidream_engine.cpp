@@ -40,10 +40,9 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
       nn::attention_backend_from_flag_or_env(options.attention, device));
   auto folder = io::ModelFolder::open(this->model_path());
   variant_ = pipeline::hidream_defaults(folder);
-  const auto placement =
-      pipeline::hidream_placement(options.text_encoder_device, options.vae_device, options.dtype);
-  pipe_ = std::make_unique<pipeline::HiDreamPipeline>(folder, device, dtype, hidream.transformer,
-                                                      placement);
+  pipe_ = std::make_unique<pipeline::HiDreamPipeline>(
+      folder, device, dtype, hidream.transformer,
+      pipeline::hidream_placement(options.text_encoder_device, options.vae_device, options.dtype));
   if (!hidream.e1_lora.empty()) {
     adapters::LoraOptions lo;
     lo.alpha = hidream.lora_alpha;
@@ -55,10 +54,10 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
   }
   info_.model = this->model_path();
   info_.device = device::device_name(device);
-  info_.text_encoder_device = device::device_name(placement.text_device.value_or(device));
-  info_.vae_device = device::device_name(placement.vae_device.value_or(device));
+  info_.text_encoder_device = device::device_name(pipe_->text_device());
+  info_.vae_device = device::device_name(pipe_->vae_device());
   info_.unet_dtype = device::dtype_name(dtype);
-  info_.text_encoder_dtype = device::dtype_name(placement.text_dtype.value_or(dtype));
+  info_.text_encoder_dtype = device::dtype_name(pipe_->text_dtype());
   info_.vae_dtype = device::dtype_name(torch::kFloat32);  // the Flux VAE's force_upcast
   info_.attention = nn::attention_backend_name(nn::default_attention_backend());
   info_.scheduler = pipe_->scheduler().class_name();
