@@ -14,7 +14,7 @@
 #include "server_test_util.h"
 
 namespace diffuse {
-namespace {
+namespace server_load_test {
 
 using nlohmann::json;
 using test::json_of;
@@ -188,5 +188,5 @@ TEST(ServerLoad, EightClientsTwoHundredRequests) {
   EXPECT_LT(growth, 0.10);
 }
 
-}  // namespace
+}  // namespace server_load_test
 }  // namespace diffuse

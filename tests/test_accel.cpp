@@ -29,7 +29,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_accel {
 
 const std::string kDemo = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
 
@@ -441,5 +441,5 @@ TEST(AccelCli, DeepCacheAndTomeFlagsMakeImagesAndBadValuesAreOneLineErrors) {
   }
 }
 
-}  // namespace
+}  // namespace test_accel
 }  // namespace diffuse

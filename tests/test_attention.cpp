@@ -14,7 +14,7 @@
 using namespace diffuse;
 using nn::AttentionBackend;
 
-namespace {
+namespace test_attention {
 
 struct Shape {
   int64_t B, H, Nq, Nk, D;
@@ -112,7 +112,6 @@ void check_all_backends(const Shape& s, torch::Dtype dtype, bool upcast = false,
   }
 }
 
-}  // namespace
 
 TEST(Attention, OddShapesAllBackends) {
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
@@ -227,14 +226,12 @@ TEST(Attention, AutoPolicyOnCpu) {
   nn::set_default_attention_backend(AttentionBackend::kAuto);
 }
 
-namespace {
 std::atomic<int> g_fake_npu_calls{0};
 torch::Tensor fake_npu(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const nn::AttentionCall& call) {
   ++g_fake_npu_calls;
   return nn::math_attention(q, k, v, call);
 }
-}  // namespace
 
 TEST(Attention, NpuHookRegistersABackend) {
   torch::Device cpu(torch::kCPU);
@@ -255,3 +252,5 @@ TEST(Attention, NpuHookRegistersABackend) {
   hooks.unavailable = [](const torch::Device&) { return std::string("test hook removed"); };
   nn::register_attention_backend(AttentionBackend::kNpu, hooks);
 }
+
+}  // namespace test_attention

@@ -30,7 +30,7 @@
 namespace fs = std::filesystem;
 
 namespace diffuse {
-namespace {
+namespace test_bad_model_input {
 
 using nlohmann::json;
 using test::expect_throw;
@@ -274,5 +274,5 @@ TEST(BadNumbers, StageCheckSuggestsAnotherDtypeForFp16) {
   EXPECT_NE(msg.find("--vae-dtype fp32"), std::string::npos) << msg;
 }
 
-}  // namespace
+}  // namespace test_bad_model_input
 }  // namespace diffuse

@@ -25,7 +25,7 @@
 
 using namespace diffuse;
 
-namespace {
+namespace test_bench {
 
 // FLOPs of one UNet2DConditionModel forward written out from diffusers' structure (2 per
 // multiply-add; convolutions, linear layers and attention products only), independently of
@@ -160,7 +160,6 @@ std::string run_command(const std::string& cmd, int* status) {
   return out;
 }
 
-}  // namespace
 
 TEST(FlopCounter, CountsConvLinearAndAttentionOnce) {
   torch::InferenceMode guard;
@@ -348,3 +347,5 @@ TEST(BenchPrecision, Bf16PipelineStaysAbove35DbAndFloat32AutoMatchesMath) {
     EXPECT_LT(r.max_abs_diff, 1e-4) << r.case_name;
   }
 }
+
+}  // namespace test_bench

@@ -5,7 +5,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_bpe_trainer {
 
 TEST(BpeTrainer, LearnsFrequentPairsAndRoundTripsThroughTheTokenizer) {
   std::vector<std::string> corpus = {"a cat on a mat", "the cat sat", "a cat, a hat and a cat"};
@@ -40,5 +40,5 @@ TEST(BpeTrainer, IsDeterministic) {
   EXPECT_EQ(a.merges, b.merges);
 }
 
-}  // namespace
+}  // namespace test_bpe_trainer
 }  // namespace diffuse

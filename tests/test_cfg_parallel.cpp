@@ -27,7 +27,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_cfg_parallel {
 
 const std::string kDemo = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
 
@@ -363,5 +363,5 @@ TEST(CfgParallel, CliRefusesBadDeviceListsBeforeLoading) {
   }
 }
 
-}  // namespace
+}  // namespace test_cfg_parallel
 }  // namespace diffuse

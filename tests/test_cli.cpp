@@ -26,7 +26,7 @@
 #include "verify/golden.h"
 
 namespace diffuse {
-namespace {
+namespace test_cli {
 
 using RunResult = test::CliRun;
 using test::run_cli;
@@ -657,5 +657,5 @@ TEST(Cli, VerifyJsonReportsEveryCase) {
       EXPECT_TRUE(c.contains(k)) << k;
 }
 
-}  // namespace
+}  // namespace test_cli
 }  // namespace diffuse

@@ -10,7 +10,7 @@
 #include "text/clip_tokenizer.h"
 
 namespace diffuse {
-namespace {
+namespace test_clip_tokenizer {
 
 using text::ClipTokenizer;
 using Ids = std::vector<int64_t>;
@@ -208,5 +208,5 @@ TEST_F(RealClipTokenizer, MatchesCaseInsensitiveRegexQuirks) {
   EXPECT_EQ(tokens("it' \xC5\xBF")[1], "'</w>");
 }
 
-}  // namespace
+}  // namespace test_clip_tokenizer
 }  // namespace diffuse

@@ -9,7 +9,7 @@
 #include "train/scene_scorer.h"
 
 namespace diffuse {
-namespace {
+namespace test_demo_model {
 
 const std::string kDemo = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
 
@@ -77,5 +77,5 @@ TEST(DemoModel, FolderIsSmallAndRecordsHowItWasTrained) {
   EXPECT_TRUE(fs::exists(fs::path(kDemo) / "training.json"));
 }
 
-}  // namespace
+}  // namespace test_demo_model
 }  // namespace diffuse

@@ -10,7 +10,7 @@
 #include "diffuse/errors.h"
 
 namespace diffuse {
-namespace {
+namespace test_device {
 
 // Restores an environment variable when the test ends.
 class EnvGuard {
@@ -140,5 +140,5 @@ TEST(Device, MemoryStatsArePlausible) {
   EXPECT_GE(after.peak_rss_bytes, after.rss_bytes);
 }
 
-}  // namespace
+}  // namespace test_device
 }  // namespace diffuse

@@ -8,7 +8,7 @@
 #include "device/doctor.h"
 
 namespace diffuse {
-namespace {
+namespace test_doctor {
 
 struct CliRun {
   int status = -1;
@@ -93,5 +93,5 @@ TEST(CpuInfo, FeaturesAreConsistent) {
   }
 }
 
-}  // namespace
+}  // namespace test_doctor
 }  // namespace diffuse

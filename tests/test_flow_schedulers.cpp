@@ -20,7 +20,7 @@
 #include "verify/verify.h"
 
 namespace diffuse {
-namespace {
+namespace test_flow_schedulers {
 
 using schedulers::make_scheduler;
 using schedulers::Scheduler;
@@ -299,5 +299,5 @@ TEST(FlowScheduler, BadConfigValuesAreConfigErrors) {
   make_scheduler(config("FlashFlowMatchEulerDiscreteScheduler", {{"time_shift_type", "cubic"}}));
 }
 
-}  // namespace
+}  // namespace test_flow_schedulers
 }  // namespace diffuse

@@ -10,7 +10,7 @@
 
 using namespace diffuse;
 
-namespace {
+namespace test_fused_ops {
 
 torch::Tensor bf16_randn(c10::IntArrayRef shape, double mean, double std, uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);
@@ -33,7 +33,6 @@ void expect_bf16_rounding(const torch::Tensor& out, const torch::Tensor& ref,
   EXPECT_LE(excess, 0.0) << what << ": max error " << (o - r).abs().max().item<double>();
 }
 
-}  // namespace
 
 TEST(CpuKernels, EveryKernelMatchesFloat64) {
   ASSERT_FALSE(nn::kernels::runnable_cpu_kernels().empty());
@@ -229,3 +228,5 @@ TEST(Layers, SkipInitGuardBuildsTheSameParametersUninitialised) {
   auto y = skipped[1].forward(torch::randn({1, 4, 9, 9}).to(torch::kBFloat16));
   EXPECT_EQ(y.sizes(), (std::vector<int64_t>{1, 6, 5, 5}));
 }
+
+}  // namespace test_fused_ops

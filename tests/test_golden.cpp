@@ -9,7 +9,7 @@
 #include "verify/verify.h"
 
 namespace diffuse {
-namespace {
+namespace test_golden {
 
 std::vector<std::string> case_names() {
   std::vector<std::string> names;
@@ -42,5 +42,5 @@ TEST(GoldenSet, LoadsAndListsCases) {
   for (const auto& c : set.cases) EXPECT_TRUE(std::filesystem::exists(c.file)) << c.file;
 }
 
-}  // namespace
+}  // namespace test_golden
 }  // namespace diffuse

@@ -15,7 +15,7 @@
 #include "verify/verify.h"
 
 namespace diffuse {
-namespace {
+namespace test_hidream_text {
 
 const char* const kNoCases = "no_text_cases";
 
@@ -125,5 +125,5 @@ TEST(LlamaConfig, Llama3RopeScaling) {
   EXPECT_FLOAT_EQ(scaled[63].item<float>(), plain[63].item<float>() / 8);
 }
 
-}  // namespace
+}  // namespace test_hidream_text
 }  // namespace diffuse

@@ -24,7 +24,7 @@
 #include "verify/verify.h"
 
 namespace diffuse {
-namespace {
+namespace test_hidream_transformer {
 
 namespace fs = std::filesystem;
 using test::hidream_golden_dir;
@@ -263,11 +263,11 @@ TEST(HiDreamTransformer, MissingExpertWeightIsNamed) {
   EXPECT_NE(msg.find("transformer"), std::string::npos) << msg;
 }
 
-}  // namespace
+}  // namespace test_hidream_transformer
 }  // namespace diffuse
 
 namespace diffuse {
-namespace {
+namespace test_hidream_transformer {
 
 TEST(HiDreamPipeline, EditRejectsBadImagesAndRefineStrengthAndResizesOthers) {
   if (!have_hidream_set()) GTEST_SKIP() << "no golden set at " << hidream_golden_dir();
@@ -300,5 +300,5 @@ TEST(HiDreamPipeline, EditRejectsBadImagesAndRefineStrengthAndResizesOthers) {
   EXPECT_THROW(pipe.normalized_size(0, 96, 128), InvalidArgument);
 }
 
-}  // namespace
+}  // namespace test_hidream_transformer
 }  // namespace diffuse

@@ -12,7 +12,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_hidream_variant {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -67,5 +67,5 @@ TEST(HiDreamVariant, NamedVariantsWinAndUnknownNamesAreRefused) {
   EXPECT_NE(msg.find("i1-dev"), std::string::npos) << msg;
 }
 
-}  // namespace
+}  // namespace test_hidream_variant
 }  // namespace diffuse

@@ -31,7 +31,7 @@
 namespace fs = std::filesystem;
 
 namespace diffuse {
-namespace {
+namespace test_input_files {
 
 using nlohmann::json;
 using test::expect_throw;
@@ -249,5 +249,5 @@ TEST(GoldenSetChecks, TheRealSetsAreIntact) {
   }
 }
 
-}  // namespace
+}  // namespace test_input_files
 }  // namespace diffuse

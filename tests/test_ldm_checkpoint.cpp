@@ -15,7 +15,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_ldm_checkpoint {
 
 using json = nlohmann::json;
 using TensorList = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -311,5 +311,5 @@ TEST_F(LdmCheckpoint, FilesThatAreNotSingleFileCheckpointsAreRefused) {
   EXPECT_FALSE(io::is_single_file_checkpoint(tmp_.path().string()));
 }
 
-}  // namespace
+}  // namespace test_ldm_checkpoint
 }  // namespace diffuse

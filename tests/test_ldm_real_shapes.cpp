@@ -7,7 +7,7 @@
 #include "io/ldm_key_map.h"
 
 namespace diffuse {
-namespace {
+namespace test_ldm_real_shapes {
 
 using io::ldm::TensorMap;
 using json = nlohmann::json;
@@ -297,5 +297,5 @@ TEST(LdmRealShapes, OpenClipTowerBecomesThe23LayerSd2TextEncoder) {
   EXPECT_EQ(d.count("text_model.encoder.layers.23.mlp.fc1.weight"), 0u);
 }
 
-}  // namespace
+}  // namespace test_ldm_real_shapes
 }  // namespace diffuse

@@ -23,7 +23,7 @@
 #include "verify/verify.h"
 
 namespace diffuse {
-namespace {
+namespace test_lora {
 
 namespace fs = std::filesystem;
 using adapters::LoraMerger;
@@ -347,5 +347,5 @@ TEST_F(LoraBadAdapterTest, TruncatedFile) {
   expect_identical(*toy, before);
 }
 
-}  // namespace
+}  // namespace test_lora
 }  // namespace diffuse

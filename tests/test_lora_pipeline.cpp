@@ -16,7 +16,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_lora_pipeline {
 
 using test::fp32_cpu;
 
@@ -211,5 +211,5 @@ TEST(LoraPipeline, ABadAdapterForOneRunLeavesTheModelAsItWas) {
   EXPECT_TRUE(torch::equal(pipe.generate(small_config()).images_float, plain));
 }
 
-}  // namespace
+}  // namespace test_lora_pipeline
 }  // namespace diffuse

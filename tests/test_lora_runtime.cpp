@@ -12,7 +12,7 @@
 #include "nn/layers.h"
 
 namespace diffuse {
-namespace {
+namespace test_lora_runtime {
 
 using TensorMap = std::map<std::string, torch::Tensor>;
 
@@ -127,5 +127,5 @@ TEST_F(LoraRuntimeTest, DestroyingTheRuntimeDetachesItsUpdates) {
   EXPECT_FALSE(torch::equal(out(), plain));  // the merged part (grouped conv) stays, as documented
 }
 
-}  // namespace
+}  // namespace test_lora_runtime
 }  // namespace diffuse

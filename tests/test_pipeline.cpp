@@ -9,7 +9,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_pipeline {
 
 using test::fp32_cpu;
 
@@ -198,11 +198,11 @@ TEST(Pipeline, MissingModelIsAnIoError) {
   EXPECT_THROW(Text2Image::load(test::golden_model_dir(), o), DeviceError);
 }
 
-}  // namespace
+}  // namespace test_pipeline
 }  // namespace diffuse
 
 namespace diffuse {
-namespace {
+namespace test_pipeline {
 
 // AUTOMATIC1111's prompt syntax through the pipeline (the demo model: real CLIP-style
 // tokenizer, 77-token text encoder).
@@ -236,5 +236,5 @@ TEST(PipelinePromptSyntax, PlainPromptsAreExactWeightsAndLongPromptsChangeTheIma
   EXPECT_THROW(run(plain, "compel"), InvalidArgument);
 }
 
-}  // namespace
+}  // namespace test_pipeline
 }  // namespace diffuse

@@ -10,7 +10,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_png {
 
 Image gradient(int w, int h) {
   Image img;
@@ -147,5 +147,5 @@ TEST(Png, WriteFailuresLeaveNoFile) {
   EXPECT_EQ(files, 0);
 }
 
-}  // namespace
+}  // namespace test_png
 }  // namespace diffuse

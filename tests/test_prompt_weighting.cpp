@@ -13,7 +13,7 @@
 #include "text/prompt_weighting.h"
 
 namespace diffuse {
-namespace {
+namespace test_prompt_weighting {
 
 using text::parse_prompt_attention;
 using Parsed = std::vector<std::pair<std::string, double>>;
@@ -154,5 +154,5 @@ TEST_F(PromptChunks, AChunkEndingSoonAfterACommaIsCutAfterTheComma) {
   EXPECT_EQ(chunks[1].ids[1], t.token_to_id("dog</w>"));
 }
 
-}  // namespace
+}  // namespace test_prompt_weighting
 }  // namespace diffuse

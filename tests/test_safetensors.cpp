@@ -9,7 +9,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_safetensors {
 
 void write_raw(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
@@ -232,5 +232,5 @@ TEST(Safetensors, FuzzedMutationsNeverCrash) {
   EXPECT_GT(loaded, 0);
 }
 
-}  // namespace
+}  // namespace test_safetensors
 }  // namespace diffuse

@@ -8,7 +8,7 @@
 #include "train/scene_scorer.h"
 
 namespace diffuse::train {
-namespace {
+namespace test_scene {
 
 TEST(Scene, CaptionsOfSampledScenesParseBackToTheSameScene) {
   std::mt19937_64 rng(7);
@@ -205,5 +205,5 @@ TEST(Scene, HeldOutPromptsAreDistinctParseableAndStable) {
   for (const auto& p : a) EXPECT_TRUE(parse_caption(p)) << p;
 }
 
-}  // namespace
+}  // namespace test_scene
 }  // namespace diffuse::train

@@ -14,7 +14,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_schedulers {
 
 using schedulers::make_scheduler;
 using schedulers::Scheduler;
@@ -406,5 +406,5 @@ TEST(Quadrature, ExactForPolynomialsAndAccurateForSmoothFunctions) {
               2 * std::atan(5.0) / 5, 1e-10);
 }
 
-}  // namespace
+}  // namespace test_schedulers
 }  // namespace diffuse

@@ -8,7 +8,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_server {
 
 using nlohmann::json;
 using test::demo_png_base64;
@@ -441,5 +441,5 @@ TEST(Server, StopCancelsTheRunningJobAndServeReturns) {
   server.reset();  // joins the serving thread: serve() returned
 }
 
-}  // namespace
+}  // namespace test_server
 }  // namespace diffuse

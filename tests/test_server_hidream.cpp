@@ -15,7 +15,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_server_hidream {
 
 using nlohmann::json;
 using test::demo_png_base64;
@@ -215,5 +215,5 @@ TEST(ServerHiDream, CancelStopsARunningEdit) {
   EXPECT_LT(job["progress"]["step"].get<int>(), 150);
 }
 
-}  // namespace
+}  // namespace test_server_hidream
 }  // namespace diffuse

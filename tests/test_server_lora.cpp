@@ -13,7 +13,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_server_lora {
 
 using nlohmann::json;
 using test::json_of;
@@ -91,5 +91,5 @@ TEST(ServerLora, TagsNeedALoraDir) {
   EXPECT_NE(body.find("lora"), std::string::npos) << body;
 }
 
-}  // namespace
+}  // namespace test_server_lora
 }  // namespace diffuse

@@ -12,7 +12,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_server_parsers {
 
 using server::base64_decode;
 using server::base64_encode;
@@ -118,5 +118,5 @@ TEST(PngInMemory, RoundTripsWithTextAndRefusesBadData) {
   }
 }
 
-}  // namespace
+}  // namespace test_server_parsers
 }  // namespace diffuse

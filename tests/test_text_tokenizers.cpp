@@ -14,7 +14,7 @@
 #include "text/tokenizer.h"
 
 namespace diffuse {
-namespace {
+namespace test_text_tokenizers {
 
 namespace fs = std::filesystem;
 
@@ -191,5 +191,5 @@ TEST(LlamaTokenizer, RejectsBrokenFiles) {
   EXPECT_THROW(text::LlamaTokenizer::from_folder(tmp.path().string()), FormatError);
 }
 
-}  // namespace
+}  // namespace test_text_tokenizers
 }  // namespace diffuse

@@ -17,7 +17,7 @@
 #include "train/demo_trainer.h"
 
 namespace diffuse::train {
-namespace {
+namespace test_train_demo {
 
 namespace fs = std::filesystem;
 
@@ -189,5 +189,5 @@ TEST(TrainDemo, RejectsBadOptionsBeforeTraining) {
   EXPECT_FALSE(fs::exists(dir.path() / "m"));
 }
 
-}  // namespace
+}  // namespace test_train_demo
 }  // namespace diffuse::train

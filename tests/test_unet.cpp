@@ -15,7 +15,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_unet {
 
 namespace fs = std::filesystem;
 using models::UNet2DConditionConfig;
@@ -296,5 +296,5 @@ TEST(TimestepEmbedding, MatchesTheSinusoidFormula) {
   EXPECT_EQ(nn::get_timestep_embedding(t, 7, true, 0.0).size(1), 7);  // odd dims are zero-padded
 }
 
-}  // namespace
+}  // namespace test_unet
 }  // namespace diffuse

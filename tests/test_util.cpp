@@ -7,7 +7,7 @@
 #include <random>
 
 namespace diffuse::test {
-namespace {
+namespace test_util {
 // The engine uses every CPU for intra-op threads (device/cpu_threads.h). The test models are
 // tiny: a second thread only adds synchronisation, and on a busy machine each parallel region
 // waits for a descheduled thread (a 200x slow-down measured on the golden pipeline cases). The
@@ -16,7 +16,7 @@ const bool kOneThread = [] {
   setenv("DIFFUSE_THREADS", "1", /*overwrite=*/0);
   return true;
 }();
-}  // namespace
+}  // namespace test_util
 
 TempDir::TempDir() {
   static std::atomic<int> counter{0};

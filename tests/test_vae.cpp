@@ -11,7 +11,7 @@
 #include "test_util.h"
 
 namespace diffuse {
-namespace {
+namespace test_vae {
 
 using models::AutoencoderKL;
 using models::AutoencoderKLConfig;
@@ -151,5 +151,5 @@ TEST(VaeModel, BFloat16StaysCloseToFloat32) {
   EXPECT_LT(err, 0.03 * ref.abs().max().item<double>() + 1e-3) << err;
 }
 
-}  // namespace
+}  // namespace test_vae
 }  // namespace diffuse

@@ -21,7 +21,7 @@
 #include "train/scene.h"
 
 namespace diffuse {
-namespace {
+namespace test_vae_tiling {
 
 using models::AutoencoderKL;
 using models::VaeTiling;
@@ -237,5 +237,5 @@ TEST(VaeTiling, PipelineDecodesInTilesWhenAsked) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace test_vae_tiling
 }  // namespace diffuse

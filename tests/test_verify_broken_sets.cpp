@@ -21,7 +21,7 @@
 namespace fs = std::filesystem;
 
 namespace diffuse {
-namespace {
+namespace test_verify_broken_sets {
 
 using nlohmann::json;
 
@@ -193,5 +193,5 @@ TEST(VerifyBrokenGoldenSet, ACaseFileOutsideTheFolderIsRefused) {
   }
 }
 
-}  // namespace
+}  // namespace test_verify_broken_sets
 }  // namespace diffuse

@@ -22,7 +22,7 @@
 #include "verify/verify.h"
 
 namespace diffuse {
-namespace {
+namespace test_weight_streaming {
 
 namespace fs = std::filesystem;
 
@@ -177,5 +177,5 @@ TEST(WeightStreaming, ThePipelineTakesTheModeByName) {
   EXPECT_FALSE(small.streams_weights());
 }
 
-}  // namespace
+}  // namespace test_weight_streaming
 }  // namespace diffuse

@@ -13,7 +13,7 @@ namespace {
 // One counter per thread at a time; nested counted operators (aten::linear calling
 // aten::addmm, attention's own bmm) are counted once, at the outermost level.
 thread_local FlopCounts* t_counts = nullptr;
-thread_local int t_depth = 0;
+thread_local int t_count_depth = 0;
 
 double numel(c10::IntArrayRef s) {
   double n = 1;
@@ -117,17 +117,17 @@ Counted classify(const at::RecordFunction& fn) {
 
 struct DepthContext : at::ObserverContext {};
 
-std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+std::unique_ptr<at::ObserverContext> count_start(const at::RecordFunction& fn) {
   if (!t_counts) return nullptr;
   Counted c = classify(fn);
   if (!c.bucket) return nullptr;
-  if (t_depth == 0) (*t_counts).*c.bucket += c.flops;
-  ++t_depth;
+  if (t_count_depth == 0) (*t_counts).*c.bucket += c.flops;
+  ++t_count_depth;
   return std::make_unique<DepthContext>();
 }
 
-void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
-  if (ctx) --t_depth;
+void count_end(const at::RecordFunction&, at::ObserverContext* ctx) {
+  if (ctx) --t_count_depth;
 }
 
 }  // namespace
@@ -136,9 +136,9 @@ FlopCounter::FlopCounter() {
   if (t_counts) throw InvalidArgument("FlopCounter: one is already counting on this thread");
   counts_ = std::make_unique<FlopCounts>();
   t_counts = counts_.get();
-  t_depth = 0;
+  t_count_depth = 0;
   handle_ =
-      at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end).needsInputs(true));
+      at::addThreadLocalCallback(at::RecordFunctionCallback(count_start, count_end).needsInputs(true));
 }
 
 FlopCounter::~FlopCounter() {

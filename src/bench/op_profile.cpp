@@ -12,24 +12,24 @@ namespace diffuse::bench {
 namespace {
 
 thread_local std::map<std::string, OpTime>* t_ops = nullptr;
-thread_local int t_depth = 0;
+thread_local int t_profile_depth = 0;
 
 struct Started : at::ObserverContext {
   std::chrono::steady_clock::time_point at;
   bool outermost = false;
 };
 
-std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) {
+std::unique_ptr<at::ObserverContext> profile_start(const at::RecordFunction&) {
   if (!t_ops) return nullptr;
   auto ctx = std::make_unique<Started>();
-  ctx->outermost = t_depth++ == 0;
+  ctx->outermost = t_profile_depth++ == 0;
   ctx->at = std::chrono::steady_clock::now();
   return ctx;
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx_base) {
+void profile_end(const at::RecordFunction& fn, at::ObserverContext* ctx_base) {
   if (!ctx_base || !t_ops) return;
-  --t_depth;
+  --t_profile_depth;
   auto* ctx = static_cast<Started*>(ctx_base);
   if (!ctx->outermost) return;
   auto& op = (*t_ops)[fn.name()];
@@ -93,8 +93,8 @@ std::string OpProfile::kind_of(const std::string& op) {
 OpProfile::OpProfile() {
   if (t_ops) throw InvalidArgument("OpProfile: one is already profiling this thread");
   t_ops = &ops_;
-  t_depth = 0;
-  handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end));
+  t_profile_depth = 0;
+  handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(profile_start, profile_end));
 }
 
 OpProfile::~OpProfile() {

@@ -17,11 +17,6 @@
 namespace diffuse::device {
 namespace {
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
 
 std::mutex g_probe_mu;
 std::map<std::pair<std::string, int>, bool> g_probe_cache;
@@ -70,7 +65,7 @@ torch::Device resolve_device(const std::string& spec_in) {
   if (!std::regex_match(spec, m, re))
     throw DeviceError("unknown device '" + spec +
                       "' (expected auto, cpu, cuda[:N] or npu[:N]; available here: " +
-                      join(available_devices()) + ")");
+                      join_list(available_devices()) + ")");
   std::string type = m[1];
   int64_t index = m[2].matched ? std::stoll(m[2]) : 0;
   if (type == "cpu") {
@@ -87,11 +82,11 @@ torch::Device resolve_device(const std::string& spec_in) {
                                    : "this build has no Ascend support (rebuild with "
                                      "-DDIFFUSE_WITH_TORCH_NPU=ON against torch_npu)";
     throw DeviceError("device '" + spec + "' is not available: " + why +
-                      " (available here: " + join(available_devices()) + ")");
+                      " (available here: " + join_list(available_devices()) + ")");
   }
   if (index >= count)
     throw DeviceError("device '" + spec + "' does not exist: " + std::to_string(count) + " " +
-                      type + " device(s) found (available here: " + join(available_devices()) +
+                      type + " device(s) found (available here: " + join_list(available_devices()) +
                       ")");
   if (type == "cuda") {
     cuda::apply_float32_precision();
@@ -111,6 +106,12 @@ std::string device_name(const torch::Device& device) {
     default:
       return device.str();
   }
+}
+
+std::string join_list(const std::vector<std::string>& items) {
+  std::string s;
+  for (const auto& x : items) s += (s.empty() ? "" : ", ") + x;
+  return s;
 }
 
 bool cpu_has_native_bf16() {

@@ -21,6 +21,8 @@ torch::Device resolve_device(const std::string& spec);
 
 // Human-readable name: "cpu", "cuda:0", "npu:0".
 std::string device_name(const torch::Device& device);
+// "a, b, c": lists of devices, dtypes and backends in messages and reports.
+std::string join_list(const std::vector<std::string>& items);
 
 // Readies a device before its first use (torch_npu::init_npu for npu, with finalize_npu at
 // exit). Idempotent; cheap after the first call. Throws DeviceError when the device fails.

@@ -189,11 +189,6 @@ std::string gib(int64_t bytes) {
   return os.str();
 }
 
-std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
-  return s;
-}
 
 const char* yes_no(bool b) {
   return b ? "yes" : "no";
@@ -401,10 +396,10 @@ std::string to_text(const DoctorReport& r) {
     if (d.total_memory_bytes > 0) os << ", " << gib(d.total_memory_bytes);
     os << "\n";
     if (!d.dtypes.empty() || !d.unet_dtype.empty()) {
-      os << "          dtypes: " << join(d.dtypes) << " (bf16 "
+      os << "          dtypes: " << join_list(d.dtypes) << " (bf16 "
          << (d.bf16_fast ? "fast" : "not native") << "); auto picks unet/text " << d.unet_dtype
          << ", vae " << d.vae_dtype << "\n";
-      os << "          attention: " << join(d.attention) << "\n";
+      os << "          attention: " << join_list(d.attention) << "\n";
     }
     if (!d.smoke_dtype.empty() || !d.error.empty()) {
       os << "          smoke test: " << (d.smoke_ok ? "ok" : "FAILED");

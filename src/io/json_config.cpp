@@ -37,4 +37,10 @@ double JsonConfig::get_number(const std::string& key, double fallback) const {
   fail(key, "expected a number, got " + v.dump());
 }
 
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 }  // namespace diffuse::io

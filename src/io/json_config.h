@@ -61,4 +61,7 @@ class JsonConfig {
   std::string source_;
 };
 
+// A number as a message shows it: 0.5, 1e-06, 1000 (what `os << v` prints).
+std::string number_text(double v);
+
 }  // namespace diffuse::io

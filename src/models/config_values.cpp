@@ -13,12 +13,6 @@ int64_t as_positive_int(const io::JsonConfig& cfg, const std::string& key, const
   return v.get<int64_t>();
 }
 
-std::string number_text(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
 }  // namespace
 
 int64_t read_int_in(const io::JsonConfig& cfg, const std::string& key, int64_t fallback, int64_t lo,
@@ -35,8 +29,8 @@ double read_number_in(const io::JsonConfig& cfg, const std::string& key, double 
                       double hi) {
   const double v = cfg.get_number(key, fallback);
   if (!(std::isfinite(v) && v >= lo && v <= hi))
-    cfg.fail(key, "expected a finite number in [" + number_text(lo) + ", " + number_text(hi) +
-                      "], got " + number_text(v));
+    cfg.fail(key, "expected a finite number in [" + io::number_text(lo) + ", " + io::number_text(hi) +
+                      "], got " + io::number_text(v));
   return v;
 }
 
@@ -45,7 +39,7 @@ double read_positive_number(const io::JsonConfig& cfg, const std::string& key, d
   const double v = cfg.get_number(key, fallback);
   if (!(std::isfinite(v) && v > 0 && v <= hi))
     cfg.fail(key,
-             "expected a finite number in (0, " + number_text(hi) + "], got " + number_text(v));
+             "expected a finite number in (0, " + io::number_text(hi) + "], got " + io::number_text(v));
   return v;
 }
 

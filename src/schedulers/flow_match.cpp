@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "diffuse/errors.h"
+#include "io/json_config.h"
 #include "schedulers/numpy_ops.h"
 #include "schedulers/step_utils.h"
 
@@ -21,12 +22,6 @@ float training_sigma(const FlowScheduleOptions& o, int64_t t) {
   const float shift = static_cast<float>(o.shift);
   const float shift_minus_one = static_cast<float>(o.shift - 1.0);
   return (shift * s) / (1.0f + shift_minus_one * s);
-}
-
-std::string number_text(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
 }
 
 }  // namespace
@@ -90,7 +85,7 @@ FlowMatchScheduler::FlowMatchScheduler(const SchedulerConfig& config, bool termi
   options_.num_train_timesteps = num_train_timesteps_;
   options_.shift = config.number("shift", 1.0);
   if (!(options_.shift > 0.0) || !std::isfinite(options_.shift))
-    config.fail("shift", "must be a finite number > 0, got " + number_text(options_.shift));
+    config.fail("shift", "must be a finite number > 0, got " + io::number_text(options_.shift));
   options_.dynamic_shifting = config.flag("use_dynamic_shifting", false);
   if (terminal_and_type) {
     options_.time_shift =
@@ -101,7 +96,7 @@ FlowMatchScheduler::FlowMatchScheduler(const SchedulerConfig& config, bool termi
     if (options_.shift_terminal &&
         !(*options_.shift_terminal >= 0.0 && *options_.shift_terminal < 1.0))
       config.fail("shift_terminal",
-                  "must be in [0, 1), got " + number_text(*options_.shift_terminal));
+                  "must be in [0, 1), got " + io::number_text(*options_.shift_terminal));
   }
   const bool karras = config.flag("use_karras_sigmas", false);
   const bool exponential = config.flag("use_exponential_sigmas", false);
@@ -142,7 +137,7 @@ void FlowMatchScheduler::set_timesteps(int n) {
 void FlowMatchScheduler::set_shift(std::optional<double> shift) {
   if (shift && !(*shift > 0.0 && std::isfinite(*shift)))
     throw InvalidArgument(std::string(class_name()) + ": shift must be a finite number > 0, got " +
-                          number_text(*shift));
+                          io::number_text(*shift));
   options_.shift_override = shift;
 }
 

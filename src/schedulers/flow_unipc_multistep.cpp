@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "diffuse/errors.h"
+#include "io/json_config.h"
 #include "schedulers/flow_match.h"
 #include "schedulers/numpy_ops.h"
 #include "schedulers/step_utils.h"
@@ -55,16 +56,10 @@ float to_f32(double v) {
   return static_cast<float>(v);
 }
 
-std::string number_text(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
 double positive(const SchedulerConfig& config, const std::string& key, double fallback) {
   const double v = config.number(key, fallback);
   if (!(v > 0.0) || !std::isfinite(v))
-    config.fail(key, "must be a finite number > 0, got " + number_text(v));
+    config.fail(key, "must be a finite number > 0, got " + io::number_text(v));
   return v;
 }
 

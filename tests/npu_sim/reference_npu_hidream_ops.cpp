@@ -31,11 +31,11 @@ const char* kGroupedMatmulSchema =
     "group_list_type=0, int? act_type=0, int[]? tuning_config=None, ScalarType? "
     "output_dtype=None) -> Tensor[]";
 
-std::mutex g_mu;
+std::mutex g_counts_mu;
 std::map<std::string, int64_t> g_counts;
 
 void count(const std::string& op) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_counts_mu);
   ++g_counts[op];
 }
 
@@ -111,13 +111,13 @@ void register_reference_npu_hidream_ops() {
 }
 
 int64_t reference_op_calls(const std::string& op) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_counts_mu);
   auto it = g_counts.find(op);
   return it == g_counts.end() ? 0 : it->second;
 }
 
 void reset_reference_op_calls() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_counts_mu);
   g_counts.clear();
 }
 

@@ -40,7 +40,7 @@ const char* kPromptFlashSchema =
     "str input_layout=\"BSH\", int num_key_value_heads=0, int[]? actual_seq_lengths_kv=None, "
     "int sparse_mode=0) -> Tensor";
 
-std::mutex g_mu;
+std::mutex g_calls_mu;
 std::vector<FusedAttentionCall> g_calls;
 std::atomic<bool> g_fail{false};
 
@@ -83,7 +83,7 @@ at::Tensor reference(const at::Tensor& q4, const at::Tensor& k4, const at::Tenso
 void record(const std::string& op, const std::string& layout, int64_t heads, double scale,
             bool mask, int64_t pre, int64_t next, const at::Tensor& q) {
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    std::lock_guard<std::mutex> lock(g_calls_mu);
     g_calls.push_back({op, layout, heads, scale, mask, pre, next, c10::toString(q.scalar_type())});
   }
   if (g_fail) throw std::runtime_error(op + ": simulated kernel failure");
@@ -154,12 +154,12 @@ void set_reference_ops_fail(bool fail) {
 }
 
 std::vector<FusedAttentionCall> fused_attention_calls() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_calls_mu);
   return g_calls;
 }
 
 void reset_fused_attention_calls() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::mutex> lock(g_calls_mu);
   g_calls.clear();
 }
 

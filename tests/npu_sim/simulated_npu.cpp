@@ -31,7 +31,7 @@ namespace diffuse::device::sim {
 namespace {
 
 constexpr c10::DeviceIndex kMaxDevices = 8;
-constexpr auto kSim = c10::DeviceType::PrivateUse1;
+constexpr auto kSimType = c10::DeviceType::PrivateUse1;
 
 struct DeviceCounters {
   std::atomic<int64_t> allocated{0};
@@ -89,7 +89,7 @@ class SimAllocator final : public c10::Allocator {
   void set_index(c10::DeviceIndex index) { index_ = index; }
 
   c10::DataPtr allocate(size_t nbytes) DIFFUSE_SIM_ALLOCATE_CONST override {
-    c10::Device device(kSim, index_);
+    c10::Device device(kSimType, index_);
     state().counters.at(static_cast<size_t>(index_)).allocations++;
     if (nbytes == 0) return {nullptr, nullptr, &delete_nothing, device};
     void* data = c10::alloc_cpu(nbytes);
@@ -135,13 +135,13 @@ namespace {
 
 class SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
  public:
-  c10::DeviceType type() const override { return kSim; }
+  c10::DeviceType type() const override { return kSimType; }
   c10::Device exchangeDevice(c10::Device d) const override {
     c10::Device old = getDevice();
     setDevice(d);
     return old;
   }
-  c10::Device getDevice() const override { return c10::Device(kSim, tl_current_device); }
+  c10::Device getDevice() const override { return c10::Device(kSimType, tl_current_device); }
   void setDevice(c10::Device d) const override { tl_current_device = checked_index(d.index()); }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     tl_current_device = d.index() < 0 ? 0 : d.index();
@@ -159,7 +159,7 @@ class SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
 c10::Device device_arg(const c10::IValue& v) {
   if (v.isDevice()) return v.toDevice();
-  return c10::Device(kSim, tl_current_device);
+  return c10::Device(kSimType, tl_current_device);
 }
 
 // empty.memory_format(SymInt[] size, *, ScalarType? dtype, Layout? layout, Device? device,
@@ -270,12 +270,12 @@ const std::vector<std::string> kNativeOps = {
 void register_kernels_once() {
   auto& s = state();
   if (s.kernels_registered) return;
-  if (c10::GetAllocator(kSim) != nullptr && c10::GetAllocator(kSim) != &allocators()[0])
+  if (c10::GetAllocator(kSimType) != nullptr && c10::GetAllocator(kSimType) != &allocators()[0])
     throw std::runtime_error(
         "another PrivateUse1 backend (torch_npu?) is present; the simulated npu cannot register");
-  c10::SetAllocator(kSim, &allocators()[0]);
+  c10::SetAllocator(kSimType, &allocators()[0]);
   static SimGuardImpl guard;
-  static c10::impl::DeviceGuardImplRegistrar guard_registrar(kSim, &guard);
+  static c10::impl::DeviceGuardImplRegistrar guard_registrar(kSimType, &guard);
 
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                               c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);

@@ -14,7 +14,7 @@
 #include "npu_sim/sim_fixture.h"
 
 namespace diffuse {
-namespace {
+namespace test_npu_sim_attention {
 
 using test::SimulatedNpuTest;
 using test::WarningCapture;
@@ -188,5 +188,5 @@ TEST_F(SimulatedNpuTest, TransformerBlockOnNpuMatchesCpu) {
   EXPECT_EQ(device::sim::fused_attention_calls().size(), 2u);  // self- and cross-attention
 }
 
-}  // namespace
+}  // namespace test_npu_sim_attention
 }  // namespace diffuse

@@ -12,7 +12,7 @@
 #include "npu_sim/sim_fixture.h"
 
 namespace diffuse {
-namespace {
+namespace test_npu_sim_device {
 
 using test::ScopedEnv;
 using test::SimulatedNpuTest;
@@ -223,5 +223,5 @@ TEST_F(SimulatedNpuTest, SamplingOnTheDeviceFollowsTheGivenGenerator) {
   EXPECT_TRUE(torch::equal(on_device.cpu(), on_cpu));
 }
 
-}  // namespace
+}  // namespace test_npu_sim_device
 }  // namespace diffuse

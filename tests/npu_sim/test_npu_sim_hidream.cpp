@@ -19,7 +19,7 @@
 #include "verify/verify.h"
 
 namespace diffuse {
-namespace {
+namespace test_npu_sim_hidream {
 
 using test::SimulatedNpuTest;
 
@@ -131,5 +131,5 @@ TEST_F(NpuSimHiDream, SameSeedGivesTheSameEditOnCpuAndNpu) {
   EXPECT_EQ(stage_device["vae_decode"], "cpu");
 }
 
-}  // namespace
+}  // namespace test_npu_sim_hidream
 }  // namespace diffuse

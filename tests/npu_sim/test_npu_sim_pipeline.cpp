@@ -12,7 +12,7 @@
 #include "verify/verify.h"
 
 namespace diffuse {
-namespace {
+namespace test_npu_sim_pipeline {
 
 using test::SimulatedNpuTest;
 
@@ -163,5 +163,5 @@ TEST_F(SimulatedNpuTest, DefaultDtypePolicyOnTheNpuRuns) {
   EXPECT_TRUE(torch::isfinite(r.images_float).all().item<bool>());
 }
 
-}  // namespace
+}  // namespace test_npu_sim_pipeline
 }  // namespace diffuse
