@@ -4,29 +4,14 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "cli_run.h"
 #include "device/cpu_info.h"
 #include "device/doctor.h"
 
 namespace diffuse {
 namespace test_doctor {
 
-struct CliRun {
-  int status = -1;
-  std::string out;
-};
-
-CliRun run_cli(const std::string& args) {
-  CliRun r;
-  std::string cmd = std::string(DIFFUSE_CLI_PATH) + " " + args + " 2>/dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using test::run_cli;
 
 TEST(Doctor, ReportsTheCpuAndRunsItsSmokeTest) {
   device::DoctorOptions o;
@@ -40,7 +25,7 @@ TEST(Doctor, ReportsTheCpuAndRunsItsSmokeTest) {
   EXPECT_TRUE(cpu.smoke_ok) << cpu.error;
   EXPECT_NE(std::find(cpu.dtypes.begin(), cpu.dtypes.end(), "fp32"), cpu.dtypes.end());
   EXPECT_EQ(std::find(cpu.dtypes.begin(), cpu.dtypes.end(), "fp16"),
-            cpu.dtypes.end());  // never probed on CPU
+            cpu.dtypes.end());               // never probed on CPU
   EXPECT_EQ(cpu.vae_dtype, cpu.unet_dtype);  // one policy for every CPU component
   EXPECT_NE(std::find(cpu.attention.begin(), cpu.attention.end(), "math"), cpu.attention.end());
   EXPECT_GT(cpu.total_memory_bytes, 0);
@@ -70,16 +55,40 @@ TEST(Doctor, RequestedDeviceThatCannotRunIsReported) {
 }
 
 TEST(Doctor, CliJsonAndExitStatus) {
-  auto ok = run_cli("doctor --json --device cpu");
-  EXPECT_EQ(ok.status, 0) << ok.out;
+  test::TempDir dir;
+  auto ok = run_cli({"doctor", "--json", "--device", "cpu"}, dir);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
   auto j = nlohmann::json::parse(ok.out);
   EXPECT_EQ(j["requested_device"]["ok"], true);
   EXPECT_TRUE(j["devices"][0]["smoke_test"]["ok"].get<bool>());
   EXPECT_TRUE(j.contains("blas"));
   EXPECT_TRUE(j["cpu"].contains("amx_bf16"));
-  auto bad = run_cli("doctor --no-smoke-test --device npu:9");
-  EXPECT_EQ(bad.status, 1) << bad.out;
+  EXPECT_EQ(j["cpu"]["isa_cap"], "native");
+  auto bad = run_cli({"doctor", "--no-smoke-test", "--device", "npu:9"}, dir);
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
   EXPECT_NE(bad.out.find("CANNOT RUN"), std::string::npos) << bad.out;
+}
+
+// DIFFUSE_CPU_ISA=avx2 makes this CPU look like an AVX2-only one to the engine: no AVX-512 or
+// native bf16 in doctor, float32 from the auto dtype policy, the avx2 flash kernel.
+TEST(Doctor, CpuIsaCapIsReportedAndAppliedToTheDtypePolicy) {
+  test::TempDir dir;
+  auto r = run_cli({"doctor", "--json", "--device", "cpu"}, dir, "DIFFUSE_CPU_ISA=avx2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["cpu"]["isa_cap"], "avx2");
+  EXPECT_FALSE(j["cpu"]["avx512f"].get<bool>());
+  EXPECT_FALSE(j["cpu"]["avx512_bf16"].get<bool>());
+  EXPECT_FALSE(j["cpu"]["amx_bf16"].get<bool>());
+  EXPECT_EQ(j["devices"][0]["auto_dtype"]["unet"], "fp32") << j["devices"][0].dump();
+  auto text =
+      run_cli({"doctor", "--no-smoke-test", "--device", "cpu"}, dir, "DIFFUSE_CPU_ISA=avx2");
+  EXPECT_NE(text.out.find("capped to avx2 by DIFFUSE_CPU_ISA"), std::string::npos) << text.out;
+  // A level that does not exist: one line naming the variable and the choices, exit non-zero.
+  auto bad = run_cli({"doctor", "--no-smoke-test"}, dir, "DIFFUSE_CPU_ISA=avx9000");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("DIFFUSE_CPU_ISA='avx9000'"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("native, avx512, avx2 or baseline"), std::string::npos) << bad.err;
 }
 
 TEST(CpuInfo, FeaturesAreConsistent) {

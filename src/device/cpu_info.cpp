@@ -9,6 +9,8 @@
 #include <sstream>
 #include <thread>
 
+#include "nn/kernels/cpu_features.h"
+
 namespace diffuse::device {
 namespace {
 
@@ -57,6 +59,14 @@ const CpuInfo& cpu_info() {
         c.amx_bf16 = has_flag(value, "amx_bf16");
       }
     }
+    // The same cap as the kernels' (DIFFUSE_CPU_ISA), so the dtype policy and doctor agree
+    // with the kernels that run.
+    const nn::kernels::IsaCap cap = nn::kernels::isa_cap();
+    c.isa_cap = nn::kernels::isa_cap_name(cap);
+    if (cap != nn::kernels::IsaCap::native) c.avx512_bf16 = c.amx_bf16 = c.amx_tile = false;
+    if (cap == nn::kernels::IsaCap::avx2 || cap == nn::kernels::IsaCap::baseline)
+      c.avx512f = c.avx512_vnni = false;
+    if (cap == nn::kernels::IsaCap::baseline) c.avx2 = false;
     return c;
   }();
   return info;

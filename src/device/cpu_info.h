@@ -11,6 +11,7 @@ struct CpuInfo {
   int logical_cpus = 0;
   bool avx2 = false, avx512f = false, avx512_bf16 = false, avx512_vnni = false;
   bool amx_tile = false, amx_bf16 = false;
+  std::string isa_cap = "native";  // $DIFFUSE_CPU_ISA: the flags above are already capped
 };
 const CpuInfo& cpu_info();
 

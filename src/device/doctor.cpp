@@ -189,7 +189,6 @@ std::string gib(int64_t bytes) {
   return os.str();
 }
 
-
 const char* yes_no(bool b) {
   return b ? "yes" : "no";
 }
@@ -217,6 +216,7 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   r.avx512_bf16 = cpu.avx512_bf16;
   r.amx_bf16 = cpu.amx_bf16;
   r.amx_tile = cpu.amx_tile;
+  r.isa_cap = cpu.isa_cap;
   // What a generation will use: the pipelines apply the same policy (DIFFUSE_THREADS, the
   // user's OMP_NUM_THREADS / MKL_NUM_THREADS, else every CPU this process may run on) before
   // they run; LibTorch's own default before that is often 1 on a VM.
@@ -337,7 +337,8 @@ nlohmann::json to_json(const DoctorReport& r) {
         {"avx512f", r.avx512f},
         {"avx512_bf16", r.avx512_bf16},
         {"amx_bf16", r.amx_bf16},
-        {"amx_tile", r.amx_tile}}},
+        {"amx_tile", r.amx_tile},
+        {"isa_cap", r.isa_cap}}},
       {"threads",
        {{"intra_op", r.intra_op_threads},
         {"inter_op", r.inter_op_threads},
@@ -369,7 +370,8 @@ std::string to_text(const DoctorReport& r) {
      << (r.blas_reference ? "  <- SLOW reference BLAS" : "") << "\n";
   os << "CPU: " << r.cpu_model << ", " << r.logical_cpus << " logical CPUs; AVX2 " << yes_no(r.avx2)
      << ", AVX-512 " << yes_no(r.avx512f) << ", AVX512-BF16 " << yes_no(r.avx512_bf16) << ", AMX "
-     << yes_no(r.amx_tile) << " (AMX-BF16 " << yes_no(r.amx_bf16) << ")\n";
+     << yes_no(r.amx_tile) << " (AMX-BF16 " << yes_no(r.amx_bf16) << ")"
+     << (r.isa_cap == "native" ? "" : "; capped to " + r.isa_cap + " by DIFFUSE_CPU_ISA") << "\n";
   os << "threads: intra-op " << r.intra_op_threads << ", inter-op " << r.inter_op_threads
      << " (OMP_NUM_THREADS " << (r.omp_num_threads.empty() ? "unset" : r.omp_num_threads) << ")\n";
   os << "CUDA: "

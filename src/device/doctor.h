@@ -44,6 +44,7 @@ struct DoctorReport {
   std::string cpu_model;
   int logical_cpus = 0;
   bool avx2 = false, avx512f = false, avx512_bf16 = false, amx_bf16 = false, amx_tile = false;
+  std::string isa_cap = "native";  // DIFFUSE_CPU_ISA
   int intra_op_threads = 0, inter_op_threads = 0;
   std::string omp_num_threads;  // env, "" = unset
   int64_t cuda_devices = 0;

@@ -7,6 +7,33 @@
 
 namespace diffuse::nn::kernels {
 
+IsaCap isa_cap() {
+  static const IsaCap cap = [] {
+    const char* env = std::getenv("DIFFUSE_CPU_ISA");
+    const std::string v = env ? env : "";
+    if (v.empty() || v == "native") return IsaCap::native;
+    if (v == "avx512") return IsaCap::avx512;
+    if (v == "avx2") return IsaCap::avx2;
+    if (v == "baseline") return IsaCap::baseline;
+    throw InvalidArgument("DIFFUSE_CPU_ISA='" + v +
+                          "' is not a CPU level (expected native, avx512, avx2 or baseline)");
+  }();
+  return cap;
+}
+
+const char* isa_cap_name(IsaCap cap) {
+  switch (cap) {
+    case IsaCap::avx512:
+      return "avx512";
+    case IsaCap::avx2:
+      return "avx2";
+    case IsaCap::baseline:
+      return "baseline";
+    default:
+      return "native";
+  }
+}
+
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = [] {
     CpuFeatures out;
@@ -19,6 +46,10 @@ const CpuFeatures& cpu_features() {
     out.avx512_bf16 = out.avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
 #endif
+    const IsaCap cap = isa_cap();
+    if (cap != IsaCap::native) out.avx512_bf16 = false;
+    if (cap == IsaCap::avx2 || cap == IsaCap::baseline) out.avx512 = false;
+    if (cap == IsaCap::baseline) out.avx2_fma = false;
     return out;
   }();
   return f;

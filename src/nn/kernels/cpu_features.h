@@ -12,7 +12,17 @@ struct CpuFeatures {
   bool avx512_bf16 = false;  // VDPBF16PS / VCVTNEPS2BF16
 };
 
-const CpuFeatures& cpu_features();
+// $DIFFUSE_CPU_ISA: what the engine treats this CPU as having, so that the paths of other CPUs
+// can be measured side by side on one machine. "avx512" drops native bf16 and AMX (an older
+// Xeon), "avx2" drops AVX-512 as well (an AVX2-only desktop or EPYC: the auto dtype policy then
+// picks float32), "baseline" drops AVX2; unset or "native" keeps everything. It caps our own
+// kernels and the dtype policy; the math libraries read their own switches
+// (DNNL_MAX_CPU_ISA, OPENBLAS_CORETYPE: scripts/bench_isa.sh sets all of them).
+enum class IsaCap { native, avx512, avx2, baseline };
+IsaCap isa_cap();  // throws InvalidArgument naming the variable for an unknown value
+const char* isa_cap_name(IsaCap cap);
+
+const CpuFeatures& cpu_features();  // with the cap applied
 
 // Fused-op kernels runnable here, best first (the last is always the portable one).
 const std::vector<const CpuKernels*>& runnable_cpu_kernels();
