@@ -9,7 +9,6 @@
 namespace diffuse::nn::flash {
 namespace {
 
-constexpr int64_t kRows = 4;         // query rows per micro-tile
 constexpr int64_t kBlockRows = 48;   // query rows per task (a multiple of kRows)
 constexpr int64_t kBlockKeys = 256;  // keys per block of the online softmax
 constexpr int64_t kLanes = 16;
@@ -22,6 +21,11 @@ using vec::splat;
 using vec::VecF;
 constexpr int64_t kWidth = vec::kVecWidth;
 constexpr int64_t kVecs = kLanes / kWidth;
+// Query rows per micro-tile: 12 accumulator vectors, plus kVecs loaded K/V vectors and one
+// broadcast, fill the 16 vector registers of SSE/AVX2 (6 rows x 2 ymm on AVX2: 12 FMAs per 8
+// loads, so the FMA units and not the loads set the pace; 4 rows gave 8 per 6).
+constexpr int64_t kRows = 12 / kVecs;
+static_assert(kBlockRows % kRows == 0, "a task holds whole micro-tiles");
 
 inline VecF loadv(const float* p) {
   VecF v;
