@@ -137,6 +137,24 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
       j["roofline_fraction"] = r.roofline_fraction;
     }
     if (r.vae_roofline) j["vae_roofline"] = roofline_json(*r.vae_roofline);
+    if (r.whole_image) {
+      const auto& w = *r.whole_image;
+      j["whole_image"] = {
+          {"steps", w.steps},
+          {"scheduler", w.scheduler},
+          {"weights_cached_before_load", w.cache_before_load.fraction()},
+          {"weights_bytes", w.cache_before_load.bytes},
+          {"load_s", w.load_s},
+          {"warm_load_s", w.warm_load_s},
+          {"text_encode_s", w.text_encode_s},
+          {"denoise_s", w.denoise_s},
+          {"step_s", w.step_s},
+          {"vae_decode_s", w.vae_decode_s},
+          {"generate_s", w.generate_s},
+          {"limit_s", r.whole_image_limit_s},
+          {"ratio", r.whole_image_limit_s > 0 ? w.generate_s / r.whole_image_limit_s : 0.0},
+          {"peak_rss_mb", w.peak_rss_mb}};
+    }
     if (r.baseline) {
       j["baseline"] = unet_run_json(*r.baseline);
       j["speedup_vs_baseline"] = step > 0 ? r.baseline->step_mean_s / step : 0.0;
@@ -193,6 +211,22 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
               << f("%.0f%%", 100 * r.roofline_fraction) << " of it ("
               << f("%.2fx", r.roofline_fraction > 0 ? 1 / r.roofline_fraction : 0)
               << " the limit)\n";
+  }
+  if (r.whole_image) {
+    const auto& w = *r.whole_image;
+    const double denoise_steps = static_cast<double>(std::max<size_t>(w.step_s.size(), 1));
+    std::cout << "  whole image, " << w.steps << " steps " << w.scheduler << ": load "
+              << f("%.2f s", w.load_s) << " (" << f("%.0f%%", 100 * w.cache_before_load.fraction())
+              << " of " << f("%.2f GiB", static_cast<double>(w.cache_before_load.bytes) / (1 << 30))
+              << " cached before; again warm " << f("%.2f s", w.warm_load_s) << "), then "
+              << f("%.2f s", w.generate_s) << " = text " << f("%.2f", w.text_encode_s)
+              << " + denoise " << f("%.2f", w.denoise_s) << " ("
+              << f("%.3f s/step", w.denoise_s / denoise_steps) << ") + decode "
+              << f("%.2f", w.vae_decode_s) << "\n";
+    if (r.whole_image_limit_s > 0)
+      std::cout << "  whole image limit       " << f("%8.3f s", r.whole_image_limit_s) << "  ("
+                << w.steps << " x step limit + decode limit; the image takes "
+                << f("%.2fx", w.generate_s / r.whole_image_limit_s) << " the limit)\n";
   }
   if (r.baseline)
     std::cout << "  baseline unet step (fp32, math attention) "
@@ -261,6 +295,11 @@ Command add_bench_command(CLI::App& app) {
                "Also time a float32 UNet step with math attention and report the speed-up");
   app.add_flag("--profile", o->profile,
                "Also run one UNet step under an operator profile: its time by operator kind");
+  app.add_option("--whole-image", o->whole_image_steps,
+                 "With -m FOLDER: first generate one image of this many steps (DPM++ 2M) through "
+                 "the pipeline, load timed cold/warm, and put it against the step and decode "
+                 "limits")
+      ->check(int_range(1, 1000, "a step count"));
   auto fail_above = std::make_shared<std::optional<double>>();
   app.add_option("--fail-above", *fail_above,
                  "Exit 1 when the UNet step takes more than this many times its roofline limit "
@@ -440,6 +479,10 @@ Command add_bench_command(CLI::App& app) {
     }
     if (*fail_above && (bench::is_hidream_arch(o->arch) || bench::is_text_encoder_arch(o->arch)))
       throw InvalidArgument("--fail-above checks a UNet step: not with --arch " + o->arch);
+    if (o->whole_image_steps > 0 && o->model.empty())
+      throw InvalidArgument(
+          "--whole-image runs the real pipeline: it needs a model folder (-m), e.g. one written by "
+          "diffuse create-demo-model --arch sd2.1-base");
     if (bench::is_hidream_arch(o->arch)) return run_hidream_block_bench(*o, *as_json);
     if (bench::is_text_encoder_arch(o->arch)) return run_text_encoder_bench(*o, *as_json);
     return run_pipeline(*o, *as_json, *fail_above);

@@ -5,14 +5,18 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "bench/arch_configs.h"
 #include "bench/flop_counter.h"
 #include "bench/hidream_block_bench.h"
 #include "bench/op_profile.h"
+#include "bench/page_cache.h"
 #include "bench/precision_bench.h"
 #include "bench/text_encoder_bench.h"
+#include "cli_run.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/hidream_transformer.h"
@@ -22,6 +26,7 @@
 #include "nn/attention.h"
 #include "nn/random_init.h"
 #include "test_util.h"
+#include "verify/golden.h"
 
 using namespace diffuse;
 
@@ -159,7 +164,6 @@ std::string run_command(const std::string& cmd, int* status) {
   *status = pclose(p);
   return out;
 }
-
 
 TEST(FlopCounter, CountsConvLinearAndAttentionOnce) {
   torch::InferenceMode guard;
@@ -322,6 +326,53 @@ TEST(BenchCli, FailAboveNeedsAUNetStepAndTheRoofline) {
                     &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("--fail-above"), std::string::npos) << out;
+}
+
+// A file just written is in the page cache; a missing one is skipped; a folder's weight files
+// are its *.safetensors/*.bin/*.ckpt/*.pt, found in subfolders too.
+TEST(PageCache, CountsResidentBytesOfWeightFiles) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.file("unet"));
+  {
+    std::ofstream f(dir.file("unet/diffusion_pytorch_model.safetensors"), std::ios::binary);
+    std::vector<char> bytes(3 * 4096 + 100, 'x');
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(dir.file("unet/config.json")) << "{}";
+  }
+  const auto files = bench::weight_files(dir.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  auto state = bench::page_cache_state({files[0], dir.file("missing.safetensors")});
+  EXPECT_EQ(state.bytes, 3 * 4096 + 100);
+  EXPECT_EQ(state.resident_bytes, state.bytes);
+  EXPECT_DOUBLE_EQ(state.fraction(), 1.0);
+  EXPECT_EQ(bench::weight_files(files[0]), files);
+  EXPECT_EQ(bench::page_cache_state({}).fraction(), 0.0);
+}
+
+// --whole-image runs the real pipeline on a model folder and puts it against the limits of the
+// same run: N steps, the load timed twice, a positive limit and ratio.
+TEST(BenchCli, WholeImageRunsThePipelineAgainstTheStageLimits) {
+  test::TempDir dir;
+  const std::string model = verify::GoldenSet::load(test::golden_dir()).model_dir();
+  auto r = test::run_cli(
+      {"bench", "-m", model, "--whole-image", "2", "--steps", "1", "--warmup", "0", "--json"}, dir,
+      "DIFFUSE_THREADS=1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto w = nlohmann::json::parse(r.out).at("whole_image");
+  EXPECT_EQ(w["steps"], 2);
+  EXPECT_EQ(w["step_s"].size(), 2u);
+  EXPECT_EQ(w["scheduler"], "dpmpp_2m");
+  EXPECT_GT(w["weights_bytes"].get<double>(), 0);
+  EXPECT_GT(w["load_s"].get<double>(), 0);
+  EXPECT_GT(w["warm_load_s"].get<double>(), 0);
+  EXPECT_GT(w["generate_s"].get<double>(), 0);
+  EXPECT_GT(w["limit_s"].get<double>(), 0);
+  EXPECT_NEAR(w["ratio"].get<double>(), w["generate_s"].get<double>() / w["limit_s"].get<double>(),
+              1e-9);
+  // Without a model there is no pipeline to run: a clear error, not a silent skip.
+  auto bad = test::run_cli({"bench", "--arch", "tiny", "--whole-image", "2"}, dir);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--whole-image runs the real pipeline"), std::string::npos) << bad.err;
 }
 
 TEST(BenchCli, RejectsUnknownArch) {

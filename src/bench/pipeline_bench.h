@@ -11,6 +11,7 @@
 #include "bench/flop_counter.h"
 #include "bench/op_profile.h"
 #include "bench/roofline.h"
+#include "bench/whole_image_bench.h"
 
 namespace diffuse::bench {
 
@@ -32,6 +33,9 @@ struct PipelineBenchOptions {
   bool baseline = false;
   // Also run one more UNet step under an OpProfile and report its time by operator kind.
   bool profile = false;
+  // With a model folder: first a real text-to-image run of this many steps (DPM++ 2M, guidance
+  // 7.5, the bench's size), put against `whole_image_steps` x the step limit + the decode limit.
+  int whole_image_steps = 0;
   uint64_t seed = 0;
   std::function<void(const std::string&)> log;  // progress lines (null = quiet)
 };
@@ -70,6 +74,10 @@ struct PipelineBenchResult {
   // operators (bench/op_profile.h).
   double profile_step_s = 0;
   std::vector<OpTime> profile_kinds, profile_ops;
+  // With `whole_image_steps`: that run, and its limit (steps x roofline_limit_s +
+  // vae_roofline_limit_s; the text encoder is not counted), 0 without the roofline.
+  std::optional<WholeImageResult> whole_image;
+  double whole_image_limit_s = 0;
 };
 
 PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& options);

@@ -1,0 +1,37 @@
+// `diffuse bench -m FOLDER --whole-image N`: one real text-to-image run through the public
+// pipeline (load, text encoder, N denoising steps, VAE decode), timed stage by stage, with the
+// model load measured cold or warm as the page cache says, so the whole image can be put
+// against the roofline limits the stage benchmark measures in the same process.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "bench/page_cache.h"
+
+namespace diffuse::bench {
+
+struct WholeImageOptions {
+  std::string model;  // a diffusers folder or single-file checkpoint
+  std::string device = "auto", dtype = "auto", vae_dtype = "auto", attention = "auto";
+  int width = 0, height = 0;  // 0 = the model's default size
+  int steps = 20;
+  std::string scheduler = "dpmpp_2m";
+  double guidance_scale = 7.5;  // > 1: the UNet runs at batch 2, as the stage bench's step
+  uint64_t seed = 0;
+};
+
+struct WholeImageResult {
+  int width = 0, height = 0, steps = 0;
+  std::string scheduler;
+  PageCacheState cache_before_load;  // the weight files in the page cache before the first load
+  double load_s = 0;                 // first load (cold when cache_before_load is ~0 %)
+  double warm_load_s = 0;            // the same load again, the files now cached
+  double text_encode_s = 0, denoise_s = 0, vae_decode_s = 0;
+  double generate_s = 0;  // text encode + denoise + decode, as the pipeline reports its total
+  std::vector<double> step_s;
+  double peak_rss_mb = 0;  // process peak after the run
+};
+
+WholeImageResult run_whole_image_bench(const WholeImageOptions& options);
+
+}  // namespace diffuse::bench
