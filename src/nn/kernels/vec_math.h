@@ -6,6 +6,14 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX__) || defined(__SSE4_1__)
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 intrinsics build their "undefined" operands with a self-initialised local
+// (`__m512 __Y = __Y;`), which -Wmaybe-uninitialized reports at every inlined use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#endif
 
 namespace diffuse::nn::vec {
 namespace {
@@ -27,14 +35,42 @@ inline VecF splat(float x) {
   return VecF{} + x;
 }
 
+// max(lo, min(x, hi)) per lane; a NaN stays NaN. One instruction each where the ISA has them
+// (the comparison-and-blend GCC makes of the generic form is two).
+inline VecF clampv(VecF x, float lo, float hi) {
+#if defined(__AVX512F__)
+  return (VecF)_mm512_max_ps(_mm512_set1_ps(lo), _mm512_min_ps(_mm512_set1_ps(hi), (__m512)x));
+#elif defined(__AVX__)
+  return (VecF)_mm256_max_ps(_mm256_set1_ps(lo), _mm256_min_ps(_mm256_set1_ps(hi), (__m256)x));
+#elif defined(__SSE4_1__)
+  return (VecF)_mm_max_ps(_mm_set1_ps(lo), _mm_min_ps(_mm_set1_ps(hi), (__m128)x));
+#else
+  x = x < lo ? splat(lo) : x;
+  return x > hi ? splat(hi) : x;
+#endif
+}
+
+// floor() per lane, for |y| < 2^31: one rounding instruction where the ISA has it (three
+// otherwise: truncate, convert back, correct the negatives).
+inline VecF floorv(VecF y) {
+#if defined(__AVX512F__)
+  return (VecF)_mm512_roundscale_ps((__m512)y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+#elif defined(__AVX__)
+  return (VecF)_mm256_round_ps((__m256)y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+#elif defined(__SSE4_1__)
+  return (VecF)_mm_round_ps((__m128)y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+#else
+  const VecF n = __builtin_convertvector(__builtin_convertvector(y, VecI), VecF);
+  return n > y ? n - 1.0f : n;
+#endif
+}
+
 // exp(x) to ~2 ulp for x in [-87, 88] (clamped outside): Cephes' polynomial on
 // [-ln2/2, ln2/2], 2^n built in the exponent bits.
 inline VecF expv(VecF x) {
-  x = x < -87.0f ? splat(-87.0f) : x;
-  x = x > 88.0f ? splat(88.0f) : x;
+  x = clampv(x, -87.0f, 88.0f);
   const VecF y = x * 1.44269504088896341f + 0.5f;
-  VecF n = __builtin_convertvector(__builtin_convertvector(y, VecI), VecF);
-  n = n > y ? n - 1.0f : n;  // truncation -> floor
+  const VecF n = floorv(y);
   VecF r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   VecF p = splat(1.9875691500e-4f);
