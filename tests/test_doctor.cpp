@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
@@ -89,6 +90,29 @@ TEST(Doctor, CpuIsaCapIsReportedAndAppliedToTheDtypePolicy) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("DIFFUSE_CPU_ISA='avx9000'"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("native, avx512, avx2 or baseline"), std::string::npos) << bad.err;
+}
+
+// The CLI restarts itself with glibc's huge-page tunable where THP can be had, and doctor (the
+// restarted process) says so; DIFFUSE_HUGE_PAGES=0 keeps the default heap.
+TEST(Doctor, TheCliAsksMallocForHugePages) {
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(thp, mode);
+  const bool available = !mode.empty() && mode.find("[never]") == std::string::npos;
+  test::TempDir dir;
+  auto on = run_cli({"doctor", "--json", "--no-smoke-test"}, dir, "GLIBC_TUNABLES=");
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  auto j = nlohmann::json::parse(on.out);
+  EXPECT_EQ(j["memory"]["malloc_huge_pages"].get<bool>(), available) << mode;
+  auto off =
+      run_cli({"doctor", "--json", "--no-smoke-test"}, dir, "GLIBC_TUNABLES= DIFFUSE_HUGE_PAGES=0");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_FALSE(nlohmann::json::parse(off.out)["memory"]["malloc_huge_pages"].get<bool>());
+  // A user's own tunables are kept next to ours.
+  auto kept = run_cli({"doctor", "--json", "--no-smoke-test"}, dir,
+                      "GLIBC_TUNABLES=glibc.malloc.arena_max=2");
+  ASSERT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_EQ(nlohmann::json::parse(kept.out)["memory"]["malloc_huge_pages"].get<bool>(), available);
 }
 
 TEST(CpuInfo, FeaturesAreConsistent) {

@@ -223,6 +223,18 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   r.intra_op_threads = configure_cpu_threads();
   r.inter_op_threads = at::get_num_interop_threads();
   r.omp_num_threads = env("OMP_NUM_THREADS");
+  {
+    std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string line;
+    if (std::getline(thp, line)) {
+      const auto open = line.find('['), close = line.find(']');
+      if (open != std::string::npos && close > open)
+        r.thp_mode = line.substr(open + 1, close - open - 1);
+    }
+    const std::string tunables = env("GLIBC_TUNABLES");
+    r.malloc_huge_pages = tunables.find("glibc.malloc.hugetlb=1") != std::string::npos ||
+                          tunables.find("glibc.malloc.hugetlb=2") != std::string::npos;
+  }
   r.cuda_devices = cuda_count();
 #ifdef DIFFUSE_WITH_TORCH_NPU
   r.torch_npu_linked = true;
@@ -339,6 +351,8 @@ nlohmann::json to_json(const DoctorReport& r) {
         {"amx_bf16", r.amx_bf16},
         {"amx_tile", r.amx_tile},
         {"isa_cap", r.isa_cap}}},
+      {"memory",
+       {{"transparent_huge_pages", r.thp_mode}, {"malloc_huge_pages", r.malloc_huge_pages}}},
       {"threads",
        {{"intra_op", r.intra_op_threads},
         {"inter_op", r.inter_op_threads},
@@ -374,6 +388,11 @@ std::string to_text(const DoctorReport& r) {
      << (r.isa_cap == "native" ? "" : "; capped to " + r.isa_cap + " by DIFFUSE_CPU_ISA") << "\n";
   os << "threads: intra-op " << r.intra_op_threads << ", inter-op " << r.inter_op_threads
      << " (OMP_NUM_THREADS " << (r.omp_num_threads.empty() ? "unset" : r.omp_num_threads) << ")\n";
+  os << "heap: transparent huge pages " << (r.thp_mode.empty() ? "unknown" : r.thp_mode)
+     << ", malloc " << (r.malloc_huge_pages ? "uses them" : "does not ask for them")
+     << (r.malloc_huge_pages ? ""
+                             : " (diffuse restarts with GLIBC_TUNABLES=glibc.malloc.hugetlb=1)")
+     << "\n";
   os << "CUDA: "
      << (r.cuda_compiled ? std::to_string(r.cuda_devices) + " device(s)" : "not in this libtorch")
      << "\n";

@@ -47,6 +47,8 @@ struct DoctorReport {
   std::string isa_cap = "native";  // DIFFUSE_CPU_ISA
   int intra_op_threads = 0, inter_op_threads = 0;
   std::string omp_num_threads;  // env, "" = unset
+  std::string thp_mode;         // /sys/kernel/mm/transparent_hugepage/enabled: always|madvise|never
+  bool malloc_huge_pages = false;  // GLIBC_TUNABLES has glibc.malloc.hugetlb (the CLI sets it)
   int64_t cuda_devices = 0;
   bool torch_npu_linked = false;  // built with -DDIFFUSE_WITH_TORCH_NPU=ON
   std::string npu_backend;        // "" = none, "torch_npu", "simulated"
