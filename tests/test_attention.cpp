@@ -112,7 +112,6 @@ void check_all_backends(const Shape& s, torch::Dtype dtype, bool upcast = false,
   }
 }
 
-
 TEST(Attention, OddShapesAllBackends) {
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (bool causal : {false, true}) {

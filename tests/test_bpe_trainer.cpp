@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
+#include "test_util.h"
 #include "text/bpe_trainer.h"
 #include "text/clip_tokenizer.h"
-#include "test_util.h"
 
 namespace diffuse {
 namespace test_bpe_trainer {

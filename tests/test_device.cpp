@@ -3,8 +3,8 @@
 
 #include <cstdlib>
 
-#include "device/device.h"
 #include "device/cpu_fallback.h"
+#include "device/device.h"
 #include "device/memory.h"
 #include "device/npu_backend.h"
 #include "diffuse/errors.h"
@@ -20,8 +20,10 @@ class EnvGuard {
     if (v) old_ = v;
   }
   ~EnvGuard() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
   }
 
  private:
@@ -89,8 +91,8 @@ TEST(Device, DtypePolicyDecisions) {
   EXPECT_EQ(choose_dtype(cpu_slow, "unet"), torch::kFloat32);
   // Accelerators: bf16 where native (A2-class NPU, sm80+ GPU), else fp16 (not for the VAE,
   // whose decoder overflows in fp16), else fp32.
-  device::DtypeSupport a2{false, true, true, true}, p310{false, false, false, true}, v100{false, true, false, true},
-      none{false, false, false, false};
+  device::DtypeSupport a2{false, true, true, true}, p310{false, false, false, true},
+      v100{false, true, false, true}, none{false, false, false, false};
   EXPECT_EQ(choose_dtype(a2, "unet"), torch::kBFloat16);
   EXPECT_EQ(choose_dtype(a2, "vae"), torch::kBFloat16);
   EXPECT_EQ(choose_dtype(p310, "unet"), torch::kFloat16);

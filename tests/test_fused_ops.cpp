@@ -33,7 +33,6 @@ void expect_bf16_rounding(const torch::Tensor& out, const torch::Tensor& ref,
   EXPECT_LE(excess, 0.0) << what << ": max error " << (o - r).abs().max().item<double>();
 }
 
-
 TEST(CpuKernels, EveryKernelMatchesFloat64) {
   ASSERT_FALSE(nn::kernels::runnable_cpu_kernels().empty());
   EXPECT_STREQ(nn::kernels::runnable_cpu_kernels().back()->name, "portable");

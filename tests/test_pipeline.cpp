@@ -221,10 +221,9 @@ TEST(PipelinePromptSyntax, PlainPromptsAreExactWeightsAndLongPromptsChangeTheIma
   };
   const std::string plain = "a red circle on the left and a blue square on the right";
   EXPECT_EQ(run(plain, "a1111").images[0].rgb, run(plain, "plain").images[0].rgb);
-  EXPECT_NE(run("a (red circle:1.6) on the left and a blue square on the right", "a1111")
-                .images[0]
-                .rgb,
-            run(plain, "a1111").images[0].rgb);
+  EXPECT_NE(
+      run("a (red circle:1.6) on the left and a blue square on the right", "a1111").images[0].rgb,
+      run(plain, "a1111").images[0].rgb);
   std::string longer = plain;
   for (int i = 0; i < 30; ++i) longer += ", and a green triangle";
   const auto truncated = run(longer, "plain");

@@ -161,8 +161,8 @@ TEST(UNetModel, ParameterNamesEqualTheDiffusersFile) {
 }
 
 TEST(UNetModel, RejectsMalformedInputs) {
-  auto unet =
-      models::load_unet(io::ModelFolder::open(test::golden_model_dir()), torch::kCPU, torch::kFloat32);
+  auto unet = models::load_unet(io::ModelFolder::open(test::golden_model_dir()), torch::kCPU,
+                                torch::kFloat32);
   const auto& c = unet->config();
   const int64_t f = c.spatial_factor(), lc = c.in_channels, cd = c.cross_attention_dim[0];
   torch::InferenceMode guard;
@@ -189,13 +189,15 @@ TEST(UNetModel, RejectsMalformedInputs) {
   });
   EXPECT_NE(msg.find("timestep"), std::string::npos) << msg;
 
-  msg = test::expect_throw<InvalidArgument>([&] { unet->forward(torch::randn({3, lc, f, f}), t, ctx); });
+  msg = test::expect_throw<InvalidArgument>([&] {
+    unet->forward(torch::randn({3, lc, f, f}), t, ctx);
+  });
   EXPECT_NE(msg.find("batch"), std::string::npos) << msg;
 }
 
 TEST(UNetModel, ScalarIntAndFloatTimestepsAgree) {
-  auto unet =
-      models::load_unet(io::ModelFolder::open(test::golden_model_dir()), torch::kCPU, torch::kFloat32);
+  auto unet = models::load_unet(io::ModelFolder::open(test::golden_model_dir()), torch::kCPU,
+                                torch::kFloat32);
   const auto& c = unet->config();
   torch::InferenceMode guard;
   torch::manual_seed(0);

@@ -137,8 +137,8 @@ FlopCounter::FlopCounter() {
   counts_ = std::make_unique<FlopCounts>();
   t_counts = counts_.get();
   t_count_depth = 0;
-  handle_ =
-      at::addThreadLocalCallback(at::RecordFunctionCallback(count_start, count_end).needsInputs(true));
+  handle_ = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(count_start, count_end).needsInputs(true));
 }
 
 FlopCounter::~FlopCounter() {

@@ -17,7 +17,6 @@
 namespace diffuse::device {
 namespace {
 
-
 std::mutex g_probe_mu;
 std::map<std::pair<std::string, int>, bool> g_probe_cache;
 

@@ -14,7 +14,8 @@ namespace diffuse::io {
 class JsonConfig {
  public:
   JsonConfig() = default;
-  JsonConfig(nlohmann::json json, std::string source) : json_(std::move(json)), source_(std::move(source)) {}
+  JsonConfig(nlohmann::json json, std::string source)
+      : json_(std::move(json)), source_(std::move(source)) {}
 
   // Reads and parses a JSON file; IoError if missing, FormatError if malformed or not an object.
   static JsonConfig load(const std::string& path);

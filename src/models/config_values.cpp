@@ -29,8 +29,8 @@ double read_number_in(const io::JsonConfig& cfg, const std::string& key, double 
                       double hi) {
   const double v = cfg.get_number(key, fallback);
   if (!(std::isfinite(v) && v >= lo && v <= hi))
-    cfg.fail(key, "expected a finite number in [" + io::number_text(lo) + ", " + io::number_text(hi) +
-                      "], got " + io::number_text(v));
+    cfg.fail(key, "expected a finite number in [" + io::number_text(lo) + ", " +
+                      io::number_text(hi) + "], got " + io::number_text(v));
   return v;
 }
 
@@ -38,8 +38,8 @@ double read_positive_number(const io::JsonConfig& cfg, const std::string& key, d
                             double hi) {
   const double v = cfg.get_number(key, fallback);
   if (!(std::isfinite(v) && v > 0 && v <= hi))
-    cfg.fail(key,
-             "expected a finite number in (0, " + io::number_text(hi) + "], got " + io::number_text(v));
+    cfg.fail(key, "expected a finite number in (0, " + io::number_text(hi) + "], got " +
+                      io::number_text(v));
   return v;
 }
 
