@@ -5,21 +5,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #if defined(__GLIBC__)
 #include <gnu/libc-version.h>
 #endif
 
+#include "device/cpu_allocator.h"
+
 namespace diffuse::app {
 namespace {
-
-bool thp_available() {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string line;
-  return std::getline(in, line) && line.find("[never]") == std::string::npos;
-}
 
 bool glibc_has_hugetlb_tunable() {
 #if defined(__GLIBC__)
@@ -38,7 +33,8 @@ void restart_with_huge_pages(char** argv) {
   if (flag && std::string(flag) == "0") return;
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   if (tunables && std::strstr(tunables, "glibc.malloc.hugetlb")) return;
-  if (!thp_available() || !glibc_has_hugetlb_tunable()) return;
+  const std::string thp = device::transparent_huge_pages_mode();
+  if (thp.empty() || thp == "never" || !glibc_has_hugetlb_tunable()) return;
   const std::string value = (tunables && *tunables ? std::string(tunables) + ":" : std::string()) +
                             "glibc.malloc.hugetlb=1";
   if (::setenv("GLIBC_TUNABLES", value.c_str(), 1) != 0) return;

@@ -167,10 +167,10 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     // after dropping caches); the stage benchmark below then reads the weights warm.
     WholeImageOptions w;
     w.model = o.model;
-    w.device = o.device;
-    w.dtype = o.dtype;
-    w.vae_dtype = o.vae_dtype;
-    w.attention = o.attention;
+    w.load.device = o.device;
+    w.load.dtype = o.dtype;
+    w.load.vae_dtype = o.vae_dtype;
+    w.load.attention = o.attention;
     w.width = o.width;
     w.height = o.height;
     w.steps = o.whole_image_steps;

@@ -2,7 +2,6 @@
 
 #include "bench/bench_util.h"
 #include "diffuse/errors.h"
-#include "diffuse/pipeline.h"
 
 namespace diffuse::bench {
 
@@ -15,19 +14,14 @@ WholeImageResult run_whole_image_bench(const WholeImageOptions& o) {
   r.steps = o.steps;
   r.scheduler = o.scheduler;
   r.cache_before_load = page_cache_state(weight_files(o.model));
-  LoadOptions load;
-  load.device = o.device;
-  load.dtype = o.dtype;
-  load.vae_dtype = o.vae_dtype;
-  load.attention = o.attention;
   // Two loads: the first as the page cache was (cold after dropping caches), the second warm.
   // Only the second pipeline is kept, so the process never holds two models.
   double t0 = now_s();
-  std::optional<Text2Image> pipe = Text2Image::load(o.model, load);
+  std::optional<Text2Image> pipe = Text2Image::load(o.model, o.load);
   r.load_s = now_s() - t0;
   pipe.reset();
   t0 = now_s();
-  pipe = Text2Image::load(o.model, load);
+  pipe = Text2Image::load(o.model, o.load);
   r.warm_load_s = now_s() - t0;
 
   GenerationConfig cfg;

@@ -7,12 +7,13 @@
 #include <vector>
 
 #include "bench/page_cache.h"
+#include "diffuse/pipeline.h"
 
 namespace diffuse::bench {
 
 struct WholeImageOptions {
-  std::string model;  // a diffusers folder or single-file checkpoint
-  std::string device = "auto", dtype = "auto", vae_dtype = "auto", attention = "auto";
+  std::string model;          // a diffusers folder or single-file checkpoint
+  LoadOptions load;           // device, dtypes, attention: the bench's
   int width = 0, height = 0;  // 0 = the model's default size
   int steps = 20;
   std::string scheduler = "dpmpp_2m";

@@ -1,6 +1,7 @@
 #include "device/cpu_allocator.h"
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #if defined(__GLIBC__)
@@ -24,6 +25,16 @@ bool keep_freed_memory() {
 #endif
   }();
   return active;
+}
+
+std::string transparent_huge_pages_mode() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (!std::getline(in, line)) return "";
+  const auto open = line.find('['), close = line.find(']');
+  return open != std::string::npos && close != std::string::npos && close > open
+             ? line.substr(open + 1, close - open - 1)
+             : "";
 }
 
 }  // namespace diffuse::device

@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "device/cpu_allocator.h"
 #include "device/cpu_fallback.h"
 #include "device/cpu_info.h"
 #include "device/cpu_threads.h"
@@ -223,18 +224,10 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   r.intra_op_threads = configure_cpu_threads();
   r.inter_op_threads = at::get_num_interop_threads();
   r.omp_num_threads = env("OMP_NUM_THREADS");
-  {
-    std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::string line;
-    if (std::getline(thp, line)) {
-      const auto open = line.find('['), close = line.find(']');
-      if (open != std::string::npos && close > open)
-        r.thp_mode = line.substr(open + 1, close - open - 1);
-    }
-    const std::string tunables = env("GLIBC_TUNABLES");
-    r.malloc_huge_pages = tunables.find("glibc.malloc.hugetlb=1") != std::string::npos ||
-                          tunables.find("glibc.malloc.hugetlb=2") != std::string::npos;
-  }
+  r.thp_mode = transparent_huge_pages_mode();
+  const std::string tunables = env("GLIBC_TUNABLES");
+  r.malloc_huge_pages = tunables.find("glibc.malloc.hugetlb=1") != std::string::npos ||
+                        tunables.find("glibc.malloc.hugetlb=2") != std::string::npos;
   r.cuda_devices = cuda_count();
 #ifdef DIFFUSE_WITH_TORCH_NPU
   r.torch_npu_linked = true;
