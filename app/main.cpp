@@ -5,11 +5,11 @@
 
 #include "commands.h"
 #include "diffuse/errors.h"
-#include "huge_pages.h"
 #include "interrupt.h"
+#include "startup_env.h"
 
 int main(int argc, char** argv) {
-  diffuse::app::restart_with_huge_pages(argv);
+  diffuse::app::restart_with_startup_settings(argv);
   CLI::App app{"diffuse: diffusion image models on CPU, CUDA and Ascend NPU"};
   app.require_subcommand(1);
   bool show_version = false;

@@ -115,6 +115,28 @@ TEST(Doctor, TheCliAsksMallocForHugePages) {
   EXPECT_EQ(nlohmann::json::parse(kept.out)["memory"]["malloc_huge_pages"].get<bool>(), available);
 }
 
+// Beside a pthread OpenBLAS the CLI restarts with OpenMP workers that sleep when idle, so that
+// they do not share the cores with OpenBLAS's threads; a user's own policy is kept.
+TEST(Doctor, TheCliLetsIdleOpenMpWorkersSleepBesideOpenBlasThreads) {
+  test::TempDir dir;
+  auto on = run_cli({"doctor", "--json", "--no-smoke-test"}, dir,
+                    "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT");
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  auto j = nlohmann::json::parse(on.out);
+  const std::string threading = j["blas"]["threading"].get<std::string>();
+  EXPECT_EQ(j["threads"]["OMP_WAIT_POLICY"].get<std::string>(),
+            threading == "pthreads" ? "PASSIVE" : "")
+      << threading;
+  auto kept = run_cli({"doctor", "--json", "--no-smoke-test"}, dir, "OMP_WAIT_POLICY=active");
+  ASSERT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_EQ(nlohmann::json::parse(kept.out)["threads"]["OMP_WAIT_POLICY"].get<std::string>(),
+            "active");
+  auto spin = run_cli({"doctor", "--json", "--no-smoke-test"}, dir,
+                      "env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=1000");
+  ASSERT_EQ(spin.exit_code, 0) << spin.err;
+  EXPECT_EQ(nlohmann::json::parse(spin.out)["threads"]["OMP_WAIT_POLICY"].get<std::string>(), "");
+}
+
 TEST(CpuInfo, FeaturesAreConsistent) {
   const auto& c = device::cpu_info();
   EXPECT_GT(c.logical_cpus, 0);

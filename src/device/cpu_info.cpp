@@ -11,6 +11,9 @@
 
 #include "nn/kernels/cpu_features.h"
 
+// OpenBLAS's own query; weak, so a build with another BLAS links and reports "".
+extern "C" int openblas_get_parallel() __attribute__((weak));
+
 namespace diffuse::device {
 namespace {
 
@@ -74,6 +77,10 @@ const CpuInfo& cpu_info() {
 
 BlasInfo blas_info() {
   BlasInfo b;
+  if (openblas_get_parallel) {
+    const int mode = openblas_get_parallel();
+    b.threading = mode == 1 ? "pthreads" : mode == 2 ? "openmp" : "sequential";
+  }
   if (void* sym = dlsym(RTLD_DEFAULT, "sgemm_")) {
     Dl_info info;
     if (dladdr(sym, &info) && info.dli_fname) b.provider = canonical(info.dli_fname);

@@ -19,6 +19,9 @@ struct BlasInfo {
   std::string provider;             // file that defines sgemm_ (dladdr), symlinks resolved
   std::vector<std::string> loaded;  // BLAS/LAPACK-like libraries mapped into this process
   bool reference = false;           // the slow netlib reference BLAS
+  // How OpenBLAS runs its threads (openblas_get_parallel): "pthreads" (its own pool, beside
+  // LibTorch's OpenMP one), "openmp", "sequential"; "" when the BLAS is not OpenBLAS.
+  std::string threading;
 };
 // Which BLAS this process uses. Debian's libtorch calls whatever libblas.so.3 the
 // alternatives system selects; the reference implementation is ~20x slower than OpenBLAS.

@@ -209,6 +209,7 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   r.blas_provider = blas.provider;
   r.blas_loaded = blas.loaded;
   r.blas_reference = blas.reference;
+  r.blas_threading = blas.threading;
   const CpuInfo& cpu = cpu_info();
   r.cpu_model = cpu.model;
   r.logical_cpus = cpu.logical_cpus;
@@ -224,6 +225,7 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   r.intra_op_threads = configure_cpu_threads();
   r.inter_op_threads = at::get_num_interop_threads();
   r.omp_num_threads = env("OMP_NUM_THREADS");
+  r.omp_wait_policy = env("OMP_WAIT_POLICY");
   r.thp_mode = transparent_huge_pages_mode();
   const std::string tunables = env("GLIBC_TUNABLES");
   r.malloc_huge_pages = tunables.find("glibc.malloc.hugetlb=1") != std::string::npos ||
@@ -334,7 +336,10 @@ nlohmann::json to_json(const DoctorReport& r) {
         {"openmp", r.openmp},
         {"config", r.torch_config}}},
       {"blas",
-       {{"provider", r.blas_provider}, {"loaded", r.blas_loaded}, {"reference", r.blas_reference}}},
+       {{"provider", r.blas_provider},
+        {"loaded", r.blas_loaded},
+        {"reference", r.blas_reference},
+        {"threading", r.blas_threading}}},
       {"cpu",
        {{"model", r.cpu_model},
         {"logical_cpus", r.logical_cpus},
@@ -349,7 +354,8 @@ nlohmann::json to_json(const DoctorReport& r) {
       {"threads",
        {{"intra_op", r.intra_op_threads},
         {"inter_op", r.inter_op_threads},
-        {"OMP_NUM_THREADS", r.omp_num_threads}}},
+        {"OMP_NUM_THREADS", r.omp_num_threads},
+        {"OMP_WAIT_POLICY", r.omp_wait_policy}}},
       {"cuda", {{"compiled", r.cuda_compiled}, {"devices", r.cuda_devices}}},
       {"npu",
        {{"torch_npu_linked", r.torch_npu_linked},
@@ -374,13 +380,20 @@ std::string to_text(const DoctorReport& r) {
   os << "libtorch " << r.libtorch_version << ": CUDA " << yes_no(r.cuda_compiled) << ", oneDNN "
      << yes_no(r.mkldnn) << ", OpenMP " << yes_no(r.openmp) << "\n";
   os << "BLAS: " << (r.blas_provider.empty() ? "(no sgemm_ visible)" : r.blas_provider)
+     << (r.blas_threading.empty() ? "" : " (" + r.blas_threading + ")")
      << (r.blas_reference ? "  <- SLOW reference BLAS" : "") << "\n";
   os << "CPU: " << r.cpu_model << ", " << r.logical_cpus << " logical CPUs; AVX2 " << yes_no(r.avx2)
      << ", AVX-512 " << yes_no(r.avx512f) << ", AVX512-BF16 " << yes_no(r.avx512_bf16) << ", AMX "
      << yes_no(r.amx_tile) << " (AMX-BF16 " << yes_no(r.amx_bf16) << ")"
      << (r.isa_cap == "native" ? "" : "; capped to " + r.isa_cap + " by DIFFUSE_CPU_ISA") << "\n";
   os << "threads: intra-op " << r.intra_op_threads << ", inter-op " << r.inter_op_threads
-     << " (OMP_NUM_THREADS " << (r.omp_num_threads.empty() ? "unset" : r.omp_num_threads) << ")\n";
+     << " (OMP_NUM_THREADS " << (r.omp_num_threads.empty() ? "unset" : r.omp_num_threads)
+     << ", OMP_WAIT_POLICY " << (r.omp_wait_policy.empty() ? "unset" : r.omp_wait_policy)
+     << (r.omp_wait_policy.empty() && r.blas_threading == "pthreads"
+             ? ": idle OpenMP workers spin and slow OpenBLAS's own threads; the diffuse CLI "
+               "restarts with OMP_WAIT_POLICY=PASSIVE"
+             : "")
+     << ")\n";
   os << "heap: transparent huge pages " << (r.thp_mode.empty() ? "unknown" : r.thp_mode)
      << ", malloc " << (r.malloc_huge_pages ? "uses them" : "does not ask for them")
      << (r.malloc_huge_pages ? ""

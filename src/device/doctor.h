@@ -41,12 +41,15 @@ struct DoctorReport {
   std::string blas_provider;
   std::vector<std::string> blas_loaded;
   bool blas_reference = false;
+  std::string blas_threading;  // BlasInfo::threading: pthreads|openmp|sequential, "" = not OpenBLAS
   std::string cpu_model;
   int logical_cpus = 0;
   bool avx2 = false, avx512f = false, avx512_bf16 = false, amx_bf16 = false, amx_tile = false;
   std::string isa_cap = "native";  // DIFFUSE_CPU_ISA
   int intra_op_threads = 0, inter_op_threads = 0;
   std::string omp_num_threads;  // env, "" = unset
+  std::string omp_wait_policy;  // env OMP_WAIT_POLICY, "" = unset (the CLI sets PASSIVE beside a
+                                // pthread OpenBLAS)
   std::string thp_mode;         // /sys/kernel/mm/transparent_hugepage/enabled: always|madvise|never
   bool malloc_huge_pages = false;  // GLIBC_TUNABLES has glibc.malloc.hugetlb (the CLI sets it)
   int64_t cuda_devices = 0;
