@@ -327,6 +327,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                         {"vae_dtype", info->vae_dtype},
                         {"attention", info->attention},
                         {"load_s", info->load_s},
+                        {"weight_bytes", info->weight_bytes},
                         {"text_encode_s", text},
                         {"vae_encode_s", encode},
                         {"denoise_s", denoise},

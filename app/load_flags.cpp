@@ -47,6 +47,9 @@ void add_load_flags(CLI::App& app, LoadFlags& f) {
   app.add_flag(
       "--offload", f.offload,
       "Keep each network in memory only while it runs (lowest peak memory, ~1 s more per image)");
+  app.add_flag("--widen-weights", f.widen_weights,
+               "float32 on the CPU: widen a 16-bit model's weights at load (default: keep them "
+               "16-bit and widen per call; the same image, about half the weight memory)");
   app.add_option("--lora", f.loras,
                  "LoRA adapter PATH[:SCALE] (default scale 1; repeat for several) merged into "
                  "the UNet and text encoder");
@@ -83,6 +86,7 @@ LoadOptions to_load_options(const LoadFlags& f) {
   if (f.v_prediction) lo.v_prediction = true;
   if (f.epsilon) lo.v_prediction = false;
   lo.offload = f.offload;
+  lo.keep_16bit_weights = !f.widen_weights;
   for (const auto& l : f.loras) lo.loras.push_back(parse_lora_flag(l));
   lo.lora_lenient = f.lora_lenient;
   lo.lora_mode = f.lora_mode;

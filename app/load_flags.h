@@ -15,6 +15,7 @@ struct LoadFlags {
   std::string config_dir;
   bool v_prediction = false, epsilon = false;
   bool offload = false;
+  bool widen_weights = false;
   std::vector<std::string> loras;
   bool lora_lenient = false;
   std::string lora_mode = "merged";

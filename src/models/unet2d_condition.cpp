@@ -34,7 +34,7 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
   const auto& boc = c.block_out_channels;
   conv_in = register_module(
       "conv_in", nn::make_conv2d(torch::nn::Conv2dOptions(c.in_channels, boc[0], c.conv_in_kernel)
-                                       .padding((c.conv_in_kernel - 1) / 2)));
+                                     .padding((c.conv_in_kernel - 1) / 2)));
   time_proj = register_module("time_proj", nn::Timesteps(boc[0], c.flip_sin_to_cos, c.freq_shift));
   time_embedding = register_module(
       "time_embedding", nn::TimestepEmbedding(boc[0], c.time_embedding_dim, act_, post_act));
@@ -117,7 +117,7 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
   conv_out = register_module(
       "conv_out",
       nn::make_conv2d(torch::nn::Conv2dOptions(boc[0], c.out_channels, c.conv_out_kernel)
-                            .padding((c.conv_out_kernel - 1) / 2)));
+                          .padding((c.conv_out_kernel - 1) / 2)));
 }
 
 void UNet2DConditionModelImpl::check_inputs(const torch::Tensor& sample,
@@ -126,9 +126,8 @@ void UNet2DConditionModelImpl::check_inputs(const torch::Tensor& sample,
   const auto& c = config_;
   const std::string who = "UNet2DConditionModel (" + c.source + "): ";
   if (!sample.defined() || sample.dim() != 4)
-    throw InvalidArgument(
-        who + "sample must be 4-D [batch, channels, height, width], got " +
-        (sample.defined() ? c10::str(sample.sizes()) : std::string("no tensor")));
+    throw InvalidArgument(who + "sample must be 4-D [batch, channels, height, width], got " +
+                          (sample.defined() ? c10::str(sample.sizes()) : std::string("no tensor")));
   if (sample.size(1) != c.in_channels)
     throw InvalidArgument(who + "sample has " + std::to_string(sample.size(1)) +
                           " channels, expected in_channels = " + std::to_string(c.in_channels));
@@ -162,8 +161,10 @@ UNet2DConditionModelImpl::Prepared UNet2DConditionModelImpl::prepare(
     const torch::Tensor& encoder_hidden_states, Intermediates* intermediates) {
   check_inputs(sample_in, timestep, encoder_hidden_states);
   const int64_t B = sample_in.size(0);
-  // Inputs follow the weights' device and dtype (a no-op when they already match).
-  const auto& w = conv_in->weight;
+  // Inputs follow the model's device and compute dtype (a no-op when they already match): those
+  // of conv_in's bias, as its weight may be kept in 16 bits under float32 compute
+  // (nn::load_state_dict's keep_16bit; biases are never kept).
+  const auto& w = conv_in->bias.defined() ? conv_in->bias : conv_in->weight;
   auto sample = sample_in.to(w.device(), w.scalar_type());
   if (config_.center_input_sample) sample = 2 * sample - 1.0;
 

@@ -85,10 +85,26 @@ SkipInitGuard::~SkipInitGuard() {
   t_dtype = saved_dtype_;
 }
 
+namespace {
+
+// A weight kept in its file's 16-bit dtype (load_state_dict's keep_16bit) is widened for the
+// call only; widening is exact, so the layer computes what it would with float32 storage.
+torch::Tensor as_input_dtype(const torch::Tensor& t, const torch::Tensor& input) {
+  if (!t.defined() || t.scalar_type() == input.scalar_type()) return t;
+  return t.to(input.scalar_type());
+}
+
+}  // namespace
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
-  auto y = torch::nn::LinearImpl::forward(input);
+  auto y = weight.scalar_type() == input.scalar_type()
+               ? torch::nn::LinearImpl::forward(input)
+               : torch::nn::functional::linear(input, as_input_dtype(weight, input),
+                                               as_input_dtype(bias, input));
   for (const auto& u : low_rank)
-    y.add_(torch::nn::functional::linear(torch::nn::functional::linear(input, u.down), u.up),
+    y.add_(torch::nn::functional::linear(
+               torch::nn::functional::linear(input, as_input_dtype(u.down, input)),
+               as_input_dtype(u.up, input)),
            u.scale);
   return y;
 }
@@ -100,14 +116,28 @@ bool supports_low_rank(const Conv2dImpl& conv) {
 }
 
 torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
-  auto y = torch::nn::Conv2dImpl::forward(input);
+  // _conv_forward adds `bias`: kept in the compute dtype (only weights stay 16-bit).
+  auto y = weight.scalar_type() == input.scalar_type()
+               ? torch::nn::Conv2dImpl::forward(input)
+               : _conv_forward(input, as_input_dtype(weight, input));
   if (low_rank.empty()) return y;
   const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
   for (const auto& u : low_rank) {
-    auto h = torch::conv2d(input, u.down, {}, *options.stride(), *padding, *options.dilation());
-    y.add_(torch::conv2d(h, u.up), u.scale);
+    auto h = torch::conv2d(input, as_input_dtype(u.down, input), {}, *options.stride(), *padding,
+                           *options.dilation());
+    y.add_(torch::conv2d(h, as_input_dtype(u.up, input)), u.scale);
   }
   return y;
+}
+
+std::set<std::string> layer_weight_names(const torch::nn::Module& module) {
+  std::set<std::string> names;
+  for (const auto& item : module.named_modules()) {
+    const auto* m = item.value().get();
+    if (dynamic_cast<const LinearImpl*>(m) || dynamic_cast<const Conv2dImpl*>(m))
+      names.insert(item.key().empty() ? "weight" : item.key() + ".weight");
+  }
+  return names;
 }
 
 Linear make_linear(const torch::nn::LinearOptions& options) {

@@ -13,6 +13,8 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <set>
+#include <string>
 #include <vector>
 
 namespace diffuse::nn {
@@ -40,6 +42,11 @@ class Conv2dImpl : public torch::nn::Conv2dImpl {
   std::vector<LowRankUpdate> low_rank;  // empty: a plain convolution
 };
 TORCH_MODULE(Conv2d);
+
+// The names of the weights of every nn::Linear and nn::Conv2d in `module` ("a.b.weight"): the
+// parameters that may stay in a 16-bit file dtype under float32 compute (load_state_dict's
+// keep_16bit). Such a weight is widened to the input's dtype for each call.
+std::set<std::string> layer_weight_names(const torch::nn::Module& module);
 
 // Whether a convolution can take run-time updates (one group, zero padding of explicit size).
 bool supports_low_rank(const Conv2dImpl& conv);

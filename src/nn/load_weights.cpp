@@ -46,7 +46,7 @@ void check_finite(const torch::Tensor& loaded, const torch::Tensor& stored,
 LoadReport load_state_dict(torch::nn::Module& module,
                            const std::map<std::string, torch::Tensor>& weights,
                            const std::string& source, const std::set<std::string>& ignored,
-                           bool share_mapped) {
+                           bool share_mapped, const std::set<std::string>& keep_16bit) {
   torch::NoGradGuard no_grad;
   std::set<std::string> used;
   std::vector<std::string> missing;
@@ -61,7 +61,15 @@ LoadReport load_state_dict(torch::nn::Module& module,
       throw FormatError(source + ": tensor '" + item.key() + "' has shape " +
                         c10::str(it->second.sizes()) + ", the model expects " +
                         c10::str(param.sizes()));
-    if (share_mapped && io::is_file_mapped(it->second)) {
+    const auto file_dtype = it->second.scalar_type();
+    if (param.scalar_type() == torch::kFloat32 &&
+        (file_dtype == torch::kHalf || file_dtype == torch::kBFloat16) &&
+        keep_16bit.count(item.key())) {
+      // A fresh copy (not a view of the mapping), on the parameter's device.
+      param.set_data(it->second.to(param.device(), file_dtype, /*non_blocking=*/false,
+                                   /*copy=*/true));
+      check_finite(param, it->second, source, item.key());
+    } else if (share_mapped && io::is_file_mapped(it->second)) {
       param.set_data(it->second);  // views the file: streamed, nothing copied
       check_finite(it->second, it->second, source, item.key());
     } else {

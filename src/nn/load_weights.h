@@ -21,9 +21,12 @@ struct LoadReport {
 // the pages of weights that view a mapped safetensors file are released once copied.
 // `share_mapped`: parameters whose file tensor lies in a file mapping view it instead (in the
 // file's dtype, nothing copied; models::BlockWeightStream places them as they run).
+// `keep_16bit`: parameters named here whose file tensor is float16/bfloat16 while the parameter
+// is float32 take a copy in the file's dtype instead (half the memory; nn::Linear and
+// nn::Conv2d widen such a weight per call, exactly, see nn::layer_weight_names).
 LoadReport load_state_dict(torch::nn::Module& module,
                            const std::map<std::string, torch::Tensor>& weights,
                            const std::string& source, const std::set<std::string>& ignored = {},
-                           bool share_mapped = false);
+                           bool share_mapped = false, const std::set<std::string>& keep_16bit = {});
 
 }  // namespace diffuse::nn

@@ -74,6 +74,7 @@ struct StableDiffusion::Components {
   std::unique_ptr<text::ClipTokenizer> tokenizer;
   ModelSource source;  // weights (file mappings) stay here only with offload
   bool offload = false;
+  bool keep_16bit_weights = true;  // LoadOptions::keep_16bit_weights
   models::ClipTextConfig text_config;
   models::UNet2DConditionConfig unet_config;
   models::AutoencoderKLConfig vae_config;
@@ -93,8 +94,13 @@ struct StableDiffusion::Components {
       nn::SkipInitGuard skip_init(dtype);
       slot = M(config);
     }
-    nn::load_state_dict(*slot, weights, source.path + " (" + component + ")", ignored);
-    slot->to(where, dtype);
+    std::set<std::string> keep_16bit;
+    if (keep_16bit_weights && where.is_cpu() && dtype == torch::kFloat32 &&
+        std::string(component) != "vae")
+      keep_16bit = nn::layer_weight_names(*slot);
+    nn::load_state_dict(*slot, weights, source.path + " (" + component + ")", ignored,
+                        /*share_mapped=*/false, keep_16bit);
+    if (keep_16bit.empty()) slot->to(where, dtype);  // else: already float32 on the CPU
     slot->eval();
     bind_loras(component, *slot);
     return slot;
@@ -209,6 +215,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   // first generation.
   schedulers::make_scheduler(c_->scheduler_config);
   c_->offload = options.offload;
+  c_->keep_16bit_weights = options.keep_16bit_weights;
   if (options.lora_mode != "merged" && options.lora_mode != "unmerged")
     throw InvalidArgument("lora_mode: expected \"merged\" or \"unmerged\", got \"" +
                           options.lora_mode + "\"");
@@ -220,6 +227,11 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
     c_->text_encoder();
     c_->unet();
     c_->vae();
+    for (const torch::nn::Module* m :
+         {static_cast<torch::nn::Module*>(c_->text_encoder_module.get()),
+          static_cast<torch::nn::Module*>(c_->unet_module.get()),
+          static_cast<torch::nn::Module*>(c_->vae_module.get())})
+      for (const auto& p : m->parameters()) info_.weight_bytes += p.numel() * p.element_size();
     // Weights now live in the modules; drop the file mappings.
     src.unet_weights.clear();
     src.vae_weights.clear();
