@@ -94,6 +94,7 @@ struct StableDiffusion::Components {
       nn::SkipInitGuard skip_init(dtype);
       slot = M(config);
     }
+    // Not the VAE: it takes its compute dtype from conv_in's weight, and is small.
     std::set<std::string> keep_16bit;
     if (keep_16bit_weights && where.is_cpu() && dtype == torch::kFloat32 &&
         std::string(component) != "vae")
