@@ -71,10 +71,12 @@ TEST(WeightStreaming, ZeroCopyOnTheCpuGivesTheResidentOutput) {
   EXPECT_TRUE(torch::equal(run(streamed, in), want));
   EXPECT_TRUE(torch::equal(run(streamed, in), want));  // pages dropped and read again
   // Nothing was copied: the block weights still view the file.
-  for (const auto& p : streamed->named_parameters())
+  for (const auto& p : streamed->named_parameters()) {
     if (p.key().rfind("double_stream_blocks.", 0) == 0 ||
-        p.key().rfind("single_stream_blocks.", 0) == 0)
+        p.key().rfind("single_stream_blocks.", 0) == 0) {
       EXPECT_TRUE(io::is_file_mapped(p.value())) << p.key();
+    }
+  }
 }
 
 TEST(WeightStreaming, PerBlockCopiesInAnotherDtypeGiveTheResidentOutput) {

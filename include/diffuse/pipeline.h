@@ -49,10 +49,10 @@ struct LoadOptions {
   // for about a second more per generation. Images are bit-identical either way.
   bool offload = false;
   // Float32 on the CPU with a 16-bit model file (SD checkpoints are usually float16): the
-  // weights of the text encoder's and UNet's linear and convolution layers stay in the file's
-  // dtype and are widened per call. Images are bit-identical (widening is exact); the resident
-  // weights are nearly halved (SD2.1: 4.8 -> 2.5 GiB), for ~1-2 % more time per step. false:
-  // widen them all at load.
+  // weights of the networks' linear and convolution layers stay in the file's dtype and are
+  // widened per call. Images are bit-identical (widening is exact); the resident weights are
+  // nearly halved (SD2.1-base: 4.8 -> 2.5 GiB), for 0-3 % more time per step. false: widen
+  // them all at load.
   bool keep_16bit_weights = true;
   // LoRA adapters merged into the UNet and text encoder weights after loading (no run-time
   // cost), in float32, then cast to the network's dtype. A tensor that matches no weight is an

@@ -121,8 +121,8 @@ torch::Tensor AutoencoderKLImpl::encode_moments(const torch::Tensor& x,
     throw InvalidArgument(who + "image height and width must be multiples of " + std::to_string(f) +
                           ", got " + std::to_string(x.size(2)) + "x" + std::to_string(x.size(3)));
 
-  // Inputs follow the weights' device and dtype (a no-op when they already match).
-  const auto& w = encoder->conv_in->weight;
+  // Inputs follow the model's device and compute dtype (a no-op when they already match).
+  const auto& w = nn::compute_reference(*encoder->conv_in);
   auto moments = encoder(x.to(w.device(), w.scalar_type()), intermediates, "encoder.");
   if (quant_conv) {
     moments = quant_conv(moments);
@@ -141,7 +141,7 @@ torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& z_in, Intermediates
     throw InvalidArgument(
         who + "latents have " + std::to_string(z_in.size(1)) +
         " channels, expected latent_channels = " + std::to_string(c.latent_channels));
-  const auto& w = decoder->conv_in->weight;
+  const auto& w = nn::compute_reference(*decoder->conv_in);
   auto z = z_in.to(w.device(), w.scalar_type());
   if (post_quant_conv) {
     z = post_quant_conv(z);

@@ -161,10 +161,8 @@ UNet2DConditionModelImpl::Prepared UNet2DConditionModelImpl::prepare(
     const torch::Tensor& encoder_hidden_states, Intermediates* intermediates) {
   check_inputs(sample_in, timestep, encoder_hidden_states);
   const int64_t B = sample_in.size(0);
-  // Inputs follow the model's device and compute dtype (a no-op when they already match): those
-  // of conv_in's bias, as its weight may be kept in 16 bits under float32 compute
-  // (nn::load_state_dict's keep_16bit; biases are never kept).
-  const auto& w = conv_in->bias.defined() ? conv_in->bias : conv_in->weight;
+  // Inputs follow the model's device and compute dtype (a no-op when they already match).
+  const auto& w = nn::compute_reference(*conv_in);
   auto sample = sample_in.to(w.device(), w.scalar_type());
   if (config_.center_input_sample) sample = 2 * sample - 1.0;
 

@@ -48,6 +48,13 @@ TORCH_MODULE(Conv2d);
 // keep_16bit). Such a weight is widened to the input's dtype for each call.
 std::set<std::string> layer_weight_names(const torch::nn::Module& module);
 
+// The parameter whose device and dtype a network's inputs follow when this layer is its first:
+// the bias, which is never kept in 16 bits (a weight may be, see layer_weight_names), else the
+// weight.
+inline const torch::Tensor& compute_reference(const Conv2dImpl& layer) {
+  return layer.bias.defined() ? layer.bias : layer.weight;
+}
+
 // Whether a convolution can take run-time updates (one group, zero padding of explicit size).
 bool supports_low_rank(const Conv2dImpl& conv);
 

@@ -94,10 +94,8 @@ struct StableDiffusion::Components {
       nn::SkipInitGuard skip_init(dtype);
       slot = M(config);
     }
-    // Not the VAE: it takes its compute dtype from conv_in's weight, and is small.
     std::set<std::string> keep_16bit;
-    if (keep_16bit_weights && where.is_cpu() && dtype == torch::kFloat32 &&
-        std::string(component) != "vae")
+    if (keep_16bit_weights && where.is_cpu() && dtype == torch::kFloat32)
       keep_16bit = nn::layer_weight_names(*slot);
     nn::load_state_dict(*slot, weights, source.path + " (" + component + ")", ignored,
                         /*share_mapped=*/false, keep_16bit);
