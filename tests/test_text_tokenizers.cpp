@@ -187,6 +187,13 @@ TEST(LlamaTokenizer, RejectsBrokenFiles) {
   j = tiny_tokenizer_json();
   j["normalizer"] = {{"type", "NFC"}};
   expect(j, "normalizer");
+  // Fields of another type than expected (found by the fuzzer: an uncaught nlohmann type_error).
+  j = tiny_tokenizer_json();
+  j["model"]["ignore_merges"] = "yes";
+  expect(j, "wrong type");
+  j = tiny_tokenizer_json();
+  j["model"]["byte_fallback"] = 1;
+  expect(j, "wrong type");
   write(file, "{ not json");
   EXPECT_THROW(text::LlamaTokenizer::from_folder(tmp.path().string()), FormatError);
 }

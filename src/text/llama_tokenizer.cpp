@@ -87,172 +87,182 @@ LlamaTokenizer LlamaTokenizer::from_folder(const std::string& dir_str) {
     throw FormatError(where + ": invalid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) throw FormatError(where + ": expected a JSON object");
-  LlamaTokenizer t;
-  t.byte_chars_ = clip_byte_characters();
+  // A field of another type than the one read (e.g. "ignore_merges": "yes") makes nlohmann's
+  // value()/get() throw its type_error: a FormatError naming the file, like every other defect.
+  try {
+    LlamaTokenizer t;
+    t.byte_chars_ = clip_byte_characters();
 
-  // model: byte-level BPE.
-  const auto& model = field(j, "model", where);
-  const std::string type = model.is_object() ? model.value("type", "") : "";
-  if (type != "BPE")
-    throw ConfigError(where + ": model.type '" +
-                      (type.empty() ? model.dump().substr(0, 40) : type) +
-                      "' is not supported (expected BPE)");
-  if (model.value("byte_fallback", false) ||
-      (model.contains("dropout") && !model["dropout"].is_null()) ||
-      (model.contains("continuing_subword_prefix") &&
-       !model["continuing_subword_prefix"].is_null()) ||
-      (model.contains("end_of_word_suffix") && !model["end_of_word_suffix"].is_null()))
-    throw ConfigError(
-        where + ": model: byte_fallback, dropout and subword prefixes/suffixes are not supported");
-  t.ignore_merges_ = model.value("ignore_merges", false);
-  const auto& vocab = field(model, "vocab", where + ": model");
-  if (!vocab.is_object())
-    throw FormatError(where + ": model.vocab: expected an object token -> id");
-  t.vocab_.reserve(vocab.size());
-  for (const auto& [token, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0)
-      throw FormatError(where + ": model.vocab: token '" + token +
-                        "' has no non-negative integer id");
-    t.vocab_.emplace(token, id.get<int64_t>());
-  }
-  for (int b = 0; b < 256; ++b) {
-    auto it = t.vocab_.find(t.byte_chars_[static_cast<size_t>(b)]);
-    if (it == t.vocab_.end())
-      throw FormatError(where + ": model.vocab lacks the byte token '" +
-                        t.byte_chars_[static_cast<size_t>(b)] + "' (byte " + std::to_string(b) +
-                        "); byte-level BPE needs all 256");
-    t.byte_ids_[static_cast<size_t>(b)] = it->second;
-  }
-  const auto& merges = field(model, "merges", where + ": model");
-  if (!merges.is_array()) throw FormatError(where + ": model.merges: expected a list");
-  t.merges_.reserve(merges.size());
-  auto id_of = [&](const std::string& tok, size_t rank) {
-    auto it = t.vocab_.find(tok);
-    if (it == t.vocab_.end())
-      throw FormatError(where + ": merge " + std::to_string(rank) + " references '" + tok +
-                        "', which is not in model.vocab");
-    return it->second;
-  };
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    std::string left, right;
-    const auto& m = merges[rank];
-    if (m.is_string()) {  // "left right"
-      const std::string s = m.get<std::string>();
-      const size_t space = s.find(' ');
-      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-        throw FormatError(where + ": merge " + std::to_string(rank) + " '" + s +
-                          "' is not two tokens");
-      left = s.substr(0, space), right = s.substr(space + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() &&
-               m[1].is_string()) {  // ["left", "right"]
-      left = m[0].get<std::string>(), right = m[1].get<std::string>();
-    } else {
-      throw FormatError(where + ": merge " + std::to_string(rank) +
-                        " is neither \"a b\" nor [\"a\", \"b\"]");
+    // model: byte-level BPE.
+    const auto& model = field(j, "model", where);
+    const std::string type = model.is_object() ? model.value("type", "") : "";
+    if (type != "BPE")
+      throw ConfigError(where + ": model.type '" +
+                        (type.empty() ? model.dump().substr(0, 40) : type) +
+                        "' is not supported (expected BPE)");
+    if (model.value("byte_fallback", false) ||
+        (model.contains("dropout") && !model["dropout"].is_null()) ||
+        (model.contains("continuing_subword_prefix") &&
+         !model["continuing_subword_prefix"].is_null()) ||
+        (model.contains("end_of_word_suffix") && !model["end_of_word_suffix"].is_null()))
+      throw ConfigError(
+          where +
+          ": model: byte_fallback, dropout and subword prefixes/suffixes are not supported");
+    t.ignore_merges_ = model.value("ignore_merges", false);
+    const auto& vocab = field(model, "vocab", where + ": model");
+    if (!vocab.is_object())
+      throw FormatError(where + ": model.vocab: expected an object token -> id");
+    t.vocab_.reserve(vocab.size());
+    for (const auto& [token, id] : vocab.items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0)
+        throw FormatError(where + ": model.vocab: token '" + token +
+                          "' has no non-negative integer id");
+      t.vocab_.emplace(token, id.get<int64_t>());
     }
-    const uint64_t key = (static_cast<uint64_t>(id_of(left, rank)) << 32) |
-                         static_cast<uint64_t>(id_of(right, rank));
-    t.merges_.emplace(key, std::make_pair(static_cast<int32_t>(rank), id_of(left + right, rank)));
-  }
-
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    throw ConfigError(where + ": normalizer " + j["normalizer"].value("type", std::string("?")) +
-                      " is not supported (byte-level BPE folders have none)");
-  const std::string pattern =
-      split_pattern(field(j, "pre_tokenizer", where), where + ": pre_tokenizer");
-  int err = 0;
-  PCRE2_SIZE offset = 0;
-  t.regex_ = std::make_unique<Regex>();
-  t.regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                 PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
-  if (!t.regex_->code) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(err, msg, sizeof(msg));
-    throw ConfigError(where + ": pre_tokenizer regex rejected by PCRE2 at offset " +
-                      std::to_string(offset) + ": " + reinterpret_cast<const char*>(msg));
-  }
-  pcre2_jit_compile(t.regex_->code, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
-
-  // Added tokens, matched literally before the regex.
-  if (j.contains("added_tokens")) {
-    if (!j["added_tokens"].is_array()) throw FormatError(where + ": added_tokens: expected a list");
-    for (const auto& a : j["added_tokens"]) {
-      AddedToken tok;
-      if (!parse_added_token_json(a, where + ": added_tokens", tok) || !a.contains("id") ||
-          !a["id"].is_number_integer())
-        throw FormatError(where +
-                          ": added_tokens: every entry needs \"content\" and an integer \"id\"");
-      tok.id = a["id"].get<int64_t>();
-      if (tok.content.empty())
-        throw FormatError(where + ": added_tokens: empty content for id " + std::to_string(tok.id));
-      t.added_.push_back(tok);
-      t.vocab_.emplace(tok.content, tok.id);
+    for (int b = 0; b < 256; ++b) {
+      auto it = t.vocab_.find(t.byte_chars_[static_cast<size_t>(b)]);
+      if (it == t.vocab_.end())
+        throw FormatError(where + ": model.vocab lacks the byte token '" +
+                          t.byte_chars_[static_cast<size_t>(b)] + "' (byte " + std::to_string(b) +
+                          "); byte-level BPE needs all 256");
+      t.byte_ids_[static_cast<size_t>(b)] = it->second;
     }
-  }
-  for (const auto& tok : t.added_) t.added_u32_.push_back(utf8_decode(tok.content));
-
-  // Post-processor: the TemplateProcessing "single" template's special tokens around $A.
-  std::vector<nlohmann::json> processors;
-  if (j.contains("post_processor") && j["post_processor"].is_object()) {
-    const auto& pp = j["post_processor"];
-    if (pp.value("type", "") == "Sequence")
-      for (const auto& p : field(pp, "processors", where + ": post_processor"))
-        processors.push_back(p);
-    else
-      processors.push_back(pp);
-  }
-  for (const auto& p : processors) {
-    const std::string ptype = p.value("type", "");
-    if (ptype == "ByteLevel") continue;  // offsets only
-    if (ptype != "TemplateProcessing")
-      throw ConfigError(where + ": post_processor '" + ptype +
-                        "' is not supported (expected TemplateProcessing)");
-    bool seen_sequence = false;
-    for (const auto& item : field(p, "single", where + ": post_processor")) {
-      if (item.contains("Sequence")) {
-        seen_sequence = true;
-        continue;
+    const auto& merges = field(model, "merges", where + ": model");
+    if (!merges.is_array()) throw FormatError(where + ": model.merges: expected a list");
+    t.merges_.reserve(merges.size());
+    auto id_of = [&](const std::string& tok, size_t rank) {
+      auto it = t.vocab_.find(tok);
+      if (it == t.vocab_.end())
+        throw FormatError(where + ": merge " + std::to_string(rank) + " references '" + tok +
+                          "', which is not in model.vocab");
+      return it->second;
+    };
+    for (size_t rank = 0; rank < merges.size(); ++rank) {
+      std::string left, right;
+      const auto& m = merges[rank];
+      if (m.is_string()) {  // "left right"
+        const std::string s = m.get<std::string>();
+        const size_t space = s.find(' ');
+        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+          throw FormatError(where + ": merge " + std::to_string(rank) + " '" + s +
+                            "' is not two tokens");
+        left = s.substr(0, space), right = s.substr(space + 1);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() &&
+                 m[1].is_string()) {  // ["left", "right"]
+        left = m[0].get<std::string>(), right = m[1].get<std::string>();
+      } else {
+        throw FormatError(where + ": merge " + std::to_string(rank) +
+                          " is neither \"a b\" nor [\"a\", \"b\"]");
       }
-      const std::string name =
-          item.contains("SpecialToken") ? item["SpecialToken"].value("id", "") : "";
-      const auto& specials = field(p, "special_tokens", where + ": post_processor");
-      if (name.empty() || !specials.contains(name) || !specials[name].contains("ids") ||
-          !specials[name]["ids"].is_array())
-        throw FormatError(where + ": post_processor: template item " + item.dump() +
-                          " names no special token");
-      for (const auto& id : specials[name]["ids"])
-        (seen_sequence ? t.suffix_ : t.prefix_).push_back(id.get<int64_t>());
+      const uint64_t key = (static_cast<uint64_t>(id_of(left, rank)) << 32) |
+                           static_cast<uint64_t>(id_of(right, rank));
+      t.merges_.emplace(key, std::make_pair(static_cast<int32_t>(rank), id_of(left + right, rank)));
     }
-  }
 
-  // eos / pad / model_max_length from the transformers configs (special_tokens_map.json wins).
-  std::string eos, pad;
-  for (const char* file : {"tokenizer_config.json", "special_tokens_map.json"}) {
-    if (!fs::exists(dir / file)) continue;
-    const auto cfg = io::JsonConfig::load((dir / file).string());
-    AddedToken tok;
-    if (cfg.has("eos_token") &&
-        parse_added_token_json(cfg.json()["eos_token"], cfg.source() + ": eos_token", tok))
-      eos = tok.content;
-    if (cfg.has("pad_token") &&
-        parse_added_token_json(cfg.json()["pad_token"], cfg.source() + ": pad_token", tok))
-      pad = tok.content;
-    if (cfg.has("model_max_length")) {
-      const double n = cfg.get<double>("model_max_length", 0);
-      if (n >= 1 && n <= 1e9) t.model_max_length_ = static_cast<int64_t>(n);
+    if (j.contains("normalizer") && !j["normalizer"].is_null())
+      throw ConfigError(where + ": normalizer " + j["normalizer"].value("type", std::string("?")) +
+                        " is not supported (byte-level BPE folders have none)");
+    const std::string pattern =
+        split_pattern(field(j, "pre_tokenizer", where), where + ": pre_tokenizer");
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    t.regex_ = std::make_unique<Regex>();
+    t.regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
+    if (!t.regex_->code) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof(msg));
+      throw ConfigError(where + ": pre_tokenizer regex rejected by PCRE2 at offset " +
+                        std::to_string(offset) + ": " + reinterpret_cast<const char*>(msg));
     }
+    pcre2_jit_compile(t.regex_->code,
+                      PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
+
+    // Added tokens, matched literally before the regex.
+    if (j.contains("added_tokens")) {
+      if (!j["added_tokens"].is_array())
+        throw FormatError(where + ": added_tokens: expected a list");
+      for (const auto& a : j["added_tokens"]) {
+        AddedToken tok;
+        if (!parse_added_token_json(a, where + ": added_tokens", tok) || !a.contains("id") ||
+            !a["id"].is_number_integer())
+          throw FormatError(where +
+                            ": added_tokens: every entry needs \"content\" and an integer \"id\"");
+        tok.id = a["id"].get<int64_t>();
+        if (tok.content.empty())
+          throw FormatError(where + ": added_tokens: empty content for id " +
+                            std::to_string(tok.id));
+        t.added_.push_back(tok);
+        t.vocab_.emplace(tok.content, tok.id);
+      }
+    }
+    for (const auto& tok : t.added_) t.added_u32_.push_back(utf8_decode(tok.content));
+
+    // Post-processor: the TemplateProcessing "single" template's special tokens around $A.
+    std::vector<nlohmann::json> processors;
+    if (j.contains("post_processor") && j["post_processor"].is_object()) {
+      const auto& pp = j["post_processor"];
+      if (pp.value("type", "") == "Sequence")
+        for (const auto& p : field(pp, "processors", where + ": post_processor"))
+          processors.push_back(p);
+      else
+        processors.push_back(pp);
+    }
+    for (const auto& p : processors) {
+      const std::string ptype = p.value("type", "");
+      if (ptype == "ByteLevel") continue;  // offsets only
+      if (ptype != "TemplateProcessing")
+        throw ConfigError(where + ": post_processor '" + ptype +
+                          "' is not supported (expected TemplateProcessing)");
+      bool seen_sequence = false;
+      for (const auto& item : field(p, "single", where + ": post_processor")) {
+        if (item.contains("Sequence")) {
+          seen_sequence = true;
+          continue;
+        }
+        const std::string name =
+            item.contains("SpecialToken") ? item["SpecialToken"].value("id", "") : "";
+        const auto& specials = field(p, "special_tokens", where + ": post_processor");
+        if (name.empty() || !specials.contains(name) || !specials[name].contains("ids") ||
+            !specials[name]["ids"].is_array())
+          throw FormatError(where + ": post_processor: template item " + item.dump() +
+                            " names no special token");
+        for (const auto& id : specials[name]["ids"])
+          (seen_sequence ? t.suffix_ : t.prefix_).push_back(id.get<int64_t>());
+      }
+    }
+
+    // eos / pad / model_max_length from the transformers configs (special_tokens_map.json wins).
+    std::string eos, pad;
+    for (const char* file : {"tokenizer_config.json", "special_tokens_map.json"}) {
+      if (!fs::exists(dir / file)) continue;
+      const auto cfg = io::JsonConfig::load((dir / file).string());
+      AddedToken tok;
+      if (cfg.has("eos_token") &&
+          parse_added_token_json(cfg.json()["eos_token"], cfg.source() + ": eos_token", tok))
+        eos = tok.content;
+      if (cfg.has("pad_token") &&
+          parse_added_token_json(cfg.json()["pad_token"], cfg.source() + ": pad_token", tok))
+        pad = tok.content;
+      if (cfg.has("model_max_length")) {
+        const double n = cfg.get<double>("model_max_length", 0);
+        if (n >= 1 && n <= 1e9) t.model_max_length_ = static_cast<int64_t>(n);
+      }
+    }
+    auto special_id = [&](const std::string& content, const char* what) -> int64_t {
+      if (content.empty()) return -1;
+      auto it = t.vocab_.find(content);
+      if (it == t.vocab_.end())
+        throw ConfigError(dir_str + ": " + what + " '" + content +
+                          "' is not a token of tokenizer.json");
+      return it->second;
+    };
+    t.eos_id_ = special_id(eos, "eos_token");
+    t.pad_id_ = pad.empty() ? t.eos_id_ : special_id(pad, "pad_token");
+    return t;
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(where + ": a field has the wrong type (" + e.what() + ")");
   }
-  auto special_id = [&](const std::string& content, const char* what) -> int64_t {
-    if (content.empty()) return -1;
-    auto it = t.vocab_.find(content);
-    if (it == t.vocab_.end())
-      throw ConfigError(dir_str + ": " + what + " '" + content +
-                        "' is not a token of tokenizer.json");
-    return it->second;
-  };
-  t.eos_id_ = special_id(eos, "eos_token");
-  t.pad_id_ = pad.empty() ? t.eos_id_ : special_id(pad, "pad_token");
-  return t;
 }
 
 void LlamaTokenizer::bpe(const std::string& piece, std::vector<int64_t>& out) const {
