@@ -185,7 +185,8 @@ torch::Tensor UNet2DConditionModelImpl::output_head(torch::Tensor sample,
                                                     Intermediates* intermediates) {
   sample = conv_norm_out(sample);
   capture(intermediates, "conv_norm_out", sample);
-  return conv_out(nn::apply_activation(sample, act_));
+  // NCHW out whatever layout the last level ran in: callers get the layout they passed in.
+  return conv_out(nn::apply_activation(sample, act_)).contiguous();
 }
 
 torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,

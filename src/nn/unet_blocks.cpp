@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "diffuse/errors.h"
+#include "nn/fused_ops.h"
 
 namespace diffuse::nn {
 namespace {
@@ -138,7 +139,7 @@ torch::Tensor UpBlock2DImpl::forward_range(torch::Tensor x, ResidualStack& resid
       throw InvalidArgument("UNet up block: no skip connection left to consume");
     auto skip = std::move(residuals.back());
     residuals.pop_back();
-    x = resnet_list[i](torch::cat({x, skip}, 1), temb);
+    x = resnet_list[i](torch::cat({to_compute_layout(x), to_compute_layout(skip)}, 1), temb);
     if (has_cross_attention) x = attention_list[i](x, context);
   }
   if (upsampler && end >= resnet_list.size()) {
