@@ -44,7 +44,7 @@ std::optional<std::string> huge_page_tunables() {
 
 bool wants_passive_openmp() {
   if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return false;
-  return device::blas_info().threading == "pthreads";
+  return device::blas_threading() == "pthreads";
 }
 
 }  // namespace

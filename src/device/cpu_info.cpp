@@ -75,12 +75,15 @@ const CpuInfo& cpu_info() {
   return info;
 }
 
+std::string blas_threading() {
+  if (!openblas_get_parallel) return "";
+  const int mode = openblas_get_parallel();
+  return mode == 1 ? "pthreads" : mode == 2 ? "openmp" : "sequential";
+}
+
 BlasInfo blas_info() {
   BlasInfo b;
-  if (openblas_get_parallel) {
-    const int mode = openblas_get_parallel();
-    b.threading = mode == 1 ? "pthreads" : mode == 2 ? "openmp" : "sequential";
-  }
+  b.threading = blas_threading();
   if (void* sym = dlsym(RTLD_DEFAULT, "sgemm_")) {
     Dl_info info;
     if (dladdr(sym, &info) && info.dli_fname) b.provider = canonical(info.dli_fname);

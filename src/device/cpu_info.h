@@ -23,6 +23,10 @@ struct BlasInfo {
   // LibTorch's OpenMP one), "openmp", "sequential"; "" when the BLAS is not OpenBLAS.
   std::string threading;
 };
+// BlasInfo::threading alone: one call into OpenBLAS, cheap enough for start-up decisions
+// (blas_info() also scans /proc/self/maps).
+std::string blas_threading();
+
 // Which BLAS this process uses. Debian's libtorch calls whatever libblas.so.3 the
 // alternatives system selects; the reference implementation is ~20x slower than OpenBLAS.
 BlasInfo blas_info();

@@ -32,6 +32,13 @@
 namespace diffuse::pipeline {
 namespace {
 
+// Bytes of a module's parameters as stored (16-bit layer weights count 2 bytes each).
+int64_t parameter_bytes(const torch::nn::Module& m) {
+  int64_t bytes = 0;
+  for (const auto& p : m.parameters()) bytes += p.numel() * p.element_size();
+  return bytes;
+}
+
 double now_s() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
@@ -226,11 +233,8 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
     c_->text_encoder();
     c_->unet();
     c_->vae();
-    for (const torch::nn::Module* m :
-         {static_cast<torch::nn::Module*>(c_->text_encoder_module.get()),
-          static_cast<torch::nn::Module*>(c_->unet_module.get()),
-          static_cast<torch::nn::Module*>(c_->vae_module.get())})
-      for (const auto& p : m->parameters()) info_.weight_bytes += p.numel() * p.element_size();
+    info_.weight_bytes = parameter_bytes(*c_->text_encoder_module) +
+                         parameter_bytes(*c_->unet_module) + parameter_bytes(*c_->vae_module);
     // Weights now live in the modules; drop the file mappings.
     src.unet_weights.clear();
     src.vae_weights.clear();
