@@ -55,11 +55,31 @@ TEST(CpuKernels, EveryKernelMatchesFloat64) {
       }
 
       auto a = bf16_randn({n}, 0.0, 1.0, 3 + n), g = bf16_randn({n}, 0.0, 2.0, 5 + n);
-      auto y = torch::empty_like(a);
-      k->bf16_geglu(u16(a), u16(g), n, u16_mut(y));
-      auto gd = g.to(torch::kFloat64);
-      auto ref = a.to(torch::kFloat64) * 0.5 * gd * (1 + torch::erf(gd / std::sqrt(2.0)));
-      expect_bf16_rounding(y, ref, name + " geglu n=" + std::to_string(n));
+      auto ab = torch::randn({n}), gb = torch::randn({n});
+      for (bool with_bias : {false, true}) {
+        auto y = torch::empty_like(a);
+        k->bf16_geglu(u16(a), u16(g), n, with_bias ? ab.data_ptr<float>() : nullptr,
+                      with_bias ? gb.data_ptr<float>() : nullptr, u16_mut(y));
+        auto ad = a.to(torch::kFloat64), gd = g.to(torch::kFloat64);
+        if (with_bias) {
+          ad = ad + ab.to(torch::kFloat64);
+          gd = gd + gb.to(torch::kFloat64);
+        }
+        auto ref = ad * 0.5 * gd * (1 + torch::erf(gd / std::sqrt(2.0)));
+        expect_bf16_rounding(y, ref,
+                             name + " geglu n=" + std::to_string(n) + (with_bias ? " bias" : ""));
+      }
+
+      // The residual's mean of 10 makes a second rounding (of product + bias) visible.
+      auto r = bf16_randn({n}, 10.0, 1.0, 7 + n);
+      for (bool with_bias : {false, true}) {
+        auto y = a.clone();
+        k->bf16_add_bias_residual(u16_mut(y), with_bias ? ab.data_ptr<float>() : nullptr, u16(r),
+                                  n);
+        auto ref = a.to(torch::kFloat64) + r.to(torch::kFloat64);
+        if (with_bias) ref = ref + ab.to(torch::kFloat64);
+        expect_bf16_rounding(y, ref, name + " add_bias_residual n=" + std::to_string(n));
+      }
     }
     for (int64_t C : {3, 16, 40, 128}) {
       const int64_t P = 37;
@@ -191,6 +211,51 @@ TEST(FusedOps, GegluMatchesChunkGelu) {
   auto ref = pb[0] * 0.5 * pb[1] * (1 + torch::erf(pb[1] / std::sqrt(2.0)));
   expect_bf16_rounding(nn::geglu(hb), ref, "bf16 geglu");
   EXPECT_THROW(nn::geglu(torch::randn({2, 3})), std::exception);
+
+  // With the projection's bias: the bias joins the kernel's pass (bf16), or is added first.
+  auto bias = torch::randn({2 * 40});
+  auto pbias = (h + bias).chunk(2, -1);
+  EXPECT_TRUE(nn::geglu(h, bias).equal(pbias[0] * torch::gelu(pbias[1])));
+  auto pbb = (hb.to(torch::kFloat64) + bias.to(torch::kBFloat16).to(torch::kFloat64)).chunk(2, -1);
+  auto refb = pbb[0] * 0.5 * pbb[1] * (1 + torch::erf(pbb[1] / std::sqrt(2.0)));
+  expect_bf16_rounding(nn::geglu(hb, bias.to(torch::kBFloat16)), refb, "bf16 geglu with bias");
+  EXPECT_THROW(nn::geglu(hb, torch::randn({7})), std::exception);
+}
+
+// Linear's fused epilogue (bf16 CPU): the same value as forward(x) + residual within one bf16
+// rounding of the exact sum, for plain, bias-free and low-rank-updated layers; other dtypes
+// and shapes take LibTorch's ops and give exactly forward(x) + residual.
+TEST(FusedOps, LinearForwardAddMatchesForwardPlusResidual) {
+  torch::NoGradGuard no_grad;
+  for (bool bias : {true, false}) {
+    nn::Linear lin(torch::nn::LinearOptions(48, 40).bias(bias));
+    auto x = torch::randn({2, 9, 48}), res = torch::randn({2, 9, 40}) * 4 + 10;
+    EXPECT_TRUE(lin->forward_add(x, res).equal(lin(x) + res));  // float32
+    EXPECT_TRUE(lin->forward_add(x, res.select(0, 0)).equal(lin(x) + res.select(0, 0)));
+
+    lin->to(torch::kBFloat16);
+    lin->low_rank.push_back({torch::randn({4, 48}).to(torch::kBFloat16) * 0.1,
+                             torch::randn({40, 4}).to(torch::kBFloat16) * 0.1, 0.5});
+    auto xb = x.to(torch::kBFloat16), rb = res.to(torch::kBFloat16);
+    const auto& u = lin->low_rank.back();
+    auto xd = xb.to(torch::kFloat64);
+    auto product = torch::matmul(xd, lin->weight.to(torch::kFloat64).t()) +
+                   0.5 * torch::matmul(torch::matmul(xd, u.down.to(torch::kFloat64).t()),
+                                       u.up.to(torch::kFloat64).t());
+    auto exact = product + rb.to(torch::kFloat64);
+    if (bias) exact = exact + lin->bias.to(torch::kFloat64);
+    auto fused = lin->forward_add(xb, rb);
+    EXPECT_EQ(fused.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(fused.sizes().equals(rb.sizes()));
+    // bf16 roundings of the product, of the low-rank term and of the sum: a few ulps of the
+    // terms' magnitudes. The unfused ops round once more, so they stay as close.
+    auto slack = (product.abs() + rb.to(torch::kFloat64).abs()) * (4.0 / 256) + 0.05;
+    auto err = (fused.to(torch::kFloat64) - exact).abs();
+    EXPECT_LE((err - slack).max().item<double>(), 0.0) << "max error " << err.max().item<double>();
+    auto unfused_err = ((lin(xb) + rb).to(torch::kFloat64) - exact).abs();
+    EXPECT_LE((unfused_err - slack).max().item<double>(), 0.0);
+    EXPECT_GT(err.max().item<double>(), 0.0);  // bf16 is in effect
+  }
 }
 
 TEST(Layers, SkipInitGuardBuildsTheSameParametersUninitialised) {

@@ -215,15 +215,48 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return upcast ? y.to(x.scalar_type()) : y;
 }
 
-torch::Tensor geglu(const torch::Tensor& h) {
+namespace {
+
+// A parameter as float32 on the CPU, contiguous (undefined stays undefined); per call, as the
+// biases here have one value per output feature.
+torch::Tensor float_vector(const torch::Tensor& t, int64_t n, const char* who) {
+  if (!t.defined()) return t;
+  if (t.numel() != n)
+    throw InvalidArgument(std::string(who) + ": bias of " + std::to_string(t.numel()) +
+                          " values for " + std::to_string(n) + " features");
+  return t.to(torch::kCPU, torch::kFloat32).contiguous();
+}
+
+const float* float_data(const torch::Tensor& t) {
+  return t.defined() ? t.data_ptr<float>() : nullptr;
+}
+
+// Rows of `width` values per parallel task: about 16k values each.
+int64_t rows_per_task(int64_t width) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
+}
+
+}  // namespace
+
+bool fused_bf16_epilogue(std::initializer_list<torch::Tensor> activations,
+                         std::initializer_list<torch::Tensor> parameters) {
+  if (grad_wanted(activations) || grad_wanted(parameters)) return false;
+  for (const auto& t : activations)
+    if (!fused_cpu_bf16(t)) return false;
+  return true;
+}
+
+torch::Tensor geglu(const torch::Tensor& h, const torch::Tensor& bias) {
   RECORD_FUNCTION("diffuse::geglu", std::vector<c10::IValue>({h}));
   const int64_t F = h.size(-1) / 2;
   if (h.size(-1) % 2 != 0)
     throw InvalidArgument("geglu: last dimension " + std::to_string(h.size(-1)) + " is odd");
-  if (grad_wanted({h}) || !fused_cpu_bf16(h)) {
-    auto parts = h.chunk(2, -1);
+  if (!fused_bf16_epilogue({h}, {bias})) {
+    auto parts = (bias.defined() ? h + bias : h).chunk(2, -1);
     return parts[0] * torch::gelu(parts[1]);
   }
+  const auto b = float_vector(bias, 2 * F, "geglu");
+  const float* bp = float_data(b);
   auto sizes = h.sizes().vec();
   sizes.back() = F;
   auto y = torch::empty(sizes, h.options());
@@ -231,12 +264,31 @@ torch::Tensor geglu(const torch::Tensor& h) {
   uint16_t* yp = bf16_data_mut(y);
   const auto& k = kernels::cpu_kernels();
   const int64_t rows = F > 0 ? y.numel() / F : 0;
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(F, 1)),
-                   [&](int64_t begin, int64_t end) {
-                     for (int64_t r = begin; r < end; ++r)
-                       k.bf16_geglu(hp + r * 2 * F, hp + r * 2 * F + F, F, yp + r * F);
-                   });
+  at::parallel_for(0, rows, rows_per_task(F), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      k.bf16_geglu(hp + r * 2 * F, hp + r * 2 * F + F, F, bp, bp ? bp + F : nullptr, yp + r * F);
+  });
   return y;
+}
+
+void add_bias_residual_(torch::Tensor& h, const torch::Tensor& bias,
+                        const torch::Tensor& residual) {
+  RECORD_FUNCTION("diffuse::add_bias_residual_", std::vector<c10::IValue>({h}));
+  if (!h.sizes().equals(residual.sizes()))
+    throw InvalidArgument("add_bias_residual_: residual of shape " + c10::str(residual.sizes()) +
+                          " for a product of shape " + c10::str(h.sizes()));
+  if (!fused_bf16_epilogue({h, residual}, {bias}))
+    throw InvalidArgument("add_bias_residual_: needs contiguous bf16 CPU tensors outside autograd");
+  const int64_t N = h.size(-1);
+  const auto b = float_vector(bias, N, "add_bias_residual_");
+  const float* bp = float_data(b);
+  uint16_t* hp = bf16_data_mut(h);
+  const uint16_t* rp = bf16_data(residual);
+  const auto& k = kernels::cpu_kernels();
+  const int64_t rows = N > 0 ? h.numel() / N : 0;
+  at::parallel_for(0, rows, rows_per_task(N), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) k.bf16_add_bias_residual(hp + r * N, bp, rp + r * N, N);
+  });
 }
 
 bool channels_last_enabled() {

@@ -8,6 +8,8 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <initializer_list>
+
 namespace diffuse::nn {
 
 // GroupNorm over x [B, C, ...] (weight, bias [C] or undefined), then SiLU if `silu`.
@@ -26,8 +28,21 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
 // torch.nn.RMSNorm / HiDream's q/k norms; T5LayerNorm and LlamaRMSNorm are the same formula.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
-// h [..., 2F] -> h[..., :F] * gelu(h[..., F:]) with the exact (erf) GELU (diffusers' GEGLU).
-torch::Tensor geglu(const torch::Tensor& h);
+// h [..., 2F] -> h[..., :F] * gelu(h[..., F:]) with the exact (erf) GELU (diffusers' GEGLU),
+// after adding `bias` [2F] when defined: the projection's bias joins this pass instead of one
+// of its own over the 2F-wide product.
+torch::Tensor geglu(const torch::Tensor& h, const torch::Tensor& bias = {});
+
+// Whether add_bias_residual_ and the fused GEGLU run their one-pass bf16 kernels: the
+// activations contiguous bf16 on the CPU, and autograd recording none of them nor of the
+// parameters (the kernels have no backward).
+bool fused_bf16_epilogue(std::initializer_list<torch::Tensor> activations,
+                         std::initializer_list<torch::Tensor> parameters = {});
+
+// h += bias + residual (bias over the last dimension, may be undefined): a linear layer's
+// epilogue in one pass, summed in float32 and rounded to bf16 once (LibTorch's bias add and
+// the residual add are two passes and two roundings). Needs fused_bf16_epilogue({h, residual}).
+void add_bias_residual_(torch::Tensor& h, const torch::Tensor& bias, const torch::Tensor& residual);
 
 // The layout a bf16 CPU convolution network runs a [B, C, H, W] activation in: channels-last
 // from 32x32 pixels up, where oneDNN convolves NHWC without reordering input and output and

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "diffuse/errors.h"
+#include "nn/fused_ops.h"
 
 namespace diffuse::nn {
 namespace {
@@ -96,16 +97,38 @@ torch::Tensor as_input_dtype(const torch::Tensor& t, const torch::Tensor& input)
 
 }  // namespace
 
-torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
-  auto y = weight.scalar_type() == input.scalar_type()
-               ? torch::nn::LinearImpl::forward(input)
-               : torch::nn::functional::linear(input, as_input_dtype(weight, input),
-                                               as_input_dtype(bias, input));
+void LinearImpl::add_low_rank(torch::Tensor& y, const torch::Tensor& input) const {
   for (const auto& u : low_rank)
     y.add_(torch::nn::functional::linear(
                torch::nn::functional::linear(input, as_input_dtype(u.down, input)),
                as_input_dtype(u.up, input)),
            u.scale);
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
+  auto y = weight.scalar_type() == input.scalar_type()
+               ? torch::nn::LinearImpl::forward(input)
+               : torch::nn::functional::linear(input, as_input_dtype(weight, input),
+                                               as_input_dtype(bias, input));
+  add_low_rank(y, input);
+  return y;
+}
+
+torch::Tensor LinearImpl::product(const torch::Tensor& input) {
+  auto y = torch::nn::functional::linear(input, as_input_dtype(weight, input));
+  add_low_rank(y, input);
+  return y;
+}
+
+torch::Tensor LinearImpl::forward_add(const torch::Tensor& input, const torch::Tensor& residual) {
+  auto out_sizes = input.sizes().vec();
+  if (!out_sizes.empty()) out_sizes.back() = weight.size(0);
+  // A residual that broadcasts takes LibTorch's ops.
+  if (!fused_bf16_epilogue({input, residual}, {weight, bias}) ||
+      !residual.sizes().equals(out_sizes))
+    return forward(input) + residual;
+  auto y = product(input);
+  add_bias_residual_(y, bias, residual);
   return y;
 }
 

@@ -31,7 +31,16 @@ class LinearImpl : public torch::nn::LinearImpl {
  public:
   using torch::nn::LinearImpl::LinearImpl;
   torch::Tensor forward(const torch::Tensor& input);
+  // forward(input) + residual. For bf16 on the CPU the bias and the residual join the product
+  // in one pass (nn::add_bias_residual_), else it is exactly forward(input) + residual.
+  torch::Tensor forward_add(const torch::Tensor& input, const torch::Tensor& residual);
+  // input @ weight^T plus the low-rank updates, without the bias: for a caller that adds the
+  // bias in a pass of its own (nn::geglu).
+  torch::Tensor product(const torch::Tensor& input);
   std::vector<LowRankUpdate> low_rank;  // empty: a plain linear layer
+
+ private:
+  void add_low_rank(torch::Tensor& y, const torch::Tensor& input) const;
 };
 TORCH_MODULE(Linear);
 

@@ -6,6 +6,7 @@
 
 #include "diffuse/errors.h"
 #include "nn/attention.h"
+#include "nn/fused_ops.h"
 #include "nn/layers.h"
 
 namespace diffuse::nn {
@@ -17,16 +18,16 @@ AttentionImpl::AttentionImpl(int64_t query_dim, int64_t cross_attention_dim, int
   const int64_t kv_dim = cross_attention_dim > 0 ? cross_attention_dim : query_dim;
   to_q = register_module("to_q",
                          nn::make_linear(torch::nn::LinearOptions(query_dim, inner).bias(bias)));
-  to_k = register_module("to_k",
-                         nn::make_linear(torch::nn::LinearOptions(kv_dim, inner).bias(bias)));
-  to_v = register_module("to_v",
-                         nn::make_linear(torch::nn::LinearOptions(kv_dim, inner).bias(bias)));
+  to_k =
+      register_module("to_k", nn::make_linear(torch::nn::LinearOptions(kv_dim, inner).bias(bias)));
+  to_v =
+      register_module("to_v", nn::make_linear(torch::nn::LinearOptions(kv_dim, inner).bias(bias)));
   out_proj = nn::make_linear(inner, query_dim);
   to_out = register_module("to_out", torch::nn::ModuleList(out_proj, torch::nn::Dropout(0.0)));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden_states,
-                                     const torch::Tensor& context) {
+                                     const torch::Tensor& context, const torch::Tensor& residual) {
   const auto& ctx = context.defined() ? context : hidden_states;
   const int64_t B = hidden_states.size(0), N = hidden_states.size(1), M = ctx.size(1);
   // [B, N, H*D] -> [B, H, N, D] as views; nn::attention copies only if its backend needs to.
@@ -37,7 +38,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden_states,
   opts.scale = std::pow(static_cast<double>(dim_head), -0.5);  // diffusers: dim_head**-0.5
   opts.upcast = upcast_attention;
   auto o = attention(q, k, v, opts).transpose(1, 2).reshape({B, N, heads * dim_head});
-  return out_proj(o);  // to_out.1 is dropout: identity at inference
+  // to_out.1 is dropout: identity at inference.
+  return residual.defined() ? out_proj->forward_add(o, residual) : out_proj(o);
 }
 
 GEGLUImpl::GEGLUImpl(int64_t dim_in, int64_t dim_out) {
@@ -45,6 +47,10 @@ GEGLUImpl::GEGLUImpl(int64_t dim_in, int64_t dim_out) {
 }
 
 torch::Tensor GEGLUImpl::forward(const torch::Tensor& x) {
+  // For bf16 on the CPU the bias joins the GEGLU pass rather than a pass of its own over the
+  // 2x-wide product.
+  if (fused_bf16_epilogue({x}, {proj->weight, proj->bias}))
+    return geglu(proj->product(x), proj->bias);
   return geglu(proj(x));
 }
 
@@ -54,8 +60,8 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t mult) {
   net = register_module("net", torch::nn::ModuleList(act, torch::nn::Dropout(0.0), out));
 }
 
-torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  return out(act(x));
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x, const torch::Tensor& residual) {
+  return residual.defined() ? out->forward_add(act(x), residual) : out(act(x));
 }
 
 BasicTransformerBlockImpl::BasicTransformerBlockImpl(const BasicTransformerBlockOptions& o)
@@ -78,10 +84,12 @@ torch::Tensor BasicTransformerBlockImpl::forward(const torch::Tensor& x,
                                                  const torch::Tensor& context,
                                                  const TokenMergePlan* merge) {
   const auto attn1_context = options.only_cross_attention ? context : torch::Tensor();
+  // The residual adds happen in the output projections' epilogues (except around a token
+  // merge, whose unmerge comes between).
   auto h = merge ? merge->unmerge(attn1(merge->merge(norm1(x)), attn1_context)) + x
-                 : attn1(norm1(x), attn1_context) + x;
-  h = attn2(norm2(h), context) + h;
-  return ff(norm3(h)) + h;
+                 : attn1(norm1(x), attn1_context, x);
+  h = attn2(norm2(h), context, h);
+  return ff(norm3(h), h);
 }
 
 Transformer2DModelImpl::Transformer2DModelImpl(const Transformer2DOptions& o)
@@ -132,6 +140,12 @@ torch::Tensor Transformer2DModelImpl::forward(const torch::Tensor& x,
     h = blocks[i](h, context, plan ? &*plan : nullptr);
   }
   if (proj_out_linear) {
+    // Channels-last x is already [B, H*W, C] in memory: the residual joins proj_out's
+    // epilogue, and the sum comes out channels-last like x.
+    if (x.is_contiguous(torch::MemoryFormat::ChannelsLast) && !x.is_contiguous())
+      return proj_out_linear->forward_add(h, x.permute({0, 2, 3, 1}).reshape({B, H * W, C}))
+          .view({B, H, W, C})
+          .permute({0, 3, 1, 2});
     h = proj_out_linear(h).view({B, H, W, C}).permute({0, 3, 1, 2});
   } else {
     // Like diffusers' .contiguous() before the 1x1 conv, but in the layout x already has, so

@@ -26,7 +26,9 @@ struct AttentionImpl : torch::nn::Module {
   AttentionImpl(int64_t query_dim, int64_t cross_attention_dim, int64_t heads, int64_t dim_head,
                 bool bias, bool upcast_attention);
   // hidden_states: [B, N, query_dim]; context: [B, M, cross_attention_dim] or undefined.
-  torch::Tensor forward(const torch::Tensor& hidden_states, const torch::Tensor& context = {});
+  // `residual` (defined: [B, N, query_dim]) is added to the output, in to_out's epilogue.
+  torch::Tensor forward(const torch::Tensor& hidden_states, const torch::Tensor& context = {},
+                        const torch::Tensor& residual = {});
 
   int64_t heads, dim_head;
   bool upcast_attention;
@@ -46,7 +48,8 @@ TORCH_MODULE(GEGLU);
 // net.0 = GEGLU(dim, 4*dim), net.1 = dropout (identity at inference), net.2 = Linear(4*dim, dim).
 struct FeedForwardImpl : torch::nn::Module {
   explicit FeedForwardImpl(int64_t dim, int64_t mult = 4);
-  torch::Tensor forward(const torch::Tensor& x);
+  // `residual` (defined: x's shape) is added to the output, in the last linear's epilogue.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual = {});
   GEGLU act{nullptr};
   nn::Linear out{nullptr};
   torch::nn::ModuleList net{nullptr};

@@ -21,14 +21,20 @@ struct CpuKernels {
   // One LayerNorm row of d values: (x - mean) / sqrt(var + eps) * w + b (w, b may be null).
   void (*bf16_layer_norm_row)(const uint16_t* x, int64_t d, const float* w, const float* b,
                               float eps, uint16_t* y);
-  // y = a * gelu(g) with the exact (erf) GELU; n values.
-  void (*bf16_geglu)(const uint16_t* a, const uint16_t* g, int64_t n, uint16_t* y);
+  // y = (a + a_bias) * gelu(g + g_bias) with the exact (erf) GELU; n values; the float32
+  // biases may be null (zero).
+  void (*bf16_geglu)(const uint16_t* a, const uint16_t* g, int64_t n, const float* a_bias,
+                     const float* g_bias, uint16_t* y);
+  // y = y + bias + residual over n values, summed in float32 and rounded once; the float32
+  // bias may be null (zero).
+  void (*bf16_add_bias_residual)(uint16_t* y, const float* bias, const uint16_t* residual,
+                                 int64_t n);
 
   // Channels-last ([pixels][C]) helpers for GroupNorm:
   // s1[c] += sum_p (x[p][c] - shift[c]), s2[c] += sum_p (x[p][c] - shift[c])^2, accumulated in
   // float32 blocks of pixels (`scratch`: 2 * C floats) and added into the double sums.
-  void (*bf16_channel_sums)(const uint16_t* x, int64_t pixels, int64_t C, const float* shift, float* scratch,
-                            double* s1, double* s2);
+  void (*bf16_channel_sums)(const uint16_t* x, int64_t pixels, int64_t C, const float* shift,
+                            float* scratch, double* s1, double* s2);
   // y[p][c] = x[p][c] * scale[c] + shift[c], then SiLU if `silu`.
   void (*bf16_channel_scale_shift)(const uint16_t* x, int64_t pixels, int64_t C, const float* scale,
                                    const float* shift, bool silu, uint16_t* y);

@@ -150,14 +150,45 @@ void layer_norm_row(const uint16_t* x, int64_t d, const float* w, const float* b
   }
 }
 
-void geglu(const uint16_t* a, const uint16_t* g, int64_t n, uint16_t* y) {
+// W floats of an optional float32 array from i on (zero when p is null).
+inline VecF load_f32(const float* p, int64_t i) {
+  VecF v = {};
+  if (p) std::memcpy(&v, p + i, sizeof v);
+  return v;
+}
+
+// The same for the last n - i < W values, zero past n.
+inline VecF load_f32_tail(const float* p, int64_t i, int64_t n) {
+  VecF v = {};
+  if (p) std::memcpy(&v, p + i, sizeof(float) * (n - i));
+  return v;
+}
+
+void geglu(const uint16_t* a, const uint16_t* g, int64_t n, const float* a_bias,
+           const float* g_bias, uint16_t* y) {
   int64_t i = 0;
-  for (; i + W <= n; i += W) store_bf16(y + i, load_bf16(a + i) * gelu(load_bf16(g + i)));
+  for (; i + W <= n; i += W)
+    store_bf16(y + i, (load_bf16(a + i) + load_f32(a_bias, i)) *
+                          gelu(load_bf16(g + i) + load_f32(g_bias, i)));
   if (i < n) {
     uint16_t ia[W] = {}, ig[W] = {}, out[W];
     std::memcpy(ia, a + i, sizeof(uint16_t) * (n - i));
     std::memcpy(ig, g + i, sizeof(uint16_t) * (n - i));
-    store_bf16(out, load_bf16(ia) * gelu(load_bf16(ig)));
+    store_bf16(out, (load_bf16(ia) + load_f32_tail(a_bias, i, n)) *
+                        gelu(load_bf16(ig) + load_f32_tail(g_bias, i, n)));
+    std::memcpy(y + i, out, sizeof(uint16_t) * (n - i));
+  }
+}
+
+void add_bias_residual(uint16_t* y, const float* bias, const uint16_t* residual, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W)
+    store_bf16(y + i, load_bf16(y + i) + load_f32(bias, i) + load_bf16(residual + i));
+  if (i < n) {
+    uint16_t iy[W] = {}, ir[W] = {}, out[W];
+    std::memcpy(iy, y + i, sizeof(uint16_t) * (n - i));
+    std::memcpy(ir, residual + i, sizeof(uint16_t) * (n - i));
+    store_bf16(out, load_bf16(iy) + load_f32_tail(bias, i, n) + load_bf16(ir));
     std::memcpy(y + i, out, sizeof(uint16_t) * (n - i));
   }
 }
@@ -218,9 +249,9 @@ void channel_scale_shift(const uint16_t* x, int64_t pixels, int64_t C, const flo
   }
 }
 
-const CpuKernels kKernels = {CPU_KERNELS_NAME,   moments, scale_shift,
-                             layer_norm_row,     geglu,   channel_sums,
-                             channel_scale_shift};
+const CpuKernels kKernels = {
+    CPU_KERNELS_NAME,  moments,      scale_shift,        layer_norm_row, geglu,
+    add_bias_residual, channel_sums, channel_scale_shift};
 
 }  // namespace
 
