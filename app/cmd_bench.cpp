@@ -152,6 +152,8 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
           {"vae_decode_s", w.vae_decode_s},
           {"generate_s", w.generate_s},
           {"limit_s", r.whole_image_limit_s},
+          {"roofline",
+           r.whole_image_roofline ? roofline_json(*r.whole_image_roofline) : nlohmann::json()},
           {"ratio", r.whole_image_limit_s > 0 ? w.generate_s / r.whole_image_limit_s : 0.0},
           {"peak_rss_mb", w.peak_rss_mb}};
     }
@@ -225,7 +227,10 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
               << f("%.2f", w.vae_decode_s) << "\n";
     if (r.whole_image_limit_s > 0)
       std::cout << "  whole image limit       " << f("%8.3f s", r.whole_image_limit_s) << "  ("
-                << w.steps << " x step limit + decode limit; the image takes "
+                << w.steps
+                << " x step limit + decode limit at the best rates measured before and after it: "
+                << "matmul " << f("%.1f", r.whole_image_roofline->matmul_gflops) << ", conv "
+                << f("%.1f", r.whole_image_roofline->conv_gflops) << " GFLOP/s; the image takes "
                 << f("%.2fx", w.generate_s / r.whole_image_limit_s) << " the limit)\n";
   }
   if (r.baseline)

@@ -367,6 +367,9 @@ TEST(BenchCli, WholeImageRunsThePipelineAgainstTheStageLimits) {
   EXPECT_GT(w["warm_load_s"].get<double>(), 0);
   EXPECT_GT(w["generate_s"].get<double>(), 0);
   EXPECT_GT(w["limit_s"].get<double>(), 0);
+  // The limit's own roofline, measured before the pipeline ran (in the pipeline's dtype).
+  EXPECT_GT(w["roofline"]["matmul_gflops"].get<double>(), 0);
+  EXPECT_GT(w["roofline"]["conv_gflops"].get<double>(), 0);
   EXPECT_NEAR(w["ratio"].get<double>(), w["generate_s"].get<double>() / w["limit_s"].get<double>(),
               1e-9);
   // Without a model there is no pipeline to run: a clear error, not a silent skip.

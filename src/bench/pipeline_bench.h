@@ -74,9 +74,16 @@ struct PipelineBenchResult {
   // operators (bench/op_profile.h).
   double profile_step_s = 0;
   std::vector<OpTime> profile_kinds, profile_ops;
-  // With `whole_image_steps`: that run, and its limit (steps x roofline_limit_s +
-  // vae_roofline_limit_s; the text encoder is not counted), 0 without the roofline.
+  // With `whole_image_steps`: that run, and its limit (steps x the step limit + the decode
+  // limit; the text encoder is not counted), 0 without the roofline. The limit takes the
+  // faster rates of a roofline measured just before that run (in the fresh process the
+  // pipeline runs in) and of the stage benchmark's: after the run, the freed model leaves part
+  // of the heap in 4 KiB pages (huge pages measured 2.3 of 2.9 GiB in the stage benchmark,
+  // 2.6 of 2.8 in the pipeline) and the later roofline alone read up to 10 % lower, which
+  // flattered the ratio. whole_image_roofline holds those rates.
   std::optional<WholeImageResult> whole_image;
+  std::optional<Roofline> whole_image_roofline;
+  std::optional<Roofline> whole_image_vae_roofline;  // only when the VAE runs in another dtype
   double whole_image_limit_s = 0;
 };
 
