@@ -217,14 +217,12 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 
 namespace {
 
-// A parameter as float32 on the CPU, contiguous (undefined stays undefined); per call, as the
-// biases here have one value per output feature.
+// as_float of a bias that must hold one value per each of n features.
 torch::Tensor float_vector(const torch::Tensor& t, int64_t n, const char* who) {
-  if (!t.defined()) return t;
-  if (t.numel() != n)
+  if (t.defined() && t.numel() != n)
     throw InvalidArgument(std::string(who) + ": bias of " + std::to_string(t.numel()) +
                           " values for " + std::to_string(n) + " features");
-  return t.to(torch::kCPU, torch::kFloat32).contiguous();
+  return as_float(t);
 }
 
 const float* float_data(const torch::Tensor& t) {
