@@ -121,6 +121,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
                 {"unet", r.unet_peak_mb},
                 {"vae_decode", r.vae_peak_mb}}},
               {"models_rss_mb", r.models_rss_mb},
+              {"packed_weights_mb", r.packed_weights_mb},
               {"params_m",
                {{"unet", r.unet_params_m},
                 {"text_encoder", r.text_encoder_params_m},
@@ -204,8 +205,11 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
   std::cout << "  peak RSS                " << f("%8.0f MiB", r.peak_rss_mb)
             << "  (models built: " << f("%.0f MiB", r.models_rss_mb) << "; peaks: build "
             << f("%.0f", r.build_peak_mb) << ", text " << f("%.0f", r.text_encoder_peak_mb)
-            << ", unet " << f("%.0f", r.unet_peak_mb) << ", vae " << f("%.0f MiB)", r.vae_peak_mb)
-            << "\n";
+            << ", unet " << f("%.0f", r.unet_peak_mb) << ", vae " << f("%.0f MiB", r.vae_peak_mb)
+            << (r.packed_weights_mb > 0
+                    ? "; packed convolution weights " + f("%.0f MiB", r.packed_weights_mb)
+                    : std::string())
+            << ")\n";
   if (r.roofline) {
     std::cout << "  roofline: matmul " << f("%.1f", r.roofline->matmul_gflops) << " GFLOP/s, conv "
               << f("%.1f", r.roofline->conv_gflops) << " GFLOP/s -> step limit "
@@ -274,12 +278,13 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   app.add_option("-m,--model", o->model,
                  "Benchmark a real model (diffusers folder or single file) instead");
-  app.add_option("--device", o->device, "auto|cpu|cuda[:N]|npu[:N]")->capture_default_str();
-  app.add_option("--dtype", o->dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")
+  app.add_option("--device", o->load.device, "auto|cpu|cuda[:N]|npu[:N]")->capture_default_str();
+  app.add_option("--dtype", o->load.dtype, "auto|fp32|bf16|fp16 for text encoder and UNet")
       ->capture_default_str();
-  app.add_option("--vae-dtype", o->vae_dtype, "auto|fp32|bf16|fp16 for the VAE")
+  app.add_option("--vae-dtype", o->load.vae_dtype, "auto|fp32|bf16|fp16 for the VAE")
       ->capture_default_str();
-  app.add_option("--attention", o->attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")
+  app.add_option("--attention", o->load.attention,
+                 "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")
       ->capture_default_str();
   // The same limits as txt2img: a benchmark allocates what a generation of that size would.
   app.add_option("-W,--width", o->width, "Width in pixels (default: the model's)")
@@ -296,6 +301,10 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(int_range(1, 256, "a batch size"));
   app.add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
+  app.add_flag(
+      "--no-pack-weights", [o](int64_t) { o->load.pack_conv_weights = false; },
+      "Let oneDNN reorder the UNet's low-resolution convolution weights at every call "
+      "instead of keeping a packed copy (as txt2img --no-pack-weights)");
   app.add_flag("--baseline", o->baseline,
                "Also time a float32 UNet step with math attention and report the speed-up");
   app.add_flag("--profile", o->profile,

@@ -23,9 +23,9 @@ void print_block(const char* name, const bench::BlockTiming& t) {
 
 int run_hidream_block_bench(const bench::PipelineBenchOptions& p, bool as_json) {
   bench::HiDreamBlockBenchOptions o;
-  o.device = p.device;
-  o.dtype = p.dtype;
-  o.attention = p.attention;
+  o.device = p.load.device;
+  o.dtype = p.load.dtype;
+  o.attention = p.load.attention;
   if (p.width > 0) o.width = p.width;
   if (p.height > 0) o.height = p.height;
   o.batch = p.batch;
@@ -60,8 +60,8 @@ namespace diffuse::app {
 int run_text_encoder_bench(const bench::PipelineBenchOptions& p, bool as_json) {
   bench::TextEncoderBenchOptions o;
   o.arch = p.arch;
-  o.device = p.device;
-  o.dtype = p.dtype;
+  o.device = p.load.device;
+  o.dtype = p.load.dtype;
   o.batch = p.batch;
   o.repeat = p.steps;
   o.seed = p.seed;

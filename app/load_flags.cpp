@@ -50,6 +50,10 @@ void add_load_flags(CLI::App& app, LoadFlags& f) {
   app.add_flag("--widen-weights", f.widen_weights,
                "float32 on the CPU: widen a 16-bit model's weights at load (default: keep them "
                "16-bit and widen per call; the same image, about half the weight memory)");
+  app.add_flag("--no-pack-weights", f.no_pack_weights,
+               "bf16 on the CPU: let oneDNN reorder the UNet's low-resolution convolution "
+               "weights at every call (default: keep a packed copy; ~3 % faster steps, ~0.9 GiB "
+               "more for SD2.1)");
   app.add_option("--lora", f.loras,
                  "LoRA adapter PATH[:SCALE] (default scale 1; repeat for several) merged into "
                  "the UNet and text encoder");
@@ -87,6 +91,7 @@ LoadOptions to_load_options(const LoadFlags& f) {
   if (f.epsilon) lo.v_prediction = false;
   lo.offload = f.offload;
   lo.keep_16bit_weights = !f.widen_weights;
+  lo.pack_conv_weights = !f.no_pack_weights;
   for (const auto& l : f.loras) lo.loras.push_back(parse_lora_flag(l));
   lo.lora_lenient = f.lora_lenient;
   lo.lora_mode = f.lora_mode;

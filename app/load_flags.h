@@ -16,6 +16,7 @@ struct LoadFlags {
   bool v_prediction = false, epsilon = false;
   bool offload = false;
   bool widen_weights = false;
+  bool no_pack_weights = false;
   std::vector<std::string> loras;
   bool lora_lenient = false;
   std::string lora_mode = "merged";

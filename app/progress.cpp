@@ -11,8 +11,10 @@ Progress::Progress(bool quiet) : quiet_(quiet), tty_(::isatty(STDERR_FILENO) != 
 
 std::string format_seconds(double s) {
   char buf[32];
-  if (s < 60) std::snprintf(buf, sizeof(buf), "%.2fs", s);
-  else std::snprintf(buf, sizeof(buf), "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  if (s < 60)
+    std::snprintf(buf, sizeof(buf), "%.2fs", s);
+  else
+    std::snprintf(buf, sizeof(buf), "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
   return buf;
 }
 
@@ -33,13 +35,13 @@ bool Progress::operator()(const StepEvent& e) {
     int filled = e.num_steps ? done * width / e.num_steps : width;
     std::string bar(static_cast<size_t>(filled), '#');
     bar.resize(width, '.');
-    std::snprintf(line, sizeof(line), "\rstep %d/%d [%s] %.2f it/s ETA %s   ", done, e.num_steps, bar.c_str(), rate,
-                  format_seconds(eta).c_str());
+    std::snprintf(line, sizeof(line), "\rstep %d/%d [%s] %.2f it/s ETA %s   ", done, e.num_steps,
+                  bar.c_str(), rate, format_seconds(eta).c_str());
     std::cerr << line << std::flush;
     drawn_ = true;
   } else {
-    std::snprintf(line, sizeof(line), "step %d/%d t=%g %.2f it/s eta=%s", done, e.num_steps, e.timestep, rate,
-                  format_seconds(eta).c_str());
+    std::snprintf(line, sizeof(line), "step %d/%d t=%g %.2f it/s eta=%s", done, e.num_steps,
+                  e.timestep, rate, format_seconds(eta).c_str());
     std::cerr << line << "\n";
   }
   return true;

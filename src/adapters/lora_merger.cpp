@@ -8,6 +8,7 @@
 
 #include "diffuse/errors.h"
 #include "io/safetensors.h"
+#include "nn/layers.h"
 
 namespace diffuse::adapters {
 
@@ -112,6 +113,11 @@ void LoraMerger::repatch(const std::vector<WeightKey>& keys) {
   // Inference tensors (models loaded under InferenceMode) may only be written inside it;
   // ordinary parameters may be written there too.
   c10::InferenceMode guard;
+  // Convolutions' packed weight copies follow the new values (inference tensors count no
+  // versions that would tell them).
+  std::set<size_t> touched;
+  for (const auto& key : keys) touched.insert(key.first);
+  for (size_t n : touched) nn::drop_packed_weights(*networks_[n].module);
   struct Contribution {
     const LoraPair* pair;
     double scale;

@@ -149,11 +149,11 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   PipelineBenchResult r;
   r.arch = o.model.empty() ? o.arch : "";
   r.model = o.model;
-  const torch::Device device = device::resolve_device(o.device);
-  const torch::Dtype dtype = device::resolve_dtype(o.dtype, device, "unet");
-  const torch::Dtype text_dtype = device::resolve_dtype(o.dtype, device, "text_encoder");
-  const torch::Dtype vae_dtype = device::resolve_dtype(o.vae_dtype, device, "vae");
-  const auto backend = nn::attention_backend_from_flag_or_env(o.attention, device);
+  const torch::Device device = device::resolve_device(o.load.device);
+  const torch::Dtype dtype = device::resolve_dtype(o.load.dtype, device, "unet");
+  const torch::Dtype text_dtype = device::resolve_dtype(o.load.dtype, device, "text_encoder");
+  const torch::Dtype vae_dtype = device::resolve_dtype(o.load.vae_dtype, device, "vae");
+  const auto backend = nn::attention_backend_from_flag_or_env(o.load.attention, device);
   nn::set_default_attention_backend(backend);
   r.device = device::device_name(device);
   r.dtype = device::dtype_name(dtype);
@@ -168,10 +168,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     // after dropping caches); the stage benchmark below then reads the weights warm.
     WholeImageOptions w;
     w.model = o.model;
-    w.load.device = o.device;
-    w.load.dtype = o.dtype;
-    w.load.vae_dtype = o.vae_dtype;
-    w.load.attention = o.attention;
+    w.load = o.load;
     w.width = o.width;
     w.height = o.height;
     w.steps = o.whole_image_steps;
@@ -219,6 +216,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   auto vae = build<models::AutoencoderKL>([&] { return models::AutoencoderKL(vae_cfg); }, vae_dtype,
                                           device, m ? &m->vae_weights : nullptr, o.model + " (vae)",
                                           o.seed + 3);
+  if (o.load.pack_conv_weights) nn::set_weight_packing(*unet, true);
   src.model.reset();  // drop the weight file mappings, as the pipeline does
   r.build_s = now_s() - t0;
   r.build_peak_mb = build_peak.finish();
@@ -266,6 +264,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     r.unet = time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0],
                        &r.unet_flops, o.profile ? &r : nullptr);
     r.unet_peak_mb = peak.finish();
+    r.packed_weights_mb = mb(nn::packed_weight_bytes(*unet));
   }
 
   if (o.vae) {

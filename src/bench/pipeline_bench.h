@@ -18,7 +18,8 @@ namespace diffuse::bench {
 struct PipelineBenchOptions {
   std::string arch = "sd2.1-base";  // built-in architecture (bench/arch_configs.h)
   std::string model;                // a diffusers folder or single file instead of `arch`
-  std::string device = "auto", dtype = "auto", vae_dtype = "auto", attention = "auto";
+  // device, dtype, vae_dtype, attention and pack_conv_weights, as the pipeline takes them.
+  LoadOptions load;
   int width = 0, height = 0;  // 0 = the model's default size
   int steps = 1;              // timed UNet steps, after the warm-up steps
   int warmup = 1;             // untimed UNet steps first (one-time costs; FLOPs are counted
@@ -62,7 +63,8 @@ struct PipelineBenchResult {
   double peak_rss_mb = 0;  // process peak while models were built and run (before baseline)
   // Peak RSS during each stage (where the system lets the peak mark be reset; else 0):
   double build_peak_mb = 0, text_encoder_peak_mb = 0, unet_peak_mb = 0, vae_peak_mb = 0;
-  double models_rss_mb = 0;  // RSS with the three networks built, before running them
+  double models_rss_mb = 0;      // RSS with the three networks built, before running them
+  double packed_weights_mb = 0;  // the UNet's packed convolution weights after its steps
   double unet_params_m = 0, text_encoder_params_m = 0, vae_params_m = 0;
   FlopCounts unet_flops;                 // one step at `batch`
   std::optional<Roofline> roofline;      // in the UNet's dtype

@@ -297,14 +297,17 @@ bool channels_last_enabled() {
   return enabled;
 }
 
+bool channels_last_at(int64_t pixels) {
+  constexpr int64_t kMinChannelsLastPixels = 32 * 32;
+  return channels_last_enabled() && pixels >= kMinChannelsLastPixels;
+}
+
 torch::Tensor to_compute_layout(const torch::Tensor& x) {
   if (x.dim() != 4 || !x.device().is_cpu() || x.scalar_type() != torch::kBFloat16 ||
       !channels_last_enabled())
     return x;
-  constexpr int64_t kMinChannelsLastPixels = 32 * 32;
-  return x.contiguous(x.size(2) * x.size(3) >= kMinChannelsLastPixels
-                          ? torch::MemoryFormat::ChannelsLast
-                          : torch::MemoryFormat::Contiguous);
+  return x.contiguous(channels_last_at(x.size(2) * x.size(3)) ? torch::MemoryFormat::ChannelsLast
+                                                              : torch::MemoryFormat::Contiguous);
 }
 
 torch::Tensor GroupNormImpl::group_norm(const torch::Tensor& x, bool silu, bool overwrite_input) {

@@ -54,6 +54,9 @@ void add_bias_residual_(torch::Tensor& h, const torch::Tensor& bias, const torch
 // the UNet step 4% faster than all-NCHW (channels-last everywhere was 8% slower).
 // DIFFUSE_CHANNELS_LAST=0 keeps NCHW everywhere (for comparisons).
 torch::Tensor to_compute_layout(const torch::Tensor& x);
+// Whether to_compute_layout puts a bf16 CPU activation of this many pixels (H * W) in
+// channels-last.
+bool channels_last_at(int64_t pixels);
 
 // torch::nn::GroupNorm / LayerNorm with the same parameters and names, computing through the
 // functions above.

@@ -1,7 +1,12 @@
 #include "nn/layers.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <atomic>
+#include <mutex>
+
+#include "device/memory.h"
 #include "diffuse/errors.h"
 #include "nn/fused_ops.h"
 
@@ -138,11 +143,83 @@ bool supports_low_rank(const Conv2dImpl& conv) {
          variant_get_if<torch::enumtype::kZeros>(&conv.options.padding_mode()) != nullptr;
 }
 
+// One lock for every layer's packed copy: a network shared by threads packs once.
+std::mutex& packing_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// Set when LibTorch refuses a packed weight (a build without oneDNN, or an API change):
+// every layer then takes the plain path.
+std::atomic<bool> g_packing_failed{false};
+
+torch::Tensor Conv2dImpl::packed_weight(const torch::Tensor& input) {
+  if (!pack_weight || g_packing_failed.load() || !input.device().is_cpu() ||
+      input.scalar_type() != torch::kBFloat16 || weight.scalar_type() != torch::kBFloat16 ||
+      input.dim() != 4 || !input.is_contiguous() ||
+      channels_last_at(input.size(2) * input.size(3)) || !supports_low_rank(*this) ||
+      (torch::GradMode::is_enabled() && weight.requires_grad()) || !at::hasMKLDNN())
+    return {};
+  // Inference tensors (networks built under InferenceMode) count no versions: their in-place
+  // writers call drop_packed_weights.
+  const int64_t version = weight.is_inference() ? -1 : static_cast<int64_t>(weight._version());
+  std::lock_guard<std::mutex> lock(packing_mutex());
+  if (!packed_.defined() || packed_from_ != weight.data_ptr() || packed_version_ != version) {
+    packed_ = torch::Tensor();  // the stale copy goes before the new one is made
+    // A copy is a speed-up, never worth running short of memory: without room for it and
+    // 1 GiB more, this call takes the plain path (and the next one asks again).
+    constexpr int64_t kHeadroom = int64_t{1} << 30;
+    const int64_t copy = weight.numel() * static_cast<int64_t>(weight.element_size());
+    const int64_t available = device::host_available_bytes();
+    if (available > 0 && available < copy + kHeadroom) return {};
+    const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
+    try {
+      torch::NoGradGuard no_grad;
+      packed_ = torch::mkldnn_reorder_conv2d_weight(weight.detach().to_mkldnn(), *padding,
+                                                    *options.stride(), *options.dilation(), 1);
+    } catch (const c10::Error&) {
+      g_packing_failed = true;
+      return {};
+    }
+    packed_from_ = weight.data_ptr();
+    packed_version_ = version;
+  }
+  return packed_;
+}
+
+void Conv2dImpl::drop_packed() {
+  packed_ = torch::Tensor();
+  packed_from_ = nullptr;
+  packed_version_ = -1;
+}
+
+int64_t Conv2dImpl::packed_bytes() const {
+  return packed_.defined() ? packed_.numel() * static_cast<int64_t>(packed_.element_size()) : 0;
+}
+
 torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
+  torch::Tensor y;
+  if (auto packed = packed_weight(input); packed.defined()) {
+    const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
+    // aten::convolution's arguments (with the plain weight), for profilers and FLOP counters.
+    RECORD_FUNCTION(
+        "diffuse::conv2d_packed",
+        std::vector<c10::IValue>({input, weight, bias, c10::IntArrayRef(*options.stride()).vec(),
+                                  c10::IntArrayRef(*padding).vec(),
+                                  c10::IntArrayRef(*options.dilation()).vec(), false,
+                                  std::vector<int64_t>{0, 0}, int64_t{1}}));
+    try {
+      y = torch::mkldnn_convolution(input, packed, bias, *padding, *options.stride(),
+                                    *options.dilation(), 1);
+    } catch (const c10::Error&) {
+      g_packing_failed = true;
+    }
+  }
   // _conv_forward adds `bias`: kept in the compute dtype (only weights stay 16-bit).
-  auto y = weight.scalar_type() == input.scalar_type()
-               ? torch::nn::Conv2dImpl::forward(input)
-               : _conv_forward(input, as_input_dtype(weight, input));
+  if (!y.defined())
+    y = weight.scalar_type() == input.scalar_type()
+            ? torch::nn::Conv2dImpl::forward(input)
+            : _conv_forward(input, as_input_dtype(weight, input));
   if (low_rank.empty()) return y;
   const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
   for (const auto& u : low_rank) {
@@ -151,6 +228,30 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
     y.add_(torch::conv2d(h, as_input_dtype(u.up, input)), u.scale);
   }
   return y;
+}
+
+void set_weight_packing(torch::nn::Module& module, bool enabled) {
+  std::lock_guard<std::mutex> lock(packing_mutex());
+  for (const auto& m : module.modules()) {
+    if (auto* conv = dynamic_cast<Conv2dImpl*>(m.get())) {
+      conv->pack_weight = enabled;
+      if (!enabled) conv->drop_packed();
+    }
+  }
+}
+
+void drop_packed_weights(torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(packing_mutex());
+  for (const auto& m : module.modules())
+    if (auto* conv = dynamic_cast<Conv2dImpl*>(m.get())) conv->drop_packed();
+}
+
+int64_t packed_weight_bytes(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(packing_mutex());
+  int64_t bytes = 0;
+  for (const auto& m : module.modules())
+    if (const auto* conv = dynamic_cast<const Conv2dImpl*>(m.get())) bytes += conv->packed_bytes();
+  return bytes;
 }
 
 std::set<std::string> layer_weight_names(const torch::nn::Module& module) {

@@ -49,6 +49,22 @@ class Conv2dImpl : public torch::nn::Conv2dImpl {
   using torch::nn::Conv2dImpl::Conv2dImpl;
   torch::Tensor forward(const torch::Tensor& input);
   std::vector<LowRankUpdate> low_rank;  // empty: a plain convolution
+  // Keep a copy of the weight in oneDNN's blocked layout for bf16 CPU inputs that run NCHW
+  // (below 32x32 pixels, see to_compute_layout), instead of oneDNN reordering the plain
+  // weight at every call: there the reorder is 15-35 % of the convolution (SD's 8x8 and 16x16
+  // levels, 1280-2560 channels), for one more copy of those weights in memory. The copy
+  // follows the weight: rebuilt when the weight is replaced or written in place (its version
+  // counter; see drop_packed_weights for inference tensors). Off by default;
+  // set_weight_packing turns it on for a network.
+  bool pack_weight = false;
+  void drop_packed();
+  int64_t packed_bytes() const;  // of the packed copy; 0 when there is none
+
+ private:
+  torch::Tensor packed_weight(const torch::Tensor& input);
+  torch::Tensor packed_;
+  const void* packed_from_ = nullptr;
+  int64_t packed_version_ = -1;
 };
 TORCH_MODULE(Conv2d);
 
@@ -63,6 +79,18 @@ std::set<std::string> layer_weight_names(const torch::nn::Module& module);
 inline const torch::Tensor& compute_reference(const Conv2dImpl& layer) {
   return layer.bias.defined() ? layer.bias : layer.weight;
 }
+
+// Sets Conv2dImpl::pack_weight on every nn::Conv2d in `module`; turning it off frees the
+// packed copies.
+void set_weight_packing(torch::nn::Module& module, bool enabled);
+
+// Frees the packed copies of `module`'s convolutions; they are made again at their next
+// forward. For code that writes weights in place: a weight built under InferenceMode counts
+// no versions, so its packed copy cannot see the write by itself.
+void drop_packed_weights(torch::nn::Module& module);
+
+// Bytes held by the packed weight copies of `module`'s convolutions (0 until a forward packs).
+int64_t packed_weight_bytes(const torch::nn::Module& module);
 
 // Whether a convolution can take run-time updates (one group, zero padding of explicit size).
 bool supports_low_rank(const Conv2dImpl& conv);

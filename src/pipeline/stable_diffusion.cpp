@@ -82,6 +82,7 @@ struct StableDiffusion::Components {
   ModelSource source;  // weights (file mappings) stay here only with offload
   bool offload = false;
   bool keep_16bit_weights = true;  // LoadOptions::keep_16bit_weights
+  bool pack_conv_weights = true;   // LoadOptions::pack_conv_weights
   models::ClipTextConfig text_config;
   models::UNet2DConditionConfig unet_config;
   models::AutoencoderKLConfig vae_config;
@@ -108,6 +109,7 @@ struct StableDiffusion::Components {
                         /*share_mapped=*/false, keep_16bit);
     if (keep_16bit.empty()) slot->to(where, dtype);  // else: already float32 on the CPU
     slot->eval();
+    if (pack_conv_weights && !offload) nn::set_weight_packing(*slot, true);
     bind_loras(component, *slot);
     return slot;
   }
@@ -222,6 +224,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   schedulers::make_scheduler(c_->scheduler_config);
   c_->offload = options.offload;
   c_->keep_16bit_weights = options.keep_16bit_weights;
+  c_->pack_conv_weights = options.pack_conv_weights;
   if (options.lora_mode != "merged" && options.lora_mode != "unmerged")
     throw InvalidArgument("lora_mode: expected \"merged\" or \"unmerged\", got \"" +
                           options.lora_mode + "\"");
