@@ -91,6 +91,13 @@ TEST(ConvPacking, TheCopyFollowsInPlaceWritesAndReplacedWeights) {
   net->down->weight.set_data(torch::randn_like(net->down->weight));
   const auto after_replace = net->forward(x);
   EXPECT_TRUE(torch::equal(after_replace, plain_output(net, x))) << "replaced storage";
+  // Swapped out, then back with other values: the new storage may take the freed address.
+  net->forward(x);
+  const auto negated = (net->down->weight * -1).contiguous();
+  net->down->weight.set_data(torch::empty({0}, negated.options()));
+  net->down->weight.set_data(negated.clone());
+  const auto after_swap = net->forward(x);
+  EXPECT_TRUE(torch::equal(after_swap, plain_output(net, x))) << "swapped out and back";
 }
 
 TEST(ConvPacking, InferenceTensorWritersDropTheCopies) {

@@ -164,8 +164,10 @@ torch::Tensor Conv2dImpl::packed_weight(const torch::Tensor& input) {
   // writers call drop_packed_weights.
   const int64_t version = weight.is_inference() ? -1 : static_cast<int64_t>(weight._version());
   std::lock_guard<std::mutex> lock(packing_mutex());
-  if (!packed_.defined() || packed_from_ != weight.data_ptr() || packed_version_ != version) {
-    packed_ = torch::Tensor();  // the stale copy goes before the new one is made
+  if (!packed_.defined() ||
+      packed_storage_.unsafeGetStorageImpl() != weight.storage().unsafeGetStorageImpl() ||
+      packed_from_ != weight.data_ptr() || packed_version_ != version) {
+    drop_packed();  // the stale copy (and the old storage) go before the new copy is made
     // A copy is a speed-up, never worth running short of memory: without room for it and
     // 1 GiB more, this call takes the plain path (and the next one asks again).
     constexpr int64_t kHeadroom = int64_t{1} << 30;
@@ -181,6 +183,7 @@ torch::Tensor Conv2dImpl::packed_weight(const torch::Tensor& input) {
       g_packing_failed = true;
       return {};
     }
+    packed_storage_ = weight.storage();
     packed_from_ = weight.data_ptr();
     packed_version_ = version;
   }
@@ -189,6 +192,7 @@ torch::Tensor Conv2dImpl::packed_weight(const torch::Tensor& input) {
 
 void Conv2dImpl::drop_packed() {
   packed_ = torch::Tensor();
+  packed_storage_ = c10::Storage();
   packed_from_ = nullptr;
   packed_version_ = -1;
 }

@@ -54,8 +54,9 @@ class Conv2dImpl : public torch::nn::Conv2dImpl {
   // weight at every call: there the reorder is 15-35 % of the convolution (SD's 8x8 and 16x16
   // levels, 1280-2560 channels), for one more copy of those weights in memory. The copy
   // follows the weight: rebuilt when the weight is replaced or written in place (its version
-  // counter; see drop_packed_weights for inference tensors). Off by default;
-  // set_weight_packing turns it on for a network.
+  // counter; see drop_packed_weights for inference tensors and writes through .data()). A
+  // replaced weight's old storage lives until the next forward or drop_packed_weights. Off by
+  // default; set_weight_packing turns it on for a network.
   bool pack_weight = false;
   void drop_packed();
   int64_t packed_bytes() const;  // of the packed copy; 0 when there is none
@@ -63,6 +64,9 @@ class Conv2dImpl : public torch::nn::Conv2dImpl {
  private:
   torch::Tensor packed_weight(const torch::Tensor& input);
   torch::Tensor packed_;
+  // What packed_ was made from: the weight's storage, held so that its address cannot come
+  // back as a new weight's, its first element's address and its version.
+  c10::Storage packed_storage_;
   const void* packed_from_ = nullptr;
   int64_t packed_version_ = -1;
 };
@@ -85,8 +89,8 @@ inline const torch::Tensor& compute_reference(const Conv2dImpl& layer) {
 void set_weight_packing(torch::nn::Module& module, bool enabled);
 
 // Frees the packed copies of `module`'s convolutions; they are made again at their next
-// forward. For code that writes weights in place: a weight built under InferenceMode counts
-// no versions, so its packed copy cannot see the write by itself.
+// forward. For code that writes weights in place where no version counts the write (weights
+// built under InferenceMode, writes through .data()), or that swaps weights out to free them.
 void drop_packed_weights(torch::nn::Module& module);
 
 // Bytes held by the packed weight copies of `module`'s convolutions (0 until a forward packs).
