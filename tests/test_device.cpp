@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 
+#include "device/cpu_allocator.h"
 #include "device/cpu_fallback.h"
 #include "device/device.h"
 #include "device/memory.h"
@@ -131,6 +132,50 @@ TEST(Device, NoNpuWithoutABackend) {
   EXPECT_EQ(m.device, "cpu");
   EXPECT_FALSE(m.has_allocator);
   EXPECT_GT(m.process.rss_bytes, 0);
+}
+
+TEST(Device, HeapOnHugePagesFollowsTheTunableAndTheKernelMode) {
+  EnvGuard g("GLIBC_TUNABLES");
+  const std::string mode = device::transparent_huge_pages_mode();
+  ::unsetenv("GLIBC_TUNABLES");
+  EXPECT_EQ(device::heap_on_huge_pages(), mode == "always") << mode;
+  ::setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1", 1);
+  EXPECT_EQ(device::heap_on_huge_pages(), mode == "always" || mode == "madvise") << mode;
+  ::setenv("GLIBC_TUNABLES", "glibc.malloc.check=0:glibc.malloc.hugetlb=2", 1);
+  EXPECT_TRUE(device::heap_on_huge_pages());  // hugetlbfs pages: whatever THP says
+}
+
+// A trim inside a huge-page heap splits its huge pages for good, so the default keeps freed
+// memory there; kAll gives it back anyway.
+TEST(Device, EmptyCacheTrimsAHugePageHeapOnlyWhenAskedForAll) {
+  if (!device::keep_freed_memory()) GTEST_SKIP() << "the heap policy is off (user tuning)";
+  EnvGuard g("GLIBC_TUNABLES");
+  ::setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=2", 1);     // taken as a huge-page heap
+  auto big = torch::ones({int64_t{96} << 20}, torch::kUInt8);  // touched
+  auto pin = torch::ones({int64_t{4} << 20}, torch::kUInt8);   // keeps it off the heap's top
+  big.reset();
+  const int64_t freed = device::memory_stats().rss_bytes;
+  device::empty_cache(torch::kCPU);
+  const int64_t kept = device::memory_stats().rss_bytes;
+  EXPECT_GT(kept, freed - (int64_t{16} << 20)) << "the default trimmed a huge-page heap";
+  device::empty_cache(torch::kCPU, device::HeapRelease::kAll);
+  const int64_t trimmed = device::memory_stats().rss_bytes;
+  EXPECT_LT(trimmed, kept - (int64_t{64} << 20)) << "kAll did not give the freed block back";
+  EXPECT_EQ(pin.sum().item<int64_t>(), int64_t{4} << 20);
+}
+
+TEST(Device, TrimKeepingHugePagesGivesFreedMemoryBack) {
+  if (!device::keep_freed_memory()) GTEST_SKIP() << "the heap policy is off (user tuning)";
+  EnvGuard g("GLIBC_TUNABLES");
+  ::unsetenv("GLIBC_TUNABLES");
+  auto big = torch::ones({int64_t{96} << 20}, torch::kUInt8);
+  auto pin = torch::ones({int64_t{4} << 20}, torch::kUInt8);
+  big.reset();
+  const int64_t freed = device::memory_stats().rss_bytes;
+  if (!device::trim_heap_keeping_huge_pages()) GTEST_SKIP() << "the kernel cannot collapse";
+  // Rebuilding split huge pages makes their free parts resident again: 2 MiB at most each.
+  EXPECT_LT(device::memory_stats().rss_bytes, freed - (int64_t{64} << 20));
+  EXPECT_EQ(pin.sum().item<int64_t>(), int64_t{4} << 20);
 }
 
 TEST(Device, MemoryStatsArePlausible) {

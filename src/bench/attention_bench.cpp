@@ -72,7 +72,7 @@ std::vector<AttentionBenchRow> run_attention_bench(const std::vector<AttentionCa
         opts.backend = b;
         opts.causal = c.causal;
         try {
-          device::empty_cache(torch::Device(torch::kCPU));
+          device::empty_cache(torch::Device(torch::kCPU), device::HeapRelease::kAll);
           const bool reset = reset_peak_rss();
           const int64_t before = current_rss_bytes();
           // An accelerator queues the kernels: the clock reads only after they have run.

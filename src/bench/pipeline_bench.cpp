@@ -180,6 +180,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     }
     if (o.log) o.log("whole image: " + std::to_string(w.steps) + " steps through the pipeline");
     r.whole_image = run_whole_image_bench(w);
+    device::empty_cache(torch::Device(torch::kCPU));  // the pipeline's memory, as it is freed
     nn::set_default_attention_backend(backend);
     if (o.log)
       o.log("whole image: load " + fmt("%.1f s", r.whole_image->load_s) + " (" +
@@ -331,7 +332,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     text = nullptr;
     vae = nullptr;
     unet = nullptr;
-    device::empty_cache(torch::Device(torch::kCPU));
+    device::empty_cache(torch::Device(torch::kCPU), device::HeapRelease::kAll);
     nn::set_default_attention_backend(nn::AttentionBackend::kMath);
     auto base =
         build<models::UNet2DConditionModel>([&] { return models::UNet2DConditionModel(unet_cfg); },

@@ -88,8 +88,8 @@ VaeTilingBenchResult run_vae_tiling_bench(const VaeTilingBenchOptions& o) {
     const auto tiling = pipeline::choose_vae_tiling(opts, cfg, 1, size, size, device, dtype).tiling;
     for (bool tiled : {false, true}) {
       if (!tiled && size > o.whole_max) continue;
-      if (tiled && !tiling) continue;  // one tile: the same as whole
-      device::empty_cache(device);
+      if (tiled && !tiling) continue;                          // one tile: the same as whole
+      device::empty_cache(device, device::HeapRelease::kAll);  // each run's own peak
       VaeDecodeRun run;
       run.size = size;
       run.tiled = tiled;

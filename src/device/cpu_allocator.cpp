@@ -1,5 +1,10 @@
 #include "device/cpu_allocator.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -35,6 +40,93 @@ std::string transparent_huge_pages_mode() {
   return open != std::string::npos && close != std::string::npos && close > open
              ? line.substr(open + 1, close - open - 1)
              : "";
+}
+
+namespace {
+
+// glibc.malloc.hugetlb from GLIBC_TUNABLES: 0 (unset), 1 (THP via madvise) or 2 (hugetlbfs).
+int malloc_hugetlb_tunable() {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (!tunables) return 0;
+  const std::string t = tunables;
+  if (t.find("glibc.malloc.hugetlb=2") != std::string::npos) return 2;
+  return t.find("glibc.malloc.hugetlb=1") != std::string::npos ? 1 : 0;
+}
+
+}  // namespace
+
+bool malloc_requests_huge_pages() {
+  return malloc_hugetlb_tunable() != 0;
+}
+
+bool heap_on_huge_pages() {
+  const int tunable = malloc_hugetlb_tunable();
+  if (tunable == 2) return true;
+  const std::string mode = transparent_huge_pages_mode();
+  return mode == "always" || (mode == "madvise" && tunable == 1);
+}
+
+namespace {
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+
+// Whether this kernel collapses anonymous memory into huge pages on request: tried once on a
+// scratch mapping with one page touched.
+bool kernel_collapses_huge_pages() {
+  static const bool supported = [] {
+    const size_t size = 2 * kHugePage;
+    void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) return false;
+    const uintptr_t aligned =
+        (reinterpret_cast<uintptr_t>(map) + kHugePage - 1) / kHugePage * kHugePage;
+    *reinterpret_cast<volatile char*>(aligned) = 1;
+    const bool ok = ::madvise(reinterpret_cast<void*>(aligned), kHugePage, MADV_COLLAPSE) == 0;
+    ::munmap(map, size);
+    return ok;
+  }();
+  return supported;
+}
+
+// The span of the [heap] mappings (glibc's main arena, where the large buffers live under the
+// heap policy): several, where parts of it differ in their flags (glibc advises huge pages on
+// each extension).
+bool brk_heap_range(uintptr_t* begin, uintptr_t* end) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  *begin = UINTPTR_MAX;
+  *end = 0;
+  while (std::getline(maps, line)) {
+    if (line.size() < 6 || line.compare(line.size() - 6, 6, "[heap]") != 0) continue;
+    const auto dash = line.find('-'), space = line.find(' ');
+    if (dash == std::string::npos || space == std::string::npos || space < dash) continue;
+    *begin = std::min<uintptr_t>(*begin, std::stoull(line.substr(0, dash), nullptr, 16));
+    *end = std::max<uintptr_t>(*end,
+                               std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16));
+  }
+  return *end > *begin;
+}
+
+}  // namespace
+
+bool trim_heap_keeping_huge_pages() {
+#if defined(__GLIBC__)
+  if (malloc_hugetlb_tunable() == 2 || !kernel_collapses_huge_pages()) return false;
+  malloc_trim(0);
+  uintptr_t begin = 0, end = 0;
+  if (!brk_heap_range(&begin, &end)) return true;
+  begin = (begin + kHugePage - 1) / kHugePage * kHugePage;
+  end = end / kHugePage * kHugePage;
+  // One huge page at a time: a call over the whole heap stops at the first range it cannot
+  // collapse, e.g. one the trim emptied whole (no page table left, so it needs nothing).
+  for (uintptr_t at = begin; at + kHugePage <= end; at += kHugePage)
+    ::madvise(reinterpret_cast<void*>(at), kHugePage, MADV_COLLAPSE);
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace diffuse::device

@@ -18,4 +18,20 @@ bool keep_freed_memory();
 // "never"; "" where /sys does not say).
 std::string transparent_huge_pages_mode();
 
+// Whether glibc's malloc asks for huge pages (GLIBC_TUNABLES has glibc.malloc.hugetlb=1 or 2;
+// the CLI restarts itself with it).
+bool malloc_requests_huge_pages();
+
+// Whether the heap's large buffers sit on huge pages: THP "always", or malloc asking for them
+// under "madvise" (or hugetlbfs pages with hugetlb=2).
+bool heap_on_huge_pages();
+
+// Gives the heap's free pages back to the OS on a heap of transparent huge pages without
+// leaving it on 4 KiB pages: glibc's trim releases the free 4 KiB pages inside huge pages,
+// which splits each into 4 KiB mappings for the rest of the process (the kernel builds a huge
+// page on a fault only where no page table is left), so the huge pages the trim split are
+// rebuilt afterwards (MADV_COLLAPSE, Linux >= 6.1; their free parts become resident again).
+// Returns false, trimming nothing, where the kernel cannot collapse or malloc uses hugetlbfs.
+bool trim_heap_keeping_huge_pages();
+
 }  // namespace diffuse::device

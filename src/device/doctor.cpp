@@ -227,9 +227,7 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   r.omp_num_threads = env("OMP_NUM_THREADS");
   r.omp_wait_policy = env("OMP_WAIT_POLICY");
   r.thp_mode = transparent_huge_pages_mode();
-  const std::string tunables = env("GLIBC_TUNABLES");
-  r.malloc_huge_pages = tunables.find("glibc.malloc.hugetlb=1") != std::string::npos ||
-                        tunables.find("glibc.malloc.hugetlb=2") != std::string::npos;
+  r.malloc_huge_pages = malloc_requests_huge_pages();
   r.cuda_devices = cuda_count();
 #ifdef DIFFUSE_WITH_TORCH_NPU
   r.torch_npu_linked = true;

@@ -8,6 +8,7 @@
 #include <malloc.h>
 #endif
 
+#include "device/cpu_allocator.h"
 #include "device/cuda_backend.h"
 #include "device/device.h"
 #include "device/npu_backend.h"
@@ -73,10 +74,15 @@ void reset_peak_memory(const torch::Device& device) {
   }
 }
 
-void empty_cache(const torch::Device& device) {
+void empty_cache(const torch::Device& device, HeapRelease cpu) {
   if (device.is_cpu()) {
 #if defined(__GLIBC__)
-    malloc_trim(0);
+    if (cpu == HeapRelease::kAll || !heap_on_huge_pages())
+      malloc_trim(0);
+    else
+      trim_heap_keeping_huge_pages();
+#else
+    (void)cpu;
 #endif
   } else if (device.is_cuda()) {
     cuda::empty_cache();

@@ -40,9 +40,23 @@ int64_t available_bytes(const torch::Device& device);
 int64_t host_available_bytes();
 // Starts a new peak window for the device's allocator (no-op on the CPU).
 void reset_peak_memory(const torch::Device& device);
+// What empty_cache gives back on the CPU.
+enum class HeapRelease {
+  // On a heap of transparent huge pages, glibc's trim releases the free 4 KiB pages inside
+  // huge pages, which splits each into 4 KiB mappings for the rest of the process: on SD2.1
+  // at 512, ~390 MiB of later activations sat on 4 KiB pages, and the next image's UNet steps
+  // ran 5-10 % and its decode ~6 % slower. So there the trim is followed by rebuilding the huge
+  // pages it split (device::trim_heap_keeping_huge_pages: MADV_COLLAPSE, Linux >= 6.1; ~2,000
+  // calls, 0.06 s, for a 4 GiB heap), and where the kernel cannot, freed memory stays in the
+  // heap for the next stage to reuse.
+  kKeepHugePages,
+  // Always (memory before speed: offloading, measuring a stage's own peak).
+  kAll,
+};
+
 // Returns cached, unused blocks of the device's allocator to the driver; on the CPU, returns
 // free malloc heap pages to the OS (glibc keeps freed activations otherwise, and they would
-// count in the next stage's peak).
-void empty_cache(const torch::Device& device);
+// count in the next stage's peak) as `cpu` says.
+void empty_cache(const torch::Device& device, HeapRelease cpu = HeapRelease::kKeepHugePages);
 
 }  // namespace diffuse::device
