@@ -224,9 +224,9 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
     std::cout << "  whole image, " << w.steps << " steps " << w.scheduler << ": load "
               << f("%.2f s", w.load_s) << " (" << f("%.0f%%", 100 * w.cache_before_load.fraction())
               << " of " << f("%.2f GiB", static_cast<double>(w.cache_before_load.bytes) / (1 << 30))
-              << " cached before; again warm " << f("%.2f s", w.warm_load_s) << "), then "
-              << f("%.2f s", w.generate_s) << " = text " << f("%.2f", w.text_encode_s)
-              << " + denoise " << f("%.2f", w.denoise_s) << " ("
+              << " cached before; again, warm and into the memory the first load freed, "
+              << f("%.2f s", w.warm_load_s) << "), then " << f("%.2f s", w.generate_s) << " = text "
+              << f("%.2f", w.text_encode_s) << " + denoise " << f("%.2f", w.denoise_s) << " ("
               << f("%.3f s/step", w.denoise_s / denoise_steps) << ") + decode "
               << f("%.2f", w.vae_decode_s) << "\n";
     if (r.whole_image_limit_s > 0)

@@ -26,7 +26,10 @@ struct WholeImageResult {
   std::string scheduler;
   PageCacheState cache_before_load;  // the weight files in the page cache before the first load
   double load_s = 0;                 // first load (cold when cache_before_load is ~0 %)
-  double warm_load_s = 0;            // the same load again, the files now cached
+  // The same load again, the files now cached, into the memory the first load freed: a lower
+  // bound for a new process with a warm cache, which first-touches its memory (on the dev VM
+  // that took 7-9 s against 3-3.6 s here; load_s of `txt2img --json` measures it).
+  double warm_load_s = 0;
   double text_encode_s = 0, denoise_s = 0, vae_decode_s = 0;
   double generate_s = 0;  // text encode + denoise + decode, as the pipeline reports its total
   std::vector<double> step_s;
