@@ -53,25 +53,13 @@ int malloc_hugetlb_tunable() {
   return t.find("glibc.malloc.hugetlb=1") != std::string::npos ? 1 : 0;
 }
 
-}  // namespace
-
-bool malloc_requests_huge_pages() {
-  return malloc_hugetlb_tunable() != 0;
-}
-
-bool heap_on_huge_pages() {
-  const int tunable = malloc_hugetlb_tunable();
-  if (tunable == 2) return true;
-  const std::string mode = transparent_huge_pages_mode();
-  return mode == "always" || (mode == "madvise" && tunable == 1);
-}
-
-namespace {
-
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25
 #endif
 constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+uintptr_t huge_page_at_or_above(uintptr_t address) {
+  return (address + kHugePage - 1) / kHugePage * kHugePage;
+}
 
 // Whether this kernel collapses anonymous memory into huge pages on request: tried once on a
 // scratch mapping with one page touched.
@@ -80,8 +68,7 @@ bool kernel_collapses_huge_pages() {
     const size_t size = 2 * kHugePage;
     void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (map == MAP_FAILED) return false;
-    const uintptr_t aligned =
-        (reinterpret_cast<uintptr_t>(map) + kHugePage - 1) / kHugePage * kHugePage;
+    const uintptr_t aligned = huge_page_at_or_above(reinterpret_cast<uintptr_t>(map));
     *reinterpret_cast<volatile char*>(aligned) = 1;
     const bool ok = ::madvise(reinterpret_cast<void*>(aligned), kHugePage, MADV_COLLAPSE) == 0;
     ::munmap(map, size);
@@ -111,17 +98,26 @@ bool brk_heap_range(uintptr_t* begin, uintptr_t* end) {
 
 }  // namespace
 
+bool malloc_requests_huge_pages() {
+  return malloc_hugetlb_tunable() != 0;
+}
+
+bool heap_on_huge_pages() {
+  const int tunable = malloc_hugetlb_tunable();
+  if (tunable == 2) return true;
+  const std::string mode = transparent_huge_pages_mode();
+  return mode == "always" || (mode == "madvise" && tunable == 1);
+}
+
 bool trim_heap_keeping_huge_pages() {
 #if defined(__GLIBC__)
   if (malloc_hugetlb_tunable() == 2 || !kernel_collapses_huge_pages()) return false;
   malloc_trim(0);
   uintptr_t begin = 0, end = 0;
   if (!brk_heap_range(&begin, &end)) return true;
-  begin = (begin + kHugePage - 1) / kHugePage * kHugePage;
-  end = end / kHugePage * kHugePage;
   // One huge page at a time: a call over the whole heap stops at the first range it cannot
   // collapse, e.g. one the trim emptied whole (no page table left, so it needs nothing).
-  for (uintptr_t at = begin; at + kHugePage <= end; at += kHugePage)
+  for (uintptr_t at = huge_page_at_or_above(begin); at + kHugePage <= end; at += kHugePage)
     ::madvise(reinterpret_cast<void*>(at), kHugePage, MADV_COLLAPSE);
   return true;
 #else
