@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
 
 #include "adapters/lora.h"
 #include "adapters/lora_merger.h"
@@ -163,6 +164,40 @@ TEST(WeightStreaming, RandomTransformerWriterMakesALoadableShardedFolder) {
   const auto out = run(resident, in);
   EXPECT_TRUE(torch::isfinite(out).all().item<bool>());
   EXPECT_TRUE(torch::equal(run(streamed, in), out));
+}
+
+// The writer's folder depends on its seed alone: LibTorch's global generator, drawn from in
+// between, changes nothing (the MoE gates once took their values from it).
+TEST(WeightStreaming, RandomTransformerWriterDependsOnItsSeedAlone) {
+  pipeline::RandomHiDreamOptions o;
+  o.config = test::tiny_hidream_config();
+  auto write = [&](const fs::path& dir, uint64_t global_seed) {
+    torch::manual_seed(global_seed);
+    pipeline::create_random_hidream_i1(dir.string(), o);
+    std::map<std::string, torch::Tensor> weights;
+    for (const auto& e : fs::directory_iterator(dir / "transformer"))
+      if (e.path().extension() == ".safetensors")
+        for (auto& [name, t] : io::SafetensorsFile::open(e.path().string())->load_all())
+          weights[name] = t.clone();
+    return weights;
+  };
+  test::TempDir a, b;
+  const auto first = write(a.path(), 1), second = write(b.path(), 2);
+  ASSERT_EQ(first.size(), second.size());
+  for (const auto& [name, t] : first) {
+    ASSERT_TRUE(second.count(name)) << name;
+    EXPECT_TRUE(torch::equal(second.at(name), t)) << name;
+  }
+  o.seed += 1;
+  test::TempDir c;
+  const auto other = write(c.path(), 1);
+  int gates = 0;
+  for (const auto& [name, t] : first)
+    if (name.find(".gate.weight") != std::string::npos) {
+      ++gates;
+      EXPECT_FALSE(torch::equal(other.at(name), t)) << name << " does not follow the seed";
+    }
+  EXPECT_GT(gates, 0);
 }
 
 TEST(WeightStreaming, ThePipelineTakesTheModeByName) {

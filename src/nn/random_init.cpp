@@ -6,6 +6,7 @@
 #include <random>
 
 #include "io/string_affixes.h"
+#include "nn/moe_feed_forward.h"
 
 namespace diffuse::nn {
 namespace {
@@ -45,6 +46,10 @@ void visit_parameters(torch::nn::Module& module, Fill fill) {
       if (ln->bias.defined()) fill(ln->bias, 0, 0.1);
     } else if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(m)) {
       fill(emb->weight, 0, ends_with(name, "position_embedding") ? 0.5 : 1.0);
+    } else if (auto* gate = dynamic_cast<MoEGateImpl*>(m)) {
+      // A bias-free linear map to the expert logits. Left to its constructor, it would draw
+      // from LibTorch's global generator, and the same seed would give other routings.
+      fill(gate->weight, 0, 1.0 / std::sqrt(static_cast<double>(gate->weight.size(1))));
     }
   }
 }

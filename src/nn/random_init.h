@@ -7,10 +7,11 @@
 
 namespace diffuse::nn {
 
-// Linear/Conv weights ~ N(0, (g / sqrt(fan_in))^2) with g = 1, or 0.5 for residual-branch
-// output projections (so residual sums do not blow up); biases ~ N(0, 0.05^2); norm weights
-// ~ 1 + N(0, 0.2^2), norm biases ~ N(0, 0.1^2); token embeddings ~ N(0, 1), position
-// embeddings ~ N(0, 0.5^2). Deterministic for a given seed and module structure.
+// Linear/Conv weights and mixture-of-experts gates ~ N(0, (g / sqrt(fan_in))^2) with g = 1,
+// or 0.5 for residual-branch output projections (so residual sums do not blow up); biases
+// ~ N(0, 0.05^2); norm weights ~ 1 + N(0, 0.2^2), norm biases ~ N(0, 0.1^2); token embeddings
+// ~ N(0, 1), position embeddings ~ N(0, 0.5^2). Deterministic for a given seed and module
+// structure: no parameter keeps values drawn from LibTorch's global generator.
 void init_random_weights(torch::nn::Module& module, uint64_t seed);
 
 // The same scales, with values copied from one pool of 8M normal draws at random offsets
