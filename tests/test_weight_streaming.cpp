@@ -149,10 +149,10 @@ TEST(WeightStreaming, RandomTransformerWriterMakesALoadableShardedFolder) {
       ++shards;
       const std::string name = e.path().filename().string();
       EXPECT_NE(name.find("-of-"), std::string::npos) << name;
-      for (const auto& t : io::SafetensorsFile::open(e.path().string())->names())
-        EXPECT_EQ(io::SafetensorsFile::open(e.path().string())->get(t).scalar_type(),
-                  torch::kBFloat16)
-            << t;
+      // Held: names() is a reference into the file object.
+      const auto file = io::SafetensorsFile::open(e.path().string());
+      for (const auto& t : file->names())
+        EXPECT_EQ(file->get(t).scalar_type(), torch::kBFloat16) << t;
     }
   EXPECT_GT(shards, 2);
   const torch::Device cpu(torch::kCPU);
