@@ -64,7 +64,8 @@ int LoraRuntime::add(LoraAdapter adapter, double scale) {
       rest.pairs.push_back(std::move(p));
       continue;
     }
-    const auto& w = *layer->named_parameters(/*recurse=*/false).find("weight");
+    // A handle, not a reference: named_parameters() returns a temporary dictionary.
+    const torch::Tensor w = layer->named_parameters(/*recurse=*/false)["weight"];
     const auto to = torch::TensorOptions().dtype(w.scalar_type()).device(w.device());
     Attached a{layer, p.down.to(to), p.up.to(to), p.factor};
     if (w.dim() == 4) {  // a convolution: down as a conv weight, up as a 1x1 conv
