@@ -86,8 +86,9 @@ TEST(CfgParallel, BranchesAreSplitContiguouslyOverTheRanks) {
 // The same gather serves two and three branches, even and uneven splits, over real Gloo.
 TEST(CfgParallel, GatherRebuildsTheWholeBatchForAnyNumberOfBranches) {
   SKIP_WITHOUT_CPU_COLLECTIVES();
-  for (const auto& [b, w] : {std::pair{2, 2}, {3, 2}, {3, 3}}) {
-    const int branches = b, world = w;  // C++17 lambdas cannot capture structured bindings
+  for (const auto& [branch_count, rank_count] : {std::pair{2, 2}, {3, 2}, {3, 3}}) {
+    // Copies: C++17 lambdas cannot capture structured bindings.
+    const int branches = branch_count, world = rank_count;
     SCOPED_TRACE(std::to_string(branches) + " branches on " + std::to_string(world));
     // Branch b's rows are all b (2 rows per branch).
     auto batched = torch::arange(branches).repeat_interleave(2).to(torch::kFloat32).view({-1, 1});
