@@ -185,7 +185,22 @@ TEST(ServerLoad, EightClientsTwoHundredRequests) {
   EXPECT_EQ(counts.failed, 0u);
   EXPECT_EQ(t.generations + t.polls + t.cancels + t.busy + t.failures, kRequests);
   EXPECT_GT(t.pngs.load(), 0);
-  EXPECT_LT(growth, 0.10);
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  constexpr bool kAddressSanitizer = true;
+#else
+  constexpr bool kAddressSanitizer = false;
+#endif
+#else
+  constexpr bool kAddressSanitizer = false;
+#endif
+  // AddressSanitizer keeps freed memory in quarantine (256 MiB by default), so the RSS figure
+  // says nothing about leaks there (+13 % measured). The release build keeps the check.
+  if (!kAddressSanitizer) {
+    EXPECT_LT(growth, 0.10);
+  }
 }
 
 }  // namespace server_load_test
