@@ -4,7 +4,7 @@
 #                                   fuzz test), PNG, tokenizer files, single-file checkpoints
 #                                   (CI's sanitizer job, about 2 minutes)
 #   bash scripts/sanitize.sh --all  the library, CLI and every test program, then the whole
-#                                   suite under CTest (about 25 minutes on 2 cores: before a
+#                                   suite under CTest (about 30 minutes on 2 cores: before a
 #                                   change that handles memory, lifetimes or references lands)
 set -euo pipefail
 cd "$(dirname "$0")/.."
