@@ -26,7 +26,10 @@
 #define DIFFUSE_HAVE_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
-#ifdef USE_C10D_NCCL
+// Likewise NCCL: a CUDA wheel may define USE_C10D_NCCL while nccl.h lives in a pip package
+// outside the include path.
+#if defined(USE_C10D_NCCL) && __has_include(<nccl.h>)
+#define DIFFUSE_HAVE_NCCL 1
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #if defined(DIFFUSE_WITH_TORCH_NPU) && __has_include(<torch_npu/csrc/distributed/ProcessGroupHCCL.hpp>)

@@ -24,7 +24,7 @@ compat::BackendPtr make_backend(const std::string& name,
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world, opts);
   }
 #endif
-#ifdef USE_C10D_NCCL
+#ifdef DIFFUSE_HAVE_NCCL
   if (name == "nccl") {
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = o.timeout;
@@ -97,7 +97,7 @@ std::string backend_for(const torch::Device& device) {
           "headers, e.g. Debian's libgloo-dev, and rebuild)");
 #endif
     case c10::DeviceType::CUDA:
-#ifdef USE_C10D_NCCL
+#ifdef DIFFUSE_HAVE_NCCL
       return "nccl";
 #else
       throw DeviceError(
