@@ -4,12 +4,15 @@
 #include <iostream>
 
 #include "commands.h"
+#include "device/cpu_reproducibility.h"
 #include "diffuse/errors.h"
 #include "interrupt.h"
 #include "startup_env.h"
 
 int main(int argc, char** argv) {
   diffuse::app::restart_with_startup_settings(argv);
+  // Every command, verify and the benchmarks included, before anything runs on the CPU.
+  diffuse::device::request_reproducible_blas();
   CLI::App app{"diffuse: diffusion image models on CPU, CUDA and Ascend NPU"};
   app.require_subcommand(1);
   bool show_version = false;

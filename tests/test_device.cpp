@@ -5,6 +5,8 @@
 
 #include "device/cpu_allocator.h"
 #include "device/cpu_fallback.h"
+#include "device/cpu_reproducibility.h"
+#include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
 #include "device/npu_backend.h"
@@ -132,6 +134,29 @@ TEST(Device, NoNpuWithoutABackend) {
   EXPECT_EQ(m.device, "cpu");
   EXPECT_FALSE(m.has_allocator);
   EXPECT_GT(m.process.rss_bytes, 0);
+}
+
+// MKL's reproducible mode is asked for once the engine sets up the CPU, and a user's own
+// MKL_CBWR is left alone.
+TEST(Device, CpuBlasIsAskedForAlignmentIndependentResults) {
+  EnvGuard guard("MKL_CBWR");
+  ::unsetenv("MKL_CBWR");
+  EXPECT_EQ(device::request_reproducible_blas(), "AUTO,STRICT");
+  EXPECT_STREQ(std::getenv("MKL_CBWR"), "AUTO,STRICT");
+  ::setenv("MKL_CBWR", "COMPATIBLE", 1);
+  EXPECT_EQ(device::request_reproducible_blas(), "COMPATIBLE");
+  EXPECT_STREQ(std::getenv("MKL_CBWR"), "COMPATIBLE");
+}
+
+TEST(Device, SettingUpTheCpuAsksForReproducibleBlas) {
+  // The first call of the process sets it (this test may run alone, or after others did).
+  const char* before = std::getenv("MKL_CBWR");
+  device::configure_cpu_threads();
+  const char* after = std::getenv("MKL_CBWR");
+  ASSERT_NE(after, nullptr);
+  if (!before) {
+    EXPECT_STREQ(after, "AUTO,STRICT");
+  }
 }
 
 TEST(Device, HeapOnHugePagesFollowsTheTunableAndTheKernelMode) {

@@ -92,7 +92,8 @@ TEST(LoraPipeline, AdapterChangesTheImageAndScaleZeroKeepsIt) {
   auto offload = with;
   offload.offload = true;
   auto off = Text2Image::load(test::golden_model_dir(), offload).generate(small_config());
-  EXPECT_TRUE(torch::equal(off.images_float, patched.images_float));
+  EXPECT_TRUE(torch::equal(off.images_float, patched.images_float))
+      << "max |diff| " << (off.images_float - patched.images_float).abs().max().item<float>();
 }
 
 TEST(LoraPipeline, TextEncoderPartChangesThePromptEmbeddings) {

@@ -126,7 +126,9 @@ TEST(Pipeline, OffloadGivesBitIdenticalImagesAcrossRepeatedRuns) {
   auto expected = resident.generate(g);
   for (int run = 0; run < 2; ++run) {  // the second run reloads every network
     auto got = lazy.generate(g);
-    EXPECT_TRUE(got.images_float.equal(expected.images_float)) << "run " << run;
+    EXPECT_TRUE(got.images_float.equal(expected.images_float))
+        << "run " << run << ": max |diff| "
+        << (got.images_float - expected.images_float).abs().max().item<float>();
   }
   // img2img loads the VAE twice per run (encode, then decode).
   Image init;
@@ -135,7 +137,9 @@ TEST(Pipeline, OffloadGivesBitIdenticalImagesAcrossRepeatedRuns) {
   g.strength = 0.5;
   auto i2i_expected = Image2Image::load(test::golden_model_dir(), fp32_cpu()).generate(g, init);
   auto i2i_got = Image2Image::load(test::golden_model_dir(), offload).generate(g, init);
-  EXPECT_TRUE(i2i_got.images_float.equal(i2i_expected.images_float));
+  EXPECT_TRUE(i2i_got.images_float.equal(i2i_expected.images_float))
+      << "max |diff| "
+      << (i2i_got.images_float - i2i_expected.images_float).abs().max().item<float>();
 }
 
 TEST(Pipeline, BadParametersAreRejectedBeforeAnyWork) {

@@ -11,6 +11,7 @@
 #include <sched.h>
 #endif
 
+#include "device/cpu_reproducibility.h"
 #include "diffuse/errors.h"
 
 // OpenBLAS (Debian's libtorch calls whatever libblas.so.3 is selected) runs its own thread
@@ -44,6 +45,7 @@ int available_cpus() {
 int configure_cpu_threads() {
   static std::once_flag once;
   std::call_once(once, [] {
+    request_reproducible_blas();  // before BLAS runs, or LibTorch sets MKL's threads
     const char* mine = std::getenv("DIFFUSE_THREADS");
     if (mine && *mine) {
       char* end = nullptr;

@@ -5,7 +5,8 @@
 
 namespace diffuse::device {
 
-// Sets the intra-op thread count (LibTorch's and OpenBLAS's) once per process:
+// Sets the intra-op thread count (LibTorch's and OpenBLAS's) once per process, and asks MKL for
+// reproducible results (device/cpu_reproducibility.h) first:
 // $DIFFUSE_THREADS if set, else LibTorch's choice when $OMP_NUM_THREADS or $MKL_NUM_THREADS is
 // set, else the number of CPUs in this process's affinity mask. Returns the thread count in effect.
 // InvalidArgument for a malformed DIFFUSE_THREADS.
