@@ -329,10 +329,10 @@ TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
   auto fox = read_png(dir.file("fox.png"));
   // The I1 pipeline rescales any size to the model's area (max_resolution x 8 pixels a side).
   EXPECT_EQ(fox.width * fox.height, 128 * 128);
-  auto edit = run_cli(
-      {"edit", "-m", model, "--transformer", "transformer_e1", "-i", dir.file("fox.png"), "-p",
-       "make it blue", "--steps", "2", "--seed", "3", "--quiet", "-o", dir.file("blue.png")},
-      dir);
+  auto edit = run_cli({"edit", "-m", model, "--transformer", "transformer_e1", "-i",
+                       dir.file("fox.png"), "-p", "make it blue", "--steps", "2", "--seed", "3",
+                       "--quiet", "--device", "cpu", "-o", dir.file("blue.png")},
+                      dir);
   ASSERT_EQ(edit.exit_code, 0) << edit.err;
   EXPECT_EQ(read_png(dir.file("blue.png")).width, fox.width);
   // E1-Full: I1 weights + the LoRA file, with a refine phase.
@@ -376,6 +376,8 @@ TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
                          "--seed",
                          "3",
                          "--quiet",
+                         "--device",
+                         "cpu",
                          "--text-encoder-device",
                          "cpu",
                          "--vae-device",
