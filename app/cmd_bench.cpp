@@ -2,6 +2,7 @@
 // backends) and `diffuse bench roofline` (this machine's matmul/conv throughput).
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -120,6 +121,12 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
                 {"text_encoder", r.text_encoder_peak_mb},
                 {"unet", r.unet_peak_mb},
                 {"vae_decode", r.vae_peak_mb}}},
+              {"device_peak_mb", r.device_peak_mb},
+              {"device_peak_mb_by_stage",
+               {{"build", r.build_device_peak_mb},
+                {"text_encoder", r.text_encoder_device_peak_mb},
+                {"unet", r.unet_device_peak_mb},
+                {"vae_decode", r.vae_device_peak_mb}}},
               {"models_rss_mb", r.models_rss_mb},
               {"packed_weights_mb", r.packed_weights_mb},
               {"params_m",
@@ -210,6 +217,15 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
                     ? "; packed convolution weights " + f("%.0f MiB", r.packed_weights_mb)
                     : std::string())
             << ")\n";
+  if (r.device_peak_mb > 0) {
+    std::string label = "peak on " + r.device;
+    label.resize(std::max<size_t>(label.size(), 24), ' ');
+    std::cout << "  " << label << f("%8.0f MiB", r.device_peak_mb)
+              << "  (held by tensors; peaks: build " << f("%.0f", r.build_device_peak_mb)
+              << ", text " << f("%.0f", r.text_encoder_device_peak_mb) << ", unet "
+              << f("%.0f", r.unet_device_peak_mb) << ", vae " << f("%.0f MiB", r.vae_device_peak_mb)
+              << ")\n";
+  }
   if (r.roofline) {
     std::cout << "  roofline: matmul " << f("%.1f", r.roofline->matmul_gflops) << " GFLOP/s, conv "
               << f("%.1f", r.roofline->conv_gflops) << " GFLOP/s -> step limit "

@@ -13,10 +13,12 @@ namespace {
 void print_block(const char* name, const bench::BlockTiming& t) {
   std::printf(
       "  %-20s %7.0fM params  %8.1f GFLOP (attention %6.1f)  best %7.3f s  mean %7.3f s"
-      "  %6.1f GFLOP/s  %5.0f%% of roofline (%.2fx)  peak %7.0f MiB\n",
+      "  %6.1f GFLOP/s  %5.0f%% of roofline (%.2fx)  peak RSS %7.0f MiB",
       name, t.params_m, t.flops.total() / 1e9, t.flops.attention / 1e9, t.best_s, t.mean_s,
       t.flops.total() / 1e9 / t.best_s, 100 * t.roofline_fraction,
       t.roofline_fraction > 0 ? 1 / t.roofline_fraction : 0.0, t.peak_mb);
+  if (t.device_peak_mb > 0) std::printf(", on the device %7.0f MiB", t.device_peak_mb);
+  std::printf("\n");
 }
 
 }  // namespace

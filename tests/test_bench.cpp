@@ -296,15 +296,16 @@ TEST(BenchCli, JsonHasTheStageKeys) {
                                 &status);
   ASSERT_EQ(status, 0) << out;
   auto j = nlohmann::json::parse(out);
-  for (const char* key :
-       {"device", "dtype", "attention", "width", "height", "text_encoder_s", "unet_step_s",
-        "vae_decode_s", "peak_rss_mb", "unet_gflop", "vae_gflop", "vae_gflop_by_kind"})
+  for (const char* key : {"device", "dtype", "attention", "width", "height", "text_encoder_s",
+                          "unet_step_s", "vae_decode_s", "peak_rss_mb", "unet_gflop", "vae_gflop",
+                          "vae_gflop_by_kind", "device_peak_mb", "device_peak_mb_by_stage"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["width"], 16);
   EXPECT_GT(j["unet_step_s"].get<double>(), 0);
   EXPECT_GT(j["unet_gflop"].get<double>(), 0);
   EXPECT_GT(j["vae_gflop_by_kind"]["conv"].get<double>(), 0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 0);
+  EXPECT_EQ(j["device_peak_mb"].get<double>(), 0);  // on the CPU
 }
 
 // --fail-above compares the step with its roofline limit: without the roofline, or on a bench

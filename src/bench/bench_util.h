@@ -37,20 +37,37 @@ inline double mb(int64_t bytes) {
   return static_cast<double>(bytes) / (1 << 20);
 }
 
-// Peak RSS of one stage: resets the kernel's mark before, reads it after, and keeps the
-// process-wide maximum in `overall`.
+// Peak memory of one stage: the process's RSS (resets the kernel's mark before, reads it after)
+// and, on an accelerator with allocator statistics, what its tensors held. Keeps the maxima in
+// `overall` and `device_overall` (if given).
 class StagePeak {
  public:
-  explicit StagePeak(double* overall) : overall_(overall), reset_(reset_peak_rss()) {}
+  explicit StagePeak(double* overall, const torch::Device& device = torch::kCPU,
+                     double* device_overall = nullptr)
+      : overall_(overall),
+        device_(device),
+        device_overall_(device_overall),
+        reset_(reset_peak_rss()) {
+    reset_device_peak(device_);
+  }
+  // The stage's peak RSS in MiB (0 where the mark cannot be reset).
   double finish() {
     const double peak = mb(peak_rss_bytes());
     *overall_ = std::max(*overall_, peak);
+    const int64_t on_device = device_peak_bytes(device_);
+    device_peak_mb_ = on_device < 0 ? 0.0 : mb(on_device);
+    if (device_overall_) *device_overall_ = std::max(*device_overall_, device_peak_mb_);
     return reset_ ? peak : 0.0;
   }
+  // After finish(): the accelerator's peak in MiB (0 on the CPU).
+  double device_peak_mb() const { return device_peak_mb_; }
 
  private:
   double* overall_;
+  torch::Device device_;
+  double* device_overall_;
   bool reset_;
+  double device_peak_mb_ = 0;
 };
 
 }  // namespace diffuse::bench

@@ -42,7 +42,7 @@ BlockTiming time_block(torch::nn::Module& block, const torch::Device& device, in
                        const std::function<void(const std::string&)>& log, Fn&& run) {
   BlockTiming t;
   t.params_m = params_m(block);
-  StagePeak peak(overall_peak);
+  StagePeak peak(overall_peak, device);
   double t0 = now_s();
   {
     FlopCounter counter;  // the warm-up run also counts the FLOPs
@@ -64,6 +64,7 @@ BlockTiming time_block(torch::nn::Module& block, const torch::Device& device, in
   }
   t.mean_s = sum / repeat;
   t.peak_mb = peak.finish();
+  t.device_peak_mb = peak.device_peak_mb();
   if (matmul_gflops > 0) t.roofline_fraction = (t.flops.total() / 1e9 / matmul_gflops) / t.best_s;
   return t;
 }
@@ -185,6 +186,7 @@ nlohmann::json to_json(const HiDreamBlockBenchResult& r) {
                           {"gflop", t.flops.total() / 1e9},
                           {"gflop_attention", t.flops.attention / 1e9},
                           {"peak_mb", t.peak_mb},
+                          {"device_peak_mb", t.device_peak_mb},
                           {"roofline_fraction", t.roofline_fraction}};
   };
   nlohmann::json j = {{"arch", "hidream-i1"},

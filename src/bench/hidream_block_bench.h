@@ -36,6 +36,7 @@ struct BlockTiming {
   double best_s = 0, mean_s = 0;
   FlopCounts flops;              // one run
   double peak_mb = 0;            // peak RSS while it ran (0 where it cannot be reset)
+  double device_peak_mb = 0;     // accelerator memory its tensors held at the peak (0 on cpu)
   double roofline_fraction = 0;  // (flops / matmul roofline) / best_s
 };
 

@@ -204,7 +204,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
 
   // Build everything first, as the pipeline holds all three networks.
   r.peak_rss_mb = mb(peak_rss_bytes());  // what the process used before (config parsing, ...)
-  StagePeak build_peak(&r.peak_rss_mb);
+  StagePeak build_peak(&r.peak_rss_mb, device, &r.device_peak_mb);
   double t0 = now_s();
   const auto* m = src.model ? &*src.model : nullptr;
   auto text = build<models::ClipTextModel>(
@@ -221,6 +221,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   src.model.reset();  // drop the weight file mappings, as the pipeline does
   r.build_s = now_s() - t0;
   r.build_peak_mb = build_peak.finish();
+  r.build_device_peak_mb = build_peak.device_peak_mb();
   device::empty_cache(torch::Device(torch::kCPU));
   r.models_rss_mb = mb(current_rss_bytes());
   r.unet_params_m = params_m(*unet);
@@ -243,7 +244,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   }
 
   if (o.text_encoder) {
-    StagePeak peak(&r.peak_rss_mb);
+    StagePeak peak(&r.peak_rss_mb, device, &r.device_peak_mb);
     auto gen = at::detail::createCPUGenerator(o.seed + 5);
     auto ids = torch::randint(0, text_cfg.vocab_size, {o.batch, text_cfg.max_position_embeddings},
                               gen, torch::TensorOptions().dtype(torch::kInt64))
@@ -255,22 +256,24 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     sync_device(device);
     r.text_encoder_s = now_s() - s0;
     r.text_encoder_peak_mb = peak.finish();
+    r.text_encoder_device_peak_mb = peak.device_peak_mb();
     if (o.log)
       o.log("text encoder (batch " + std::to_string(o.batch) +
             "): " + fmt("%.3f s", r.text_encoder_s));
   }
 
   if (o.unet) {
-    StagePeak peak(&r.peak_rss_mb);
+    StagePeak peak(&r.peak_rss_mb, device, &r.device_peak_mb);
     r.unet = time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0],
                        &r.unet_flops, o.profile ? &r : nullptr);
     r.unet_peak_mb = peak.finish();
+    r.unet_device_peak_mb = peak.device_peak_mb();
     r.packed_weights_mb = mb(nn::packed_weight_bytes(*unet));
   }
 
   if (o.vae) {
     device::empty_cache(device);  // as the pipeline does between denoising and decoding
-    StagePeak peak(&r.peak_rss_mb);
+    StagePeak peak(&r.peak_rss_mb, device, &r.device_peak_mb);
     auto gen = at::detail::createCPUGenerator(o.seed + 6);
     auto z = torch::randn({1, vae_cfg.latent_channels, lh, lw}, gen,
                           torch::TensorOptions().dtype(torch::kFloat32))
@@ -284,6 +287,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     }
     r.vae_decode_s = now_s() - s0;
     r.vae_peak_mb = peak.finish();
+    r.vae_device_peak_mb = peak.device_peak_mb();
     if (o.log) o.log("vae decode (1 image): " + fmt("%.3f s", r.vae_decode_s));
   }
 

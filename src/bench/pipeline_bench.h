@@ -63,6 +63,11 @@ struct PipelineBenchResult {
   double peak_rss_mb = 0;  // process peak while models were built and run (before baseline)
   // Peak RSS during each stage (where the system lets the peak mark be reset; else 0):
   double build_peak_mb = 0, text_encoder_peak_mb = 0, unet_peak_mb = 0, vae_peak_mb = 0;
+  // On an accelerator with allocator statistics (cuda, npu), what tensors held there at the
+  // peak of each stage and overall; all 0 on the CPU.
+  double device_peak_mb = 0;
+  double build_device_peak_mb = 0, text_encoder_device_peak_mb = 0, unet_device_peak_mb = 0,
+         vae_device_peak_mb = 0;
   double models_rss_mb = 0;      // RSS with the three networks built, before running them
   double packed_weights_mb = 0;  // the UNet's packed convolution weights after its steps
   double unet_params_m = 0, text_encoder_params_m = 0, vae_params_m = 0;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "bench/pipeline_bench.h"
 #include "device/cpu_fallback.h"
 #include "device/device.h"
 #include "device/memory.h"
@@ -166,6 +167,32 @@ TEST_F(SimulatedNpuTest, MemoryStatisticsFollowTheAllocator) {
   EXPECT_EQ(device::sim::simulated_device_state(1).empty_cache_calls, calls + 1);
   device::empty_cache(torch::kCPU);  // no-op
   EXPECT_FALSE(device::device_memory(torch::kCPU).has_allocator);
+}
+
+// `diffuse bench` on an accelerator reports what its tensors held there, per stage; on the CPU
+// those figures are 0.
+TEST_F(SimulatedNpuTest, PipelineBenchReportsDeviceMemoryPerStage) {
+  for (const char* where : {"npu:0", "cpu"}) {
+    SCOPED_TRACE(where);
+    bench::PipelineBenchOptions o;
+    o.arch = "tiny";
+    o.load.device = where;
+    o.load.dtype = "fp32";
+    o.roofline = false;
+    const auto r = bench::run_pipeline_bench(o);
+    if (std::string(where) == "cpu") {
+      EXPECT_EQ(r.device_peak_mb, 0);
+      EXPECT_EQ(r.unet_device_peak_mb, 0);
+      continue;
+    }
+    // The networks' weights stay on the device through every stage.
+    EXPECT_GT(r.build_device_peak_mb, 0);
+    for (double stage :
+         {r.text_encoder_device_peak_mb, r.unet_device_peak_mb, r.vae_device_peak_mb})
+      EXPECT_GE(stage, r.build_device_peak_mb * 0.5);
+    EXPECT_EQ(r.device_peak_mb, std::max({r.build_device_peak_mb, r.text_encoder_device_peak_mb,
+                                          r.unet_device_peak_mb, r.vae_device_peak_mb}));
+  }
 }
 
 TEST_F(SimulatedNpuTest, DtypePolicyProbesTheDevice) {
