@@ -67,6 +67,12 @@ json unet_run_json(const bench::UNetRun& u) {
           {"step_min_s", u.step_min_s}};
 }
 
+// One memory figure (MiB) per stage of the pipeline bench.
+json by_stage(double build, double text_encoder, double unet, double vae_decode) {
+  return {
+      {"build", build}, {"text_encoder", text_encoder}, {"unet", unet}, {"vae_decode", vae_decode}};
+}
+
 // With --fail-above R: 1 when the step took more than R times its roofline limit (a slowdown
 // against the ratio a release measured on this kind of machine), after the report.
 int regression_gate(const bench::PipelineBenchResult& r, std::optional<double> fail_above) {
@@ -90,55 +96,50 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
   auto r = bench::run_pipeline_bench(o);
   const double step = r.unet.step_mean_s;
   if (as_json) {
-    json j = {{"arch", r.arch},
-              {"model", r.model},
-              {"device", r.device},
-              {"dtype", r.dtype},
-              {"text_encoder_dtype", r.text_encoder_dtype},
-              {"vae_dtype", r.vae_dtype},
-              {"attention", r.attention},
-              {"attention_self", r.attention_self},
-              {"attention_cross", r.attention_cross},
-              {"width", r.width},
-              {"height", r.height},
-              {"batch", r.batch},
-              {"threads", r.threads},
-              {"build_s", r.build_s},
-              {"text_encoder_s", r.text_encoder_s},
-              {"unet_step_s", step},
-              {"unet_steps_s", r.unet.step_s},
-              {"steps_per_s", step > 0 ? 1.0 / step : 0.0},
-              {"vae_decode_s", r.vae_decode_s},
-              {"vae_gflop", r.vae_flops.total() / 1e9},
-              {"vae_gflop_by_kind",
-               {{"conv", r.vae_flops.conv / 1e9},
-                {"matmul", r.vae_flops.matmul / 1e9},
-                {"attention", r.vae_flops.attention / 1e9}}},
-              {"vae_roofline_limit_s", r.vae_roofline_limit_s},
-              {"peak_rss_mb", r.peak_rss_mb},
-              {"peak_rss_mb_by_stage",
-               {{"build", r.build_peak_mb},
-                {"text_encoder", r.text_encoder_peak_mb},
-                {"unet", r.unet_peak_mb},
-                {"vae_decode", r.vae_peak_mb}}},
-              {"device_peak_mb", r.device_peak_mb},
-              {"device_peak_mb_by_stage",
-               {{"build", r.build_device_peak_mb},
-                {"text_encoder", r.text_encoder_device_peak_mb},
-                {"unet", r.unet_device_peak_mb},
-                {"vae_decode", r.vae_device_peak_mb}}},
-              {"models_rss_mb", r.models_rss_mb},
-              {"packed_weights_mb", r.packed_weights_mb},
-              {"params_m",
-               {{"unet", r.unet_params_m},
-                {"text_encoder", r.text_encoder_params_m},
-                {"vae", r.vae_params_m}}},
-              {"unet_gflop", r.unet_flops.total() / 1e9},
-              {"unet_gflop_by_kind",
-               {{"conv", r.unet_flops.conv / 1e9},
-                {"matmul", r.unet_flops.matmul / 1e9},
-                {"attention", r.unet_flops.attention / 1e9}}},
-              {"unet_gflops", step > 0 ? r.unet_flops.total() / 1e9 / step : 0.0}};
+    json j = {
+        {"arch", r.arch},
+        {"model", r.model},
+        {"device", r.device},
+        {"dtype", r.dtype},
+        {"text_encoder_dtype", r.text_encoder_dtype},
+        {"vae_dtype", r.vae_dtype},
+        {"attention", r.attention},
+        {"attention_self", r.attention_self},
+        {"attention_cross", r.attention_cross},
+        {"width", r.width},
+        {"height", r.height},
+        {"batch", r.batch},
+        {"threads", r.threads},
+        {"build_s", r.build_s},
+        {"text_encoder_s", r.text_encoder_s},
+        {"unet_step_s", step},
+        {"unet_steps_s", r.unet.step_s},
+        {"steps_per_s", step > 0 ? 1.0 / step : 0.0},
+        {"vae_decode_s", r.vae_decode_s},
+        {"vae_gflop", r.vae_flops.total() / 1e9},
+        {"vae_gflop_by_kind",
+         {{"conv", r.vae_flops.conv / 1e9},
+          {"matmul", r.vae_flops.matmul / 1e9},
+          {"attention", r.vae_flops.attention / 1e9}}},
+        {"vae_roofline_limit_s", r.vae_roofline_limit_s},
+        {"peak_rss_mb", r.peak_rss_mb},
+        {"peak_rss_mb_by_stage",
+         by_stage(r.build_peak_mb, r.text_encoder_peak_mb, r.unet_peak_mb, r.vae_peak_mb)},
+        {"device_peak_mb", r.device_peak_mb},
+        {"device_peak_mb_by_stage", by_stage(r.build_device_peak_mb, r.text_encoder_device_peak_mb,
+                                             r.unet_device_peak_mb, r.vae_device_peak_mb)},
+        {"models_rss_mb", r.models_rss_mb},
+        {"packed_weights_mb", r.packed_weights_mb},
+        {"params_m",
+         {{"unet", r.unet_params_m},
+          {"text_encoder", r.text_encoder_params_m},
+          {"vae", r.vae_params_m}}},
+        {"unet_gflop", r.unet_flops.total() / 1e9},
+        {"unet_gflop_by_kind",
+         {{"conv", r.unet_flops.conv / 1e9},
+          {"matmul", r.unet_flops.matmul / 1e9},
+          {"attention", r.unet_flops.attention / 1e9}}},
+        {"unet_gflops", step > 0 ? r.unet_flops.total() / 1e9 / step : 0.0}};
     if (r.roofline) {
       j["roofline"] = roofline_json(*r.roofline);
       j["roofline_limit_s"] = r.roofline_limit_s;
