@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -63,6 +64,12 @@ TEST(Doctor, CliJsonAndExitStatus) {
   EXPECT_EQ(j["requested_device"]["ok"], true);
   EXPECT_TRUE(j["devices"][0]["smoke_test"]["ok"].get<bool>());
   EXPECT_TRUE(j.contains("blas"));
+  // The CLI asks MKL for alignment-independent results before anything runs, and says so (the
+  // value also reaches a LibTorch without MKL, where it does nothing).
+  const char* preset = std::getenv("MKL_CBWR");  // a user's own value wins
+  EXPECT_EQ(j["blas"]["mkl_cbwr"], preset ? preset : "AUTO,STRICT");
+  EXPECT_EQ(j["blas"]["mkl"].get<bool>(),
+            j["libtorch"]["config"].get<std::string>().find("BLAS_INFO=mkl") != std::string::npos);
   EXPECT_TRUE(j["cpu"].contains("amx_bf16"));
   EXPECT_EQ(j["cpu"]["isa_cap"], "native");
   auto bad = run_cli({"doctor", "--no-smoke-test", "--device", "npu:9"}, dir);

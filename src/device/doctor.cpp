@@ -210,6 +210,8 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   r.blas_loaded = blas.loaded;
   r.blas_reference = blas.reference;
   r.blas_threading = blas.threading;
+  r.blas_mkl = r.torch_config.find("BLAS_INFO=mkl") != std::string::npos;
+  if (const char* cbwr = std::getenv("MKL_CBWR")) r.mkl_cbwr = cbwr;
   const CpuInfo& cpu = cpu_info();
   r.cpu_model = cpu.model;
   r.logical_cpus = cpu.logical_cpus;
@@ -337,7 +339,9 @@ nlohmann::json to_json(const DoctorReport& r) {
        {{"provider", r.blas_provider},
         {"loaded", r.blas_loaded},
         {"reference", r.blas_reference},
-        {"threading", r.blas_threading}}},
+        {"threading", r.blas_threading},
+        {"mkl", r.blas_mkl},
+        {"mkl_cbwr", r.mkl_cbwr}}},
       {"cpu",
        {{"model", r.cpu_model},
         {"logical_cpus", r.logical_cpus},
@@ -379,7 +383,12 @@ std::string to_text(const DoctorReport& r) {
      << yes_no(r.mkldnn) << ", OpenMP " << yes_no(r.openmp) << "\n";
   os << "BLAS: " << (r.blas_provider.empty() ? "(no sgemm_ visible)" : r.blas_provider)
      << (r.blas_threading.empty() ? "" : " (" + r.blas_threading + ")")
-     << (r.blas_reference ? "  <- SLOW reference BLAS" : "") << "\n";
+     << (r.blas_reference ? "  <- SLOW reference BLAS" : "")
+     << (r.blas_mkl ? "; MKL, reproducible mode " + (r.mkl_cbwr.empty()
+                                                         ? std::string("off (MKL_CBWR unset)")
+                                                         : "MKL_CBWR=" + r.mkl_cbwr)
+                    : "")
+     << "\n";
   os << "CPU: " << r.cpu_model << ", " << r.logical_cpus << " logical CPUs; AVX2 " << yes_no(r.avx2)
      << ", AVX-512 " << yes_no(r.avx512f) << ", AVX512-BF16 " << yes_no(r.avx512_bf16) << ", AMX "
      << yes_no(r.amx_tile) << " (AMX-BF16 " << yes_no(r.amx_bf16) << ")"

@@ -42,6 +42,8 @@ struct DoctorReport {
   std::vector<std::string> blas_loaded;
   bool blas_reference = false;
   std::string blas_threading;  // BlasInfo::threading: pthreads|openmp|sequential, "" = not OpenBLAS
+  bool blas_mkl = false;       // LibTorch was built with MKL (BLAS_INFO=mkl: PyTorch's x86 wheels)
+  std::string mkl_cbwr;        // MKL's reproducibility mode in effect (env MKL_CBWR), "" = unset
   std::string cpu_model;
   int logical_cpus = 0;
   bool avx2 = false, avx512f = false, avx512_bf16 = false, amx_bf16 = false, amx_tile = false;
