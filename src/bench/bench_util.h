@@ -10,6 +10,7 @@
 #include <string>
 
 #include "bench/memory_probe.h"
+#include "device/memory.h"
 
 namespace diffuse::bench {
 
@@ -37,26 +38,21 @@ inline double mb(int64_t bytes) {
   return static_cast<double>(bytes) / (1 << 20);
 }
 
-// Peak memory of one stage: the process's RSS (resets the kernel's mark before, reads it after)
-// and, on an accelerator with allocator statistics, what its tensors held. Keeps the maxima in
-// `overall` and `device_overall` (if given).
+// Peak memory of one stage: the process's RSS (resets the kernel's mark before, reads it after,
+// keeps the process-wide maximum in `overall`) and, on an accelerator with allocator
+// statistics, what its tensors held.
 class StagePeak {
  public:
-  explicit StagePeak(double* overall, const torch::Device& device = torch::kCPU,
-                     double* device_overall = nullptr)
-      : overall_(overall),
-        device_(device),
-        device_overall_(device_overall),
-        reset_(reset_peak_rss()) {
-    reset_device_peak(device_);
+  explicit StagePeak(double* overall, const torch::Device& device = torch::kCPU)
+      : overall_(overall), device_(device), reset_(reset_peak_rss()) {
+    device::reset_peak_memory(device_);
   }
   // The stage's peak RSS in MiB (0 where the mark cannot be reset).
   double finish() {
     const double peak = mb(peak_rss_bytes());
     *overall_ = std::max(*overall_, peak);
-    const int64_t on_device = device_peak_bytes(device_);
-    device_peak_mb_ = on_device < 0 ? 0.0 : mb(on_device);
-    if (device_overall_) *device_overall_ = std::max(*device_overall_, device_peak_mb_);
+    const auto memory = device::device_memory(device_);
+    device_peak_mb_ = memory.has_allocator ? mb(memory.allocator.peak_allocated_bytes) : 0.0;
     return reset_ ? peak : 0.0;
   }
   // After finish(): the accelerator's peak in MiB (0 on the CPU).
@@ -65,7 +61,6 @@ class StagePeak {
  private:
   double* overall_;
   torch::Device device_;
-  double* device_overall_;
   bool reset_;
   double device_peak_mb_ = 0;
 };

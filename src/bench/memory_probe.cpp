@@ -21,13 +21,4 @@ int64_t peak_rss_bytes() {
   return device::memory_stats().peak_rss_bytes;
 }
 
-void reset_device_peak(const c10::Device& device) {
-  device::reset_peak_memory(device);
-}
-
-int64_t device_peak_bytes(const c10::Device& device) {
-  const auto m = device::device_memory(device);
-  return m.has_allocator ? m.allocator.peak_allocated_bytes : -1;
-}
-
 }  // namespace diffuse::bench

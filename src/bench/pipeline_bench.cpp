@@ -204,7 +204,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
 
   // Build everything first, as the pipeline holds all three networks.
   r.peak_rss_mb = mb(peak_rss_bytes());  // what the process used before (config parsing, ...)
-  StagePeak build_peak(&r.peak_rss_mb, device, &r.device_peak_mb);
+  StagePeak build_peak(&r.peak_rss_mb, device);
   double t0 = now_s();
   const auto* m = src.model ? &*src.model : nullptr;
   auto text = build<models::ClipTextModel>(
@@ -244,7 +244,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   }
 
   if (o.text_encoder) {
-    StagePeak peak(&r.peak_rss_mb, device, &r.device_peak_mb);
+    StagePeak peak(&r.peak_rss_mb, device);
     auto gen = at::detail::createCPUGenerator(o.seed + 5);
     auto ids = torch::randint(0, text_cfg.vocab_size, {o.batch, text_cfg.max_position_embeddings},
                               gen, torch::TensorOptions().dtype(torch::kInt64))
@@ -263,7 +263,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   }
 
   if (o.unet) {
-    StagePeak peak(&r.peak_rss_mb, device, &r.device_peak_mb);
+    StagePeak peak(&r.peak_rss_mb, device);
     r.unet = time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0],
                        &r.unet_flops, o.profile ? &r : nullptr);
     r.unet_peak_mb = peak.finish();
@@ -273,7 +273,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
 
   if (o.vae) {
     device::empty_cache(device);  // as the pipeline does between denoising and decoding
-    StagePeak peak(&r.peak_rss_mb, device, &r.device_peak_mb);
+    StagePeak peak(&r.peak_rss_mb, device);
     auto gen = at::detail::createCPUGenerator(o.seed + 6);
     auto z = torch::randn({1, vae_cfg.latent_channels, lh, lw}, gen,
                           torch::TensorOptions().dtype(torch::kFloat32))
@@ -290,6 +290,8 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     r.vae_device_peak_mb = peak.device_peak_mb();
     if (o.log) o.log("vae decode (1 image): " + fmt("%.3f s", r.vae_decode_s));
   }
+  r.device_peak_mb = std::max({r.build_device_peak_mb, r.text_encoder_device_peak_mb,
+                               r.unet_device_peak_mb, r.vae_device_peak_mb});
 
   if (o.roofline && o.unet) {
     r.roofline = measure_roofline(device, dtype, /*channels_last=*/false);
