@@ -56,9 +56,8 @@ inline int64_t aligned_bytes(int64_t count) {
   return round_up(count * static_cast<int64_t>(sizeof(T)), 64);
 }
 
-// ---- The float32 packing both float32 kernels use: per (batch, head), K transposed as float
-// [D][Nk rounded up to 16] and V as float [Nk][D rounded up to 16], zero padded, so both inner
-// products run over contiguous memory.
+// ---- Float32 packing, per (batch, head), zero padded to 16 keys and 16 head dims; each
+// float32 kernel arranges the padded K and V its own way.
 constexpr int64_t kF32PackLanes = 16;
 
 struct F32Layout {
@@ -70,25 +69,6 @@ struct F32Layout {
 inline float load_elem(const Problem& p, const void* base, int64_t index) {
   return p.bf16 ? bf16_to_float(static_cast<const uint16_t*>(base)[index])
                 : static_cast<const float*>(base)[index];
-}
-
-int64_t f32_packed_bytes(const Problem& p) {
-  F32Layout l(p);
-  return aligned_bytes<float>(p.head_dim * l.nkp) + aligned_bytes<float>(p.nk * l.dp);
-}
-
-void f32_pack(const Problem& p, int64_t b, int64_t h, void* packed) {
-  F32Layout l(p);
-  Arena arena{static_cast<uint8_t*>(packed)};
-  float* kp = arena.take<float>(p.head_dim * l.nkp);
-  float* vp = arena.take<float>(p.nk * l.dp);
-  std::memset(kp, 0, sizeof(float) * p.head_dim * l.nkp);
-  std::memset(vp, 0, sizeof(float) * p.nk * l.dp);
-  for (int64_t j = 0; j < p.nk; ++j) {
-    const int64_t ko = offset(p.k_stride, b, h, j), vo = offset(p.v_stride, b, h, j);
-    for (int64_t d = 0; d < p.head_dim; ++d) kp[d * l.nkp + j] = load_elem(p, p.k, ko + d);
-    for (int64_t d = 0; d < p.head_dim; ++d) vp[j * l.dp + d] = load_elem(p, p.v, vo + d);
-  }
 }
 
 }  // namespace

@@ -142,6 +142,25 @@ inline float softmax_row(const float* s, int64_t len, int64_t visible, float sca
 }
 
 // ---- float32 kernel: K packed as float [D][nkp], V as float [Nk][dp] ----------------------
+// K transposed so that both inner products run over contiguous memory.
+int64_t f32_packed_bytes(const Problem& p) {
+  F32Layout l(p);
+  return aligned_bytes<float>(p.head_dim * l.nkp) + aligned_bytes<float>(p.nk * l.dp);
+}
+
+void f32_pack(const Problem& p, int64_t b, int64_t h, void* packed) {
+  F32Layout l(p);
+  Arena arena{static_cast<uint8_t*>(packed)};
+  float* kp = arena.take<float>(p.head_dim * l.nkp);
+  float* vp = arena.take<float>(p.nk * l.dp);
+  std::memset(kp, 0, sizeof(float) * p.head_dim * l.nkp);
+  std::memset(vp, 0, sizeof(float) * p.nk * l.dp);
+  for (int64_t j = 0; j < p.nk; ++j) {
+    const int64_t ko = offset(p.k_stride, b, h, j), vo = offset(p.v_stride, b, h, j);
+    for (int64_t d = 0; d < p.head_dim; ++d) kp[d * l.nkp + j] = load_elem(p, p.k, ko + d);
+    for (int64_t d = 0; d < p.head_dim; ++d) vp[j * l.dp + d] = load_elem(p, p.v, vo + d);
+  }
+}
 
 int64_t f32_scratch_bytes(const Problem& p) {
   F32Layout l(p);

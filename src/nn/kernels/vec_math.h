@@ -65,6 +65,27 @@ inline VecF floorv(VecF y) {
 #endif
 }
 
+// A nearest integer per lane, for |y| < 2^22: one instruction where the ISA has it.
+inline VecF roundv(VecF y) {
+#if defined(__AVX512F__)
+  return (VecF)_mm512_roundscale_ps((__m512)y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__AVX__)
+  return (VecF)_mm256_round_ps((__m256)y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__SSE4_1__)
+  return (VecF)_mm_round_ps((__m128)y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  return floorv(y + 0.5f);
+#endif
+}
+
+// 2^n for integer-valued lanes n in [-126, 127], built in the exponent bits.
+inline VecF pow2n(VecF n) {
+  const VecI bits = (__builtin_convertvector(n, VecI) + 127) << 23;
+  VecF out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
 // exp(x) to ~2 ulp for x in [-87, 88] (clamped outside): Cephes' polynomial on
 // [-ln2/2, ln2/2], 2^n built in the exponent bits.
 inline VecF expv(VecF x) {
@@ -80,10 +101,22 @@ inline VecF expv(VecF x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const VecI bits = (__builtin_convertvector(n, VecI) + 127) << 23;
-  VecF scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  return p * pow2n(n);
+}
+
+// 2^x to ~2 ulp for x in [-126, 127] (clamped outside): with x = n + f, n = round(x), a
+// degree-6 polynomial of 2^f on [-1/2, 1/2] (interpolated at Chebyshev nodes), evaluated
+// Estrin-style. Its dependency chain is about half of expv's: the flash kernels' softmax takes
+// one per score on scores already scaled by log2(e), and there the chain sets the pace.
+inline VecF exp2v(VecF x) {
+  x = clampv(x, -126.0f, 127.0f);
+  const VecF n = roundv(x);
+  const VecF f = x - n, f2 = f * f;
+  const VecF a = f * 6.931471825e-1f + 1.0f;
+  const VecF b = f * 5.550327152e-2f + 2.402265072e-1f;
+  const VecF c = f * 1.340042800e-3f + 9.618056938e-3f;
+  const VecF p = ((f2 * 1.546144485e-4f + c) * f2 + b) * f2 + a;
+  return p * pow2n(n);
 }
 
 inline float bf16_to_float(uint16_t h) {
