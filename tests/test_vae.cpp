@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "device/device.h"
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
 #include "models/autoencoder_kl.h"
@@ -148,7 +149,11 @@ TEST(VaeModel, BFloat16StaysCloseToFloat32) {
   // float32 input is converted to the weights' dtype rather than failing inside a conv.
   EXPECT_EQ(vae->decode(z).scalar_type(), torch::kBFloat16);
   auto err = (out - ref).abs().max().item<double>();
-  EXPECT_LT(err, 0.03 * ref.abs().max().item<double>() + 1e-3) << err;
+  // 3 % of the largest output where the CPU has native bf16 (oneDNN's bf16 kernels, float32
+  // sums). Elsewhere LibTorch's fallback bf16 convolutions run, which round more: 6.0 % on an
+  // AVX2-only EPYC (LibTorch 1.13). A broken decoder gives errors of the outputs' own size.
+  const double allowed = device::cpu_has_native_bf16() ? 0.03 : 0.08;
+  EXPECT_LT(err, allowed * ref.abs().max().item<double>() + 1e-3) << err;
 }
 
 }  // namespace test_vae
