@@ -16,7 +16,7 @@ namespace {
 constexpr int64_t kBlockRows = 48;   // query rows per task (a multiple of kRows)
 constexpr int64_t kBlockKeys = 256;  // keys per block of the online softmax
 constexpr int64_t kLanes = 16;
-static_assert(kLanes == kF32PackLanes, "the kernel reads the shared packing");
+static_assert(kLanes == kF32PackLanes, "panels are as wide as F32Layout pads");
 
 // The target's native float vector as a GCC/Clang vector type (wider types would be lowered
 // through memory). Tiles are kLanes = 16 floats wide, i.e. kVecs vectors.
