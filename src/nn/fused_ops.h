@@ -31,8 +31,6 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 // h [..., 2F] -> h[..., :F] * gelu(h[..., F:]) with the exact (erf) GELU (diffusers' GEGLU),
 // after adding `bias` [2F] when defined: the projection's bias joins this pass instead of one
 // of its own over the 2F-wide product.
-// Contiguous bf16 or float32 CPU inputs outside autograd take a one-pass kernel (erf to
-// 1.5e-7); others LibTorch's ops.
 torch::Tensor geglu(const torch::Tensor& h, const torch::Tensor& bias = {});
 
 // Whether add_bias_residual_ and the fused GEGLU run their one-pass bf16 kernels: the
