@@ -290,10 +290,12 @@ TEST(BenchArch, HiDreamConfigsParse) {
 
 TEST(BenchCli, JsonHasTheStageKeys) {
   int status = -1;
-  // One thread: a second one only waits on a busy machine for a model this small.
-  std::string out = run_command("DIFFUSE_THREADS=1 " + std::string(DIFFUSE_CLI_PATH) +
-                                    " bench --arch tiny --steps 1 --no-roofline --json 2>/dev/null",
-                                &status);
+  // One thread: a second one only waits on a busy machine for a model this small. The CPU
+  // named: on a machine with a GPU, auto would pick it (and its memory would count).
+  std::string out =
+      run_command("DIFFUSE_THREADS=1 " + std::string(DIFFUSE_CLI_PATH) +
+                      " bench --arch tiny --device cpu --steps 1 --no-roofline --json 2>/dev/null",
+                  &status);
   ASSERT_EQ(status, 0) << out;
   auto j = nlohmann::json::parse(out);
   for (const char* key : {"device", "dtype", "attention", "width", "height", "text_encoder_s",
