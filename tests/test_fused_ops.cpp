@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "nn/attention.h"
 #include "nn/fused_ops.h"
 #include "nn/kernels/cpu_features.h"
 #include "nn/layers.h"
@@ -68,6 +69,24 @@ TEST(CpuKernels, EveryKernelMatchesFloat64) {
         auto ref = ad * 0.5 * gd * (1 + torch::erf(gd / std::sqrt(2.0)));
         expect_bf16_rounding(y, ref,
                              name + " geglu n=" + std::to_string(n) + (with_bias ? " bias" : ""));
+      }
+
+      // float32: within the erf approximation's 1.5e-7 (times |a * g| / 2) and a few roundings.
+      auto af = torch::randn({n}), gf = 2 * torch::randn({n});
+      for (bool with_bias : {false, true}) {
+        auto y = torch::empty_like(af);
+        k->f32_geglu(af.data_ptr<float>(), gf.data_ptr<float>(), n,
+                     with_bias ? ab.data_ptr<float>() : nullptr,
+                     with_bias ? gb.data_ptr<float>() : nullptr, y.data_ptr<float>());
+        auto ad = af.to(torch::kFloat64), gd = gf.to(torch::kFloat64);
+        if (with_bias) {
+          ad = ad + ab.to(torch::kFloat64);
+          gd = gd + gb.to(torch::kFloat64);
+        }
+        auto ref = ad * 0.5 * gd * (1 + torch::erf(gd / std::sqrt(2.0)));
+        auto bound = 2e-7 * (ref.abs() + ad.abs() * (gd.abs() + 1));
+        auto excess = ((y.to(torch::kFloat64) - ref).abs() - bound).max().item<double>();
+        EXPECT_LE(excess, 0.0) << name << " f32 geglu n=" << n << (with_bias ? " bias" : "");
       }
 
       // The residual's mean of 10 makes a second rounding (of product + bias) visible.
@@ -205,17 +224,38 @@ TEST(FusedOps, GegluMatchesChunkGelu) {
   auto h = torch::randn({2, 7, 2 * 40});
   auto parts = h.chunk(2, -1);
   auto ref32 = parts[0] * torch::gelu(parts[1]);
-  EXPECT_TRUE(nn::geglu(h).equal(ref32));  // float32: the same ops
+  // float32: the one-pass kernel, within its erf approximation of LibTorch's exact GELU.
+  const auto saved = nn::default_attention_backend();
+  nn::set_default_attention_backend(nn::AttentionBackend::kAuto);
+  EXPECT_TRUE(nn::fused_f32_geglu(h));
+  EXPECT_TRUE(nn::geglu(h).allclose(ref32, 1e-6, 1e-6));
+  EXPECT_FALSE(nn::geglu(h).equal(ref32)) << "float32 took LibTorch's ops, not the kernel";
+  // The reference path (`--attention math`): LibTorch's ops, bit for bit.
+  nn::set_default_attention_backend(nn::AttentionBackend::kMath);
+  EXPECT_FALSE(nn::fused_f32_geglu(h));
+  EXPECT_TRUE(nn::geglu(h).equal(ref32));
+  nn::set_default_attention_backend(saved);
+  // Inputs the kernel does not take (strided; autograd) go through LibTorch's ops.
+  auto strided = torch::randn({2, 2 * 40, 7}).transpose(1, 2);
+  auto sp = strided.chunk(2, -1);
+  EXPECT_TRUE(nn::geglu(strided).equal(sp[0] * torch::gelu(sp[1])));
+  {
+    torch::AutoGradMode grad(true);
+    auto hg = h.clone().requires_grad_();
+    auto out = nn::geglu(hg);
+    EXPECT_TRUE(out.requires_grad());
+    EXPECT_TRUE(out.equal(ref32));
+  }
   auto hb = h.to(torch::kBFloat16);
   auto pb = hb.to(torch::kFloat64).chunk(2, -1);
   auto ref = pb[0] * 0.5 * pb[1] * (1 + torch::erf(pb[1] / std::sqrt(2.0)));
   expect_bf16_rounding(nn::geglu(hb), ref, "bf16 geglu");
   EXPECT_THROW(nn::geglu(torch::randn({2, 3})), std::exception);
 
-  // With the projection's bias: the bias joins the kernel's pass (bf16), or is added first.
+  // With the projection's bias: the bias joins the kernel's pass.
   auto bias = torch::randn({2 * 40});
   auto pbias = (h + bias).chunk(2, -1);
-  EXPECT_TRUE(nn::geglu(h, bias).equal(pbias[0] * torch::gelu(pbias[1])));
+  EXPECT_TRUE(nn::geglu(h, bias).allclose(pbias[0] * torch::gelu(pbias[1]), 1e-6, 1e-6));
   auto pbb = (hb.to(torch::kFloat64) + bias.to(torch::kBFloat16).to(torch::kFloat64)).chunk(2, -1);
   auto refb = pbb[0] * 0.5 * pbb[1] * (1 + torch::erf(pbb[1] / std::sqrt(2.0)));
   expect_bf16_rounding(nn::geglu(hb, bias.to(torch::kBFloat16)), refb, "bf16 geglu with bias");

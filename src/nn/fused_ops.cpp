@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "diffuse/errors.h"
+#include "nn/attention.h"
 #include "nn/kernels/cpu_features.h"
 #include "nn/npu_fused_ops.h"
 
@@ -244,12 +245,18 @@ bool fused_bf16_epilogue(std::initializer_list<torch::Tensor> activations,
   return true;
 }
 
+bool fused_f32_geglu(const torch::Tensor& h, const torch::Tensor& bias) {
+  return !grad_wanted({h, bias}) && h.device().is_cpu() && h.scalar_type() == torch::kFloat32 &&
+         h.is_contiguous() && default_attention_backend() != AttentionBackend::kMath;
+}
+
 torch::Tensor geglu(const torch::Tensor& h, const torch::Tensor& bias) {
   RECORD_FUNCTION("diffuse::geglu", std::vector<c10::IValue>({h}));
   const int64_t F = h.size(-1) / 2;
   if (h.size(-1) % 2 != 0)
     throw InvalidArgument("geglu: last dimension " + std::to_string(h.size(-1)) + " is odd");
-  if (!fused_bf16_epilogue({h}, {bias})) {
+  const bool f32 = fused_f32_geglu(h, bias);
+  if (!f32 && !fused_bf16_epilogue({h}, {bias})) {
     auto parts = (bias.defined() ? h + bias : h).chunk(2, -1);
     return parts[0] * torch::gelu(parts[1]);
   }
@@ -258,14 +265,18 @@ torch::Tensor geglu(const torch::Tensor& h, const torch::Tensor& bias) {
   auto sizes = h.sizes().vec();
   sizes.back() = F;
   auto y = torch::empty(sizes, h.options());
-  const uint16_t* hp = bf16_data(h);
-  uint16_t* yp = bf16_data_mut(y);
   const auto& k = kernels::cpu_kernels();
   const int64_t rows = F > 0 ? y.numel() / F : 0;
-  at::parallel_for(0, rows, rows_per_task(F), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      k.bf16_geglu(hp + r * 2 * F, hp + r * 2 * F + F, F, bp, bp ? bp + F : nullptr, yp + r * F);
-  });
+  auto each_row = [&](const auto* hp, auto* yp, auto kernel) {
+    at::parallel_for(0, rows, rows_per_task(F), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        kernel(hp + r * 2 * F, hp + r * 2 * F + F, F, bp, bp ? bp + F : nullptr, yp + r * F);
+    });
+  };
+  if (f32)
+    each_row(h.data_ptr<float>(), y.data_ptr<float>(), k.f32_geglu);
+  else
+    each_row(bf16_data(h), bf16_data_mut(y), k.bf16_geglu);
   return y;
 }
 

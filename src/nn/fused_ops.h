@@ -31,7 +31,14 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 // h [..., 2F] -> h[..., :F] * gelu(h[..., F:]) with the exact (erf) GELU (diffusers' GEGLU),
 // after adding `bias` [2F] when defined: the projection's bias joins this pass instead of one
 // of its own over the 2F-wide product.
+// Contiguous bf16 CPU inputs outside autograd take a one-pass kernel (erf to 1.5e-7), and so
+// do float32 ones (fused_f32_geglu); others LibTorch's ops.
 torch::Tensor geglu(const torch::Tensor& h, const torch::Tensor& bias = {});
+// Whether geglu takes its one-pass kernel for these float32 inputs: contiguous, on the CPU,
+// outside autograd, and the attention policy is not `math`. `--attention math` is the
+// reference path: there every device runs LibTorch's composite ops (it also turns the fused
+// npu operators off), so that a float32 image on the cpu and on an npu compare bit for bit.
+bool fused_f32_geglu(const torch::Tensor& h, const torch::Tensor& bias = {});
 
 // Whether add_bias_residual_ and the fused GEGLU run their one-pass bf16 kernels: the
 // activations contiguous bf16 on the CPU, and autograd recording none of them nor of the

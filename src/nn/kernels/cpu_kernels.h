@@ -1,8 +1,8 @@
 // Fused bf16 elementwise kernels for the CPU: normalisations with float32 statistics, SiLU
-// and GEGLU, reading and writing bf16 once. LibTorch 1.13's own bf16 group_norm/layer_norm
-// on the CPU keep intermediate values in bf16 (errors of several bf16 ulps, up to 0.4 for
-// LayerNorm rows with a mean of 10); these keep every statistic and intermediate in float32
-// and round once on output.
+// and GEGLU, reading and writing bf16 once (GEGLU also on float32). LibTorch 1.13's own bf16
+// group_norm/layer_norm on the CPU keep intermediate values in bf16 (errors of several bf16 ulps,
+// up to 0.4 for LayerNorm rows with a mean of 10); these keep every statistic and intermediate in
+// float32 and round once on output.
 //
 // Plain C++ interface, one implementation per instruction set (cpu_kernels_impl.h), chosen
 // at run time by nn/fused_ops.cpp; see flash_kernel.h for why these units stay torch-free.
@@ -25,6 +25,10 @@ struct CpuKernels {
   // biases may be null (zero).
   void (*bf16_geglu)(const uint16_t* a, const uint16_t* g, int64_t n, const float* a_bias,
                      const float* g_bias, uint16_t* y);
+  // The same on float32 values: one pass where LibTorch's float32 ops take four (bias add,
+  // chunk, gelu, product), each into a fresh tensor.
+  void (*f32_geglu)(const float* a, const float* g, int64_t n, const float* a_bias,
+                    const float* g_bias, float* y);
   // y = y + bias + residual over n values, summed in float32 and rounded once; the float32
   // bias may be null (zero).
   void (*bf16_add_bias_residual)(uint16_t* y, const float* bias, const uint16_t* residual,

@@ -164,19 +164,33 @@ inline VecF load_f32_tail(const float* p, int64_t i, int64_t n) {
   return v;
 }
 
-void geglu(const uint16_t* a, const uint16_t* g, int64_t n, const float* a_bias,
-           const float* g_bias, uint16_t* y) {
+// Element access for the kernels that take bf16 or float32 storage (always float32 math).
+inline VecF load_elems(const uint16_t* p) {
+  return load_bf16(p);
+}
+inline VecF load_elems(const float* p) {
+  return load_f32(p, 0);
+}
+inline void store_elems(uint16_t* p, VecF f) {
+  store_bf16(p, f);
+}
+inline void store_elems(float* p, VecF f) {
+  std::memcpy(p, &f, sizeof f);
+}
+
+template <typename T>
+void geglu(const T* a, const T* g, int64_t n, const float* a_bias, const float* g_bias, T* y) {
   int64_t i = 0;
   for (; i + W <= n; i += W)
-    store_bf16(y + i, (load_bf16(a + i) + load_f32(a_bias, i)) *
-                          gelu(load_bf16(g + i) + load_f32(g_bias, i)));
+    store_elems(y + i, (load_elems(a + i) + load_f32(a_bias, i)) *
+                           gelu(load_elems(g + i) + load_f32(g_bias, i)));
   if (i < n) {
-    uint16_t ia[W] = {}, ig[W] = {}, out[W];
-    std::memcpy(ia, a + i, sizeof(uint16_t) * (n - i));
-    std::memcpy(ig, g + i, sizeof(uint16_t) * (n - i));
-    store_bf16(out, (load_bf16(ia) + load_f32_tail(a_bias, i, n)) *
-                        gelu(load_bf16(ig) + load_f32_tail(g_bias, i, n)));
-    std::memcpy(y + i, out, sizeof(uint16_t) * (n - i));
+    T ia[W] = {}, ig[W] = {}, out[W];
+    std::memcpy(ia, a + i, sizeof(T) * (n - i));
+    std::memcpy(ig, g + i, sizeof(T) * (n - i));
+    store_elems(out, (load_elems(ia) + load_f32_tail(a_bias, i, n)) *
+                         gelu(load_elems(ig) + load_f32_tail(g_bias, i, n)));
+    std::memcpy(y + i, out, sizeof(T) * (n - i));
   }
 }
 
@@ -249,9 +263,9 @@ void channel_scale_shift(const uint16_t* x, int64_t pixels, int64_t C, const flo
   }
 }
 
-const CpuKernels kKernels = {
-    CPU_KERNELS_NAME,  moments,      scale_shift,        layer_norm_row, geglu,
-    add_bias_residual, channel_sums, channel_scale_shift};
+const CpuKernels kKernels = {CPU_KERNELS_NAME,  moments,         scale_shift,
+                             layer_norm_row,    geglu<uint16_t>, geglu<float>,
+                             add_bias_residual, channel_sums,    channel_scale_shift};
 
 }  // namespace
 
