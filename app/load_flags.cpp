@@ -41,7 +41,9 @@ void add_load_flags(CLI::App& app, LoadFlags& f) {
   app.add_option("--vae-dtype", f.vae_dtype, "auto|fp32|bf16|fp16 for the VAE")
       ->capture_default_str()
       ->check(non_empty());
-  app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")
+  app.add_option("--attention", f.attention,
+                 "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION); math is the reference path "
+                 "(also no fused npu operators and no float32 GEGLU kernel)")
       ->capture_default_str()
       ->check(non_empty());
   app.add_flag(
