@@ -12,6 +12,7 @@
 
 #include "bench/arch_configs.h"
 #include "bench/attention_bench.h"
+#include "bench/bench_util.h"
 #include "bench/hidream_block_bench.h"
 #include "bench/pipeline_bench.h"
 #include "bench/precision_bench.h"
@@ -32,6 +33,15 @@ std::string f(const char* format, double x) {
   char buf[64];
   std::snprintf(buf, sizeof buf, format, x);
   return buf;
+}
+
+// "; steps 12.100-14.900 s, median 13.000" for two or more timed steps: how much the machine moved
+// during the run (a shared VM's rates can move by 10-20 % within minutes), "" otherwise.
+std::string spread(const std::vector<double>& step_s) {
+  if (step_s.size() < 2) return "";
+  const auto [lo, hi] = std::minmax_element(step_s.begin(), step_s.end());
+  return "; steps " + f("%.3f", *lo) + "-" + f("%.3f s", *hi) + ", median " +
+         f("%.3f", bench::median(step_s));
 }
 
 json roofline_json(const bench::Roofline& r) {
@@ -195,7 +205,8 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
               << f("%.1f", r.unet_flops.conv / 1e9) << " + matmul "
               << f("%.1f", r.unet_flops.matmul / 1e9) << " + attention "
               << f("%.1f", r.unet_flops.attention / 1e9) << ", "
-              << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0) << ")\n";
+              << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0)
+              << spread(r.unet.step_s) << ")\n";
   if (o.vae) {
     std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "  ("
               << f("%.1f GFLOP", r.vae_flops.total() / 1e9) << " = conv "
@@ -244,7 +255,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
               << " cached before; again, warm and into the memory the first load freed, "
               << f("%.2f s", w.warm_load_s) << "), then " << f("%.2f s", w.generate_s) << " = text "
               << f("%.2f", w.text_encode_s) << " + denoise " << f("%.2f", w.denoise_s) << " ("
-              << f("%.3f s/step", w.denoise_s / denoise_steps) << ") + decode "
+              << f("%.3f s/step", w.denoise_s / denoise_steps) << spread(w.step_s) << ") + decode "
               << f("%.2f", w.vae_decode_s) << "\n";
     if (r.whole_image_limit_s > 0)
       std::cout << "  whole image limit       " << f("%8.3f s", r.whole_image_limit_s) << "  ("

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/arch_configs.h"
+#include "bench/bench_util.h"
 #include "bench/flop_counter.h"
 #include "bench/hidream_block_bench.h"
 #include "bench/op_profile.h"
@@ -308,6 +309,34 @@ TEST(BenchCli, JsonHasTheStageKeys) {
   EXPECT_GT(j["vae_gflop_by_kind"]["conv"].get<double>(), 0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 0);
   EXPECT_EQ(j["device_peak_mb"].get<double>(), 0);  // on the CPU
+}
+
+// With two or more timed steps the report gives their range and median (how much a shared
+// machine moved during the run); one step has no spread to give.
+TEST(BenchCli, TextGivesTheSpreadOfTheTimedSteps) {
+  const std::string cli = "DIFFUSE_THREADS=1 " + std::string(DIFFUSE_CLI_PATH) +
+                          " bench --arch tiny --device cpu --no-roofline --no-vae "
+                          "--no-text-encoder --warmup 0 --steps ";
+  int status = -1;
+  std::string out = run_command(cli + "3 2>/dev/null", &status);
+  ASSERT_EQ(status, 0) << out;
+  const auto at = out.find("; steps ");
+  ASSERT_NE(at, std::string::npos) << out;
+  double lo = 0, hi = 0, mid = 0;
+  ASSERT_EQ(std::sscanf(out.c_str() + at, "; steps %lf-%lf s, median %lf", &lo, &hi, &mid), 3)
+      << out;
+  EXPECT_GT(lo, 0);
+  EXPECT_LE(lo, mid);
+  EXPECT_LE(mid, hi);
+  out = run_command(cli + "1 2>/dev/null", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(out.find("; steps "), std::string::npos) << out;
+}
+
+TEST(BenchUtil, MedianIsTheUpperMiddle) {
+  EXPECT_EQ(bench::median({}), 0);
+  EXPECT_EQ(bench::median({3, 1, 2}), 2);
+  EXPECT_EQ(bench::median({4, 1}), 4);
 }
 
 // --fail-above compares the step with its roofline limit: without the roofline, or on a bench

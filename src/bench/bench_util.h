@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "bench/memory_probe.h"
 #include "device/memory.h"
@@ -32,6 +33,12 @@ inline std::string fmt(const char* f, double x) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, x);
   return buf;
+}
+
+// The upper middle of the values (the middle one for an odd count); 0 for none.
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 inline double mb(int64_t bytes) {

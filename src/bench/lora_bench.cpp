@@ -26,11 +26,6 @@
 namespace diffuse::bench {
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 template <typename F>
 double timed(F f) {
   const double t0 = now_s();
