@@ -29,11 +29,8 @@ namespace {
 
 using nlohmann::json;
 
-std::string f(const char* format, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, x);
-  return buf;
-}
+// The benchmarks' printf-style number formatting, under the short name this report uses.
+constexpr auto f = bench::fmt;
 
 // "; steps 12.100-14.900 s, median 13.000" for two or more timed steps: how much the machine moved
 // during the run (a shared VM's rates can move by 10-20 % within minutes), "" otherwise.
