@@ -19,6 +19,7 @@
 #include "load_flags.h"
 #include "nn/attention.h"
 #include "parallel_flags.h"
+#include "pipeline/cpu_report.h"
 #include "pipeline/hidream.h"
 #include "pipeline/image_parameters.h"
 #include "pipeline/memory_report.h"
@@ -336,6 +337,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                         {"total_s", total_s},
                         {"peak_rss_mb", static_cast<double>(t.peak_rss_bytes) / (1024.0 * 1024.0)},
                         {"memory", pipeline::memory_json(t.memory)},
+                        {"cpu", pipeline::cpu_share_json(t.cpu)},
                         {"loras", info->loras}};
     std::cout << j.dump(2) << "\n";
   } else if (!f.quiet) {
@@ -347,6 +349,11 @@ int run_generate(const GenerateFlags& f, bool img2img) {
               << format_seconds(decode) << ", total " << format_seconds(total_s) << "; peak memory "
               << format_bytes(t.peak_rss_bytes) << " (seed " << results[0].seed << ")\n";
     std::cerr << "memory: " << memory_text(t.memory) << "\n";
+    for (const auto& r : results)
+      if (auto note = pipeline::cpu_share_note(r.timings.cpu); !note.empty()) {
+        std::cerr << note << "\n";
+        break;
+      }
   }
   return 0;
 }

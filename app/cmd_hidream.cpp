@@ -16,6 +16,7 @@
 #include "io/atomic_file.h"
 #include "io/model_folder.h"
 #include "nn/attention.h"
+#include "pipeline/cpu_report.h"
 #include "pipeline/hidream.h"
 #include "pipeline/hidream_variant.h"
 #include "pipeline/image_parameters.h"
@@ -143,6 +144,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
               << format_seconds(t.step_s.empty() ? 0.0 : t.denoise_s / t.step_s.size())
               << "/step), vae decode " << format_seconds(t.vae_decode_s) << ", peak RSS "
               << (t.peak_rss_bytes >> 20) << " MiB\n";
+    if (auto note = pipeline::cpu_share_note(t.cpu); !note.empty()) std::cerr << note << "\n";
   }
   std::cout << f.out << "\n";
   return 0;

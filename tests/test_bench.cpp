@@ -25,7 +25,9 @@
 #include "models/t5_encoder.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
+#include "nn/layers.h"
 #include "nn/random_init.h"
+#include "pipeline/step_work.h"
 #include "test_util.h"
 #include "verify/golden.h"
 
@@ -431,6 +433,27 @@ TEST(BenchPrecision, Bf16PipelineStaysAbove35DbAndFloat32AutoMatchesMath) {
   for (const auto& r : bench::run_precision_bench(o)) {
     EXPECT_GE(r.psnr_db, 90.0) << r.case_name;  // flash vs math in float32: rounding only
     EXPECT_LT(r.max_abs_diff, 1e-4) << r.case_name;
+  }
+}
+
+// The estimate that picks a generation's CPU threads (pipeline/step_work.h) against the hand
+// count, from the config and parameter count alone: a tiny two-level UNet, and SD2.1-base (built
+// without its weights' pages being touched) for 128x128 and 512x512 images. Below that SD's
+// text projections, which run over the 77 tokens and not the positions, are a third of its work.
+TEST(StepWork, UNetEstimateIsWithinAFifthOfTheCountedFlops) {
+  for (const std::string arch : {"tiny", "sd2.1-base"}) {
+    const auto cfg = arch_unet(arch);
+    int64_t params = 0;
+    {
+      nn::SkipInitGuard skip(torch::kBFloat16);
+      models::UNet2DConditionModel unet(cfg);
+      for (const auto& p : unet->parameters()) params += p.numel();
+    }
+    for (int64_t side : {arch == "tiny" ? 8 : 16, 32, 64}) {
+      const double counted = unet_flops_by_hand(cfg, 2, side, side, 77).total();
+      const double estimate = pipeline::unet_step_flops(cfg, params, 2, side, side);
+      EXPECT_NEAR(estimate / counted, 1.0, 0.2) << arch << " at " << side << "x" << side;
+    }
   }
 }
 

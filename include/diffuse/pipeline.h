@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "diffuse/cpu_share.h"
 #include "diffuse/errors.h"
 #include "diffuse/image.h"
 
@@ -171,6 +172,8 @@ struct StageTimings {
   std::vector<double> step_s;
   int64_t peak_rss_bytes = 0;
   std::vector<StageMemory> memory;  // one entry per stage that ran, in order
+  // The CPU threads of the denoising loop and what other processes took meanwhile.
+  CpuShare cpu;
 };
 
 struct GenerationResult {

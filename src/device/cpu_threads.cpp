@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -27,6 +28,11 @@ void set_threads(int n) {
   if (openblas_set_num_threads) openblas_set_num_threads(n);
 }
 
+bool& user_chose_threads() {
+  static bool chose = false;
+  return chose;
+}
+
 }  // namespace
 
 int available_cpus() {
@@ -44,9 +50,12 @@ int available_cpus() {
 
 int configure_cpu_threads() {
   static std::once_flag once;
+  static int configured = 0;
   std::call_once(once, [] {
     request_reproducible_blas();  // before BLAS runs, or LibTorch sets MKL's threads
     const char* mine = std::getenv("DIFFUSE_THREADS");
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    const char* mkl = std::getenv("MKL_NUM_THREADS");
     if (mine && *mine) {
       char* end = nullptr;
       long n = std::strtol(mine, &end, 10);
@@ -54,14 +63,40 @@ int configure_cpu_threads() {
         throw InvalidArgument(std::string("DIFFUSE_THREADS must be a positive integer, got '") +
                               mine + "'");
       set_threads(static_cast<int>(n));
-      return;
+      user_chose_threads() = true;
+    } else if ((omp && *omp) || (mkl && *mkl)) {
+      user_chose_threads() = true;  // the user's setting, applied by LibTorch
+    } else {
+      set_threads(available_cpus());
     }
-    const char* omp = std::getenv("OMP_NUM_THREADS");
-    const char* mkl = std::getenv("MKL_NUM_THREADS");
-    if ((omp && *omp) || (mkl && *mkl)) return;  // the user's setting, applied by LibTorch
-    set_threads(available_cpus());
+    configured = at::get_num_threads();
   });
-  return at::get_num_threads();
+  // The count chosen here, not at::get_num_threads(): a generation may run with fewer for a
+  // while (ScopedCpuThreads) on this thread.
+  return configured;
+}
+
+bool cpu_threads_chosen_by_user() {
+  configure_cpu_threads();
+  return user_chose_threads();
+}
+
+int threads_for_step_work(double step_flops, int configured, bool chosen_by_user) {
+  if (chosen_by_user || !(step_flops < kSmallStepFlops)) return std::max(configured, 1);
+  return 1;
+}
+
+int threads_for_step_work(double step_flops) {
+  const int configured = configure_cpu_threads();
+  return threads_for_step_work(step_flops, configured, cpu_threads_chosen_by_user());
+}
+
+ScopedCpuThreads::ScopedCpuThreads(int threads) : previous_(at::get_num_threads()) {
+  if (threads >= 1 && threads != previous_) set_threads(threads);
+}
+
+ScopedCpuThreads::~ScopedCpuThreads() {
+  if (at::get_num_threads() != previous_) set_threads(previous_);
 }
 
 }  // namespace diffuse::device

@@ -15,4 +15,34 @@ int configure_cpu_threads();
 // CPUs this process may run on (sched_getaffinity), at least 1.
 int available_cpus();
 
+// Whether the user chose the thread count ($DIFFUSE_THREADS, $OMP_NUM_THREADS or
+// $MKL_NUM_THREADS set when configure_cpu_threads() ran).
+bool cpu_threads_chosen_by_user();
+
+// Below this much work per denoising step (a 128x128 image of the demo model: 0.4 GFLOP), the
+// operators are so small that a second thread gains nothing on an idle machine, and when other
+// work holds the cores every operator waits for all of its threads to get a time slice: 2
+// threads beside two busy loops ran the demo model's step 27-47x slower than 1 thread. At 1.8
+// GFLOP (the demo model at 256x256) 2 threads are 20 % faster idle and as fast under load.
+constexpr double kSmallStepFlops = 1e9;
+
+// The intra-op threads for a generation whose every step does about `step_flops`: the user's
+// choice when they made one, else 1 for a step under kSmallStepFlops, else `configured`.
+int threads_for_step_work(double step_flops, int configured, bool chosen_by_user);
+// The same for this process (configure_cpu_threads(), cpu_threads_chosen_by_user()).
+int threads_for_step_work(double step_flops);
+
+// Runs the calling thread's LibTorch operators (its OpenMP team size is per thread) and
+// OpenBLAS (process-wide) on `threads` threads until destroyed, then restores the count before.
+class ScopedCpuThreads {
+ public:
+  explicit ScopedCpuThreads(int threads);
+  ~ScopedCpuThreads();
+  ScopedCpuThreads(const ScopedCpuThreads&) = delete;
+  ScopedCpuThreads& operator=(const ScopedCpuThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
 }  // namespace diffuse::device

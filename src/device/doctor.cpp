@@ -11,10 +11,12 @@
 #include <fstream>
 #include <iomanip>
 #include <sstream>
+#include <thread>
 
 #include "device/cpu_allocator.h"
 #include "device/cpu_fallback.h"
 #include "device/cpu_info.h"
+#include "device/cpu_load.h"
 #include "device/cpu_threads.h"
 #include "device/cuda_backend.h"
 #include "device/device.h"
@@ -225,6 +227,16 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   // user's OMP_NUM_THREADS / MKL_NUM_THREADS, else every CPU this process may run on) before
   // they run; LibTorch's own default before that is often 1 on a VM.
   r.intra_op_threads = configure_cpu_threads();
+  r.threads_chosen_by_user = cpu_threads_chosen_by_user();
+  r.small_model_threads = threads_for_step_work(0.0);
+  {
+    // Long enough for /proc/stat's 10 ms ticks to mean something; the doctor only waits here.
+    CpuShareMeter meter(r.intra_op_threads);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const CpuShare now = meter.share();
+    r.cpu_load_others = now.others;
+    r.cpu_load_steal = now.steal;
+  }
   r.inter_op_threads = at::get_num_interop_threads();
   r.omp_num_threads = env("OMP_NUM_THREADS");
   r.omp_wait_policy = env("OMP_WAIT_POLICY");
@@ -356,8 +368,16 @@ nlohmann::json to_json(const DoctorReport& r) {
       {"threads",
        {{"intra_op", r.intra_op_threads},
         {"inter_op", r.inter_op_threads},
+        {"chosen_by_user", r.threads_chosen_by_user},
+        {"small_model", r.small_model_threads},
+        {"small_model_below_gflop_per_step", kSmallStepFlops / 1e9},
         {"OMP_NUM_THREADS", r.omp_num_threads},
         {"OMP_WAIT_POLICY", r.omp_wait_policy}}},
+      {"cpu_load",
+       {{"other_processes",
+         r.cpu_load_others < 0 ? nlohmann::json() : nlohmann::json(r.cpu_load_others)},
+        {"hypervisor",
+         r.cpu_load_steal < 0 ? nlohmann::json() : nlohmann::json(r.cpu_load_steal)}}},
       {"cuda", {{"compiled", r.cuda_compiled}, {"devices", r.cuda_devices}}},
       {"npu",
        {{"torch_npu_linked", r.torch_npu_linked},
@@ -393,14 +413,30 @@ std::string to_text(const DoctorReport& r) {
      << ", AVX-512 " << yes_no(r.avx512f) << ", AVX512-BF16 " << yes_no(r.avx512_bf16) << ", AMX "
      << yes_no(r.amx_tile) << " (AMX-BF16 " << yes_no(r.amx_bf16) << ")"
      << (r.isa_cap == "native" ? "" : "; capped to " + r.isa_cap + " by DIFFUSE_CPU_ISA") << "\n";
-  os << "threads: intra-op " << r.intra_op_threads << ", inter-op " << r.inter_op_threads
-     << " (OMP_NUM_THREADS " << (r.omp_num_threads.empty() ? "unset" : r.omp_num_threads)
-     << ", OMP_WAIT_POLICY " << (r.omp_wait_policy.empty() ? "unset" : r.omp_wait_policy)
+  os << "threads: intra-op " << r.intra_op_threads;
+  if (!r.threads_chosen_by_user && r.small_model_threads != r.intra_op_threads)
+    os << " (" << r.small_model_threads << " for a model whose step is under "
+       << kSmallStepFlops / 1e9 << " GFLOP, like the demo model at 128x128)";
+  os << ", inter-op " << r.inter_op_threads << " (OMP_NUM_THREADS "
+     << (r.omp_num_threads.empty() ? "unset" : r.omp_num_threads) << ", OMP_WAIT_POLICY "
+     << (r.omp_wait_policy.empty() ? "unset" : r.omp_wait_policy)
      << (r.omp_wait_policy.empty() && r.blas_threading == "pthreads"
              ? ": idle OpenMP workers spin and slow OpenBLAS's own threads; the diffuse CLI "
                "restarts with OMP_WAIT_POLICY=PASSIVE"
              : "")
      << ")\n";
+  if (r.cpu_load_others >= 0) {
+    CpuShare now;
+    now.threads = r.intra_op_threads;
+    now.cpus = available_cpus();
+    now.others = r.cpu_load_others;
+    now.steal = r.cpu_load_steal;
+    os << "CPU load now: " << describe_cpu_share(now)
+       << (now.crowded() ? " (busy: the engine's threads will wait for each other at every "
+                           "operator; DIFFUSE_THREADS=1 keeps a small model fast)"
+                         : "")
+       << "\n";
+  }
   os << "heap: transparent huge pages " << (r.thp_mode.empty() ? "unknown" : r.thp_mode)
      << ", malloc " << (r.malloc_huge_pages ? "uses them" : "does not ask for them")
      << (r.malloc_huge_pages ? ""

@@ -49,6 +49,11 @@ struct DoctorReport {
   bool avx2 = false, avx512f = false, avx512_bf16 = false, amx_bf16 = false, amx_tile = false;
   std::string isa_cap = "native";  // DIFFUSE_CPU_ISA
   int intra_op_threads = 0, inter_op_threads = 0;
+  bool threads_chosen_by_user = false;  // DIFFUSE_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS
+  int small_model_threads = 0;          // for a step under kSmallStepFlops (device/cpu_threads.h)
+  // Other processes' and the hypervisor's CPU time during a short sample (0.3 s), in CPUs;
+  // -1 unknown (no /proc/stat).
+  double cpu_load_others = -1, cpu_load_steal = -1;
   std::string omp_num_threads;  // env, "" = unset
   std::string omp_wait_policy;  // env OMP_WAIT_POLICY, "" = unset (the CLI sets PASSIVE beside a
                                 // pthread OpenBLAS)

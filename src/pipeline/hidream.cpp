@@ -8,6 +8,7 @@
 
 #include "adapters/lora.h"
 #include "device/cpu_allocator.h"
+#include "device/cpu_load.h"
 #include "device/device.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
@@ -202,6 +203,7 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
   const auto timesteps = scheduler_->timesteps();
   auto gen = at::detail::createCPUGenerator(s.seed + 1);
   size_t noise_used = 0;
+  device::CpuShareMeter cpu_meter(at::get_num_threads());
   for (int64_t i = 0; i < timesteps.size(0); ++i) {
     const double step_start = now_s();
     auto t = timesteps[i];
@@ -220,6 +222,7 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
     }
   }
   timings.denoise_s = now_s() - start;
+  timings.cpu = cpu_meter.share();
   check_stage_finite(latents, "denoising (transformer)", device_, dtype_);
   record_stage_memory(&timings, "denoise", device_);
   device::empty_cache(device_);  // the transformer's freed activations, before the decoder's peak

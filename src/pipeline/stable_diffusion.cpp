@@ -8,6 +8,7 @@
 
 #include "accel/unet_accelerator.h"
 #include "device/cpu_allocator.h"
+#include "device/cpu_load.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
@@ -24,6 +25,7 @@
 #include "pipeline/memory_estimate.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/model_source.h"
+#include "pipeline/step_work.h"
 #include "pipeline/vae_tiling_policy.h"
 #include "schedulers/scheduler.h"
 #include "text/clip_tokenizer.h"
@@ -89,6 +91,7 @@ struct StableDiffusion::Components {
   models::ClipTextModel text_encoder_module{nullptr};
   models::UNet2DConditionModel unet_module{nullptr};
   models::AutoencoderKL vae_module{nullptr};
+  int64_t unet_parameters = 0;  // for the estimate of a step's work (its CPU threads)
   io::JsonConfig scheduler_config;
 
   // Each network is built without LibTorch's random initialisation, in its final dtype, and
@@ -232,6 +235,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   c_->load_loras = options.loras;
   c_->lora_lenient = options.lora_lenient;
   if (!options.loras.empty()) apply_loras({});  // a bad adapter fails the load, not a run
+  for (const auto& [name, w] : src.unet_weights) c_->unet_parameters += w.numel();
   if (!c_->offload) {
     c_->text_encoder();
     c_->unet();
@@ -518,6 +522,7 @@ GenerationResult StableDiffusion::denoise_and_decode(
   latents = latents.to(c_->device, torch::kFloat32);
   int64_t n = timesteps.size(0);
   accel::UNetAccelerator unet_accel(config, c_->unet_config, n, seed);
+  device::CpuShareMeter cpu_meter(at::get_num_threads());
   for (int64_t i = 0; i < n; ++i) {
     double step_start = now_s();
     auto t = timesteps[i];
@@ -562,6 +567,7 @@ GenerationResult StableDiffusion::denoise_and_decode(
     }
   }
   timings.denoise_s = now_s() - start;
+  timings.cpu = cpu_meter.share();
   check_stage_finite(latents, "denoising (UNet)", c_->device, c_->unet_dtype);
   record_stage_memory(&timings, "denoise", c_->device);
   c_->done_with(c_->unet_module, c_->device);
@@ -592,6 +598,15 @@ GenerationResult StableDiffusion::denoise_and_decode(
   return result;
 }
 
+int StableDiffusion::cpu_threads_for(const GenerationConfig& config, int64_t images, int width,
+                                     int height) const {
+  if (!c_->device.is_cpu()) return at::get_num_threads();
+  const int64_t rows = images * (config.guidance_scale > 1.0 ? 2 : 1);
+  const int64_t f = vae_scale_factor();
+  return device::threads_for_step_work(
+      unet_step_flops(c_->unet_config, c_->unet_parameters, rows, height / f, width / f));
+}
+
 GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
                                              const StepCallback& on_step) {
   validate_generation_config(config, false);
@@ -600,15 +615,16 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
                config.height ? config.height : info_.default_height);
   torch::InferenceMode guard;
   double t0 = now_s();
+  int width = config.width ? config.width : info_.default_width;
+  int height = config.height ? config.height : info_.default_height;
+  int64_t n = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
+  device::ScopedCpuThreads cpu_threads(cpu_threads_for(config, n, width, height));
   StageTimings timings;
   timings.lora_s = apply_loras(config.loras);
   uint64_t seed = config.seed.value_or(random_seed());
   auto embeds = encode_for_run(config, seed, t0, &timings);
 
   auto scheduler = make_scheduler(config);
-  int width = config.width ? config.width : info_.default_width;
-  int height = config.height ? config.height : info_.default_height;
-  int64_t n = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
   std::vector<int64_t> shape{n, latent_channels(), height / vae_scale_factor(),
                              width / vae_scale_factor()};
   torch::Tensor latents;
@@ -647,6 +663,8 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
     throw InvalidArgument("init image batch " + std::to_string(init.size(0)) +
                           " does not divide the prompt batch " + std::to_string(batch));
   check_memory(config, static_cast<int>(init.size(3)), static_cast<int>(init.size(2)));
+  device::ScopedCpuThreads cpu_threads(cpu_threads_for(
+      config, batch, static_cast<int>(init.size(3)), static_cast<int>(init.size(2))));
   int sf = vae_scale_factor();
   if (init.size(2) % sf != 0 || init.size(3) % sf != 0)
     throw InvalidArgument("init image size " + std::to_string(init.size(3)) + "x" +

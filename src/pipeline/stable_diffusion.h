@@ -99,6 +99,10 @@ class StableDiffusion {
   // The run's scheduler (the model's, or the one named in the config) with its timesteps set.
   std::unique_ptr<schedulers::Scheduler> make_scheduler(const GenerationConfig& config) const;
   void seed_devices(uint64_t seed) const;
+  // The intra-op threads for a generation of `images` images of width x height (its UNet's
+  // step work, device::threads_for_step_work); the count in effect when the UNet is not on
+  // the CPU.
+  int cpu_threads_for(const GenerationConfig& config, int64_t images, int width, int height) const;
   // The start every run shares: seed the devices, encode the prompts (negative ones too when
   // guidance is on), time it and record the text encoder's memory.
   PromptEmbeddings encode_for_run(const GenerationConfig& config, uint64_t seed, double t0,

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "pipeline/cpu_report.h"
 #include "pipeline/hidream.h"
 #include "pipeline/memory_report.h"
 #include "server/hidream_engine.h"
@@ -32,6 +33,7 @@ void add_timings(StageTimings& sum, const StageTimings& t) {
   sum.step_s.insert(sum.step_s.end(), t.step_s.begin(), t.step_s.end());
   sum.peak_rss_bytes = std::max(sum.peak_rss_bytes, t.peak_rss_bytes);
   sum.memory = t.memory;
+  sum.cpu = t.cpu;  // the last generation's
 }
 
 nlohmann::json timings_json(const StageTimings& t) {
@@ -44,7 +46,8 @@ nlohmann::json timings_json(const StageTimings& t) {
           {"vae_decode_s", t.vae_decode_s},
           {"total_s", t.total_s},
           {"peak_rss_bytes", t.peak_rss_bytes},
-          {"memory", pipeline::memory_json(t.memory)}};
+          {"memory", pipeline::memory_json(t.memory)},
+          {"cpu", pipeline::cpu_share_json(t.cpu)}};
 }
 
 std::unique_ptr<Engine> load_engine(const std::string& path, const LoadOptions& options,
