@@ -19,10 +19,12 @@
 #include "bench/roofline.h"
 #include "bench/text_encoder_bench.h"
 #include "commands.h"
+#include "device/cpu_load.h"
 #include "device/device.h"
 #include "diffuse/errors.h"
 #include "flag_checks.h"
 #include "nn/attention.h"
+#include "pipeline/cpu_report.h"
 
 namespace diffuse::app {
 namespace {
@@ -67,11 +69,15 @@ void print_roofline(const bench::Roofline& r) {
 }
 
 json unet_run_json(const bench::UNetRun& u) {
-  return {{"dtype", u.dtype},
-          {"attention", u.attention},
-          {"step_s", u.step_s},
-          {"step_mean_s", u.step_mean_s},
-          {"step_min_s", u.step_min_s}};
+  return {{"dtype", u.dtype},           {"attention", u.attention},
+          {"step_s", u.step_s},         {"step_mean_s", u.step_mean_s},
+          {"step_min_s", u.step_min_s}, {"cpu", pipeline::cpu_share_json(u.cpu)}};
+}
+
+// "; other processes used 0.1 of 2 CPUs" while the timed steps ran: with the spread, how far
+// the numbers are this machine's best; "" where unknown.
+std::string load_text(const CpuShare& s) {
+  return s.others < 0 ? "" : "; " + device::describe_cpu_share(s);
 }
 
 // One memory figure (MiB) per stage of the pipeline bench.
@@ -165,6 +171,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
           {"text_encode_s", w.text_encode_s},
           {"denoise_s", w.denoise_s},
           {"step_s", w.step_s},
+          {"cpu", pipeline::cpu_share_json(w.cpu)},
           {"vae_decode_s", w.vae_decode_s},
           {"generate_s", w.generate_s},
           {"limit_s", r.whole_image_limit_s},
@@ -203,7 +210,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
               << f("%.1f", r.unet_flops.matmul / 1e9) << " + attention "
               << f("%.1f", r.unet_flops.attention / 1e9) << ", "
               << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0)
-              << spread(r.unet.step_s) << ")\n";
+              << spread(r.unet.step_s) << load_text(r.unet.cpu) << ")\n";
   if (o.vae) {
     std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "  ("
               << f("%.1f GFLOP", r.vae_flops.total() / 1e9) << " = conv "
@@ -252,8 +259,8 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
               << " cached before; again, warm and into the memory the first load freed, "
               << f("%.2f s", w.warm_load_s) << "), then " << f("%.2f s", w.generate_s) << " = text "
               << f("%.2f", w.text_encode_s) << " + denoise " << f("%.2f", w.denoise_s) << " ("
-              << f("%.3f s/step", w.denoise_s / denoise_steps) << spread(w.step_s) << ") + decode "
-              << f("%.2f", w.vae_decode_s) << "\n";
+              << f("%.3f s/step", w.denoise_s / denoise_steps) << spread(w.step_s)
+              << load_text(w.cpu) << ") + decode " << f("%.2f", w.vae_decode_s) << "\n";
     if (r.whole_image_limit_s > 0)
       std::cout << "  whole image limit       " << f("%8.3f s", r.whole_image_limit_s) << "  ("
                 << w.steps

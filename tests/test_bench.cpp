@@ -18,6 +18,7 @@
 #include "bench/precision_bench.h"
 #include "bench/text_encoder_bench.h"
 #include "cli_run.h"
+#include "device/cpu_load.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/hidream_transformer.h"
@@ -330,6 +331,10 @@ TEST(BenchCli, TextGivesTheSpreadOfTheTimedSteps) {
   EXPECT_GT(lo, 0);
   EXPECT_LE(lo, mid);
   EXPECT_LE(mid, hi);
+  // And what other processes took from the CPUs meanwhile, where /proc/stat tells.
+  if (device::sample_cpu_times()) {
+    EXPECT_NE(out.find("; other processes used "), std::string::npos) << out;
+  }
   out = run_command(cli + "1 2>/dev/null", &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_EQ(out.find("; steps "), std::string::npos) << out;

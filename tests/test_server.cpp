@@ -79,6 +79,9 @@ TEST(Server, NativeJobStreamsEveryStepThenServesPngWithParameters) {
   EXPECT_EQ(job["progress"]["step"], 5);
   ASSERT_EQ(job["images"].size(), 1u);
   EXPECT_GT(job["timings"]["s_per_step"].get<double>(), 0);
+  // The threads the steps ran on and whether other work crowded them out.
+  EXPECT_GE(job["timings"]["cpu"]["threads"].get<int>(), 1);
+  EXPECT_TRUE(job["timings"]["cpu"]["crowded"].is_boolean());
   std::map<std::string, std::string> text;
   Image img = image_at(*c, job["images"][0]["url"], &text);
   EXPECT_EQ(img.width, 128);

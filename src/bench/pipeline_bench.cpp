@@ -10,6 +10,7 @@
 #include "bench/bench_util.h"
 #include "bench/memory_probe.h"
 #include "device/cpu_allocator.h"
+#include "device/cpu_load.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
@@ -86,6 +87,7 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
     sync_device(device);
     if (o.log) o.log("unet warm-up step: " + fmt("%.3f s", now_s() - t0));
   }
+  device::CpuShareMeter cpu_meter(at::get_num_threads());
   for (int i = 0; i < o.steps; ++i) {
     // The first step also counts the step's FLOPs (the observer costs little).
     std::optional<FlopCounter> counter;
@@ -99,6 +101,7 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
       o.log("unet step " + std::to_string(i + 1) + "/" + std::to_string(o.steps) + ": " +
             fmt("%.3f s", run.step_s.back()));
   }
+  run.cpu = cpu_meter.share();
   double sum = 0;
   run.step_min_s = 1e30;
   for (double s : run.step_s) {

@@ -12,6 +12,7 @@
 #include "bench/op_profile.h"
 #include "bench/roofline.h"
 #include "bench/whole_image_bench.h"
+#include "diffuse/cpu_share.h"
 
 namespace diffuse::bench {
 
@@ -46,6 +47,7 @@ struct UNetRun {
   std::vector<double> step_s;  // timed steps
   double step_mean_s = 0;
   double step_min_s = 0;
+  CpuShare cpu;  // the timed steps' threads and what other processes took meanwhile
 };
 
 struct PipelineBenchResult {

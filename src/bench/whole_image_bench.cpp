@@ -41,6 +41,7 @@ WholeImageResult run_whole_image_bench(const WholeImageOptions& o) {
   r.vae_decode_s = t.vae_decode_s;
   r.generate_s = t.total_s;
   r.step_s = t.step_s;
+  r.cpu = t.cpu;
   r.peak_rss_mb = mb(peak_rss_bytes());
   return r;
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bench/page_cache.h"
+#include "diffuse/cpu_share.h"
 #include "diffuse/pipeline.h"
 
 namespace diffuse::bench {
@@ -33,6 +34,7 @@ struct WholeImageResult {
   double text_encode_s = 0, denoise_s = 0, vae_decode_s = 0;
   double generate_s = 0;  // text encode + denoise + decode, as the pipeline reports its total
   std::vector<double> step_s;
+  CpuShare cpu;            // the denoising loop's threads and what other processes took
   double peak_rss_mb = 0;  // process peak after the run
 };
 

@@ -58,6 +58,12 @@ const bytes = (n) => (n >= 1 << 30 ? `${(n / (1 << 30)).toFixed(2)} GiB` : `${(n
 const seconds = (s) => (s < 0 ? '?' : s < 60 ? `${s.toFixed(1)} s` : `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`);
 
 // ---- status panel ------------------------------------------------------------------------------
+// The last job's CPU threads, and when other work held the CPUs it needed (the step then slows).
+const cpuText = (c) => {
+  if (!c || !c.threads) return '';
+  const threads = ` · ${c.threads} thread${c.threads > 1 ? 's' : ''}`;
+  return c.crowded ? `${threads}, other work held ${c.other_processes.toFixed(1)} of ${c.cpus} CPUs` : threads;
+};
 async function refreshStatus() {
   try {
     const s = await api('/v1/status');
@@ -70,7 +76,7 @@ async function refreshStatus() {
     $('status-memory').textContent = `${bytes(s.memory.rss_bytes)} now, ${bytes(s.memory.peak_rss_bytes)} peak${dev}`;
     $('status-queue').textContent = `${s.queue.running ? 1 : 0} running, ${s.queue.waiting} waiting`;
     const t = s.last_job?.timings;
-    $('status-speed').textContent = t ? `${t.s_per_step.toFixed(3)} s` : '–';
+    $('status-speed').textContent = t ? `${t.s_per_step.toFixed(3)} s${cpuText(t.cpu)}` : '–';
     $('status-uptime').textContent = seconds(s.uptime_s);
     $('width').placeholder = s.default_width;
     $('height').placeholder = s.default_height;
