@@ -69,6 +69,10 @@ try {
   if (size[0] !== 128 || size[1] !== 128) fail(`result image is ${size[0]}x${size[1]}, expected 128x128`);
   await page.screenshot({ path: `${shots}/web-page.png`, fullPage: true });
   console.log(`screenshot: ${shots}/web-page.png`);
+  // The status panel's s/step names the threads the job ran on (refreshed after the job).
+  await page.waitForFunction(() => /\d+ threads?/.test(document.querySelector('#status-speed')?.textContent || ''), null, {
+    timeout: 30000,
+  });
 
   // A long job, cancelled from the page while it runs.
   const before = await page.$$eval('#gallery .result', (r) => r.length);
