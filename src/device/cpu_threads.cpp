@@ -81,14 +81,15 @@ bool cpu_threads_chosen_by_user() {
   return user_chose_threads();
 }
 
-int threads_for_step_work(double step_flops, int configured, bool chosen_by_user) {
-  if (chosen_by_user || !(step_flops < kSmallStepFlops)) return std::max(configured, 1);
+int threads_for_step_work(double step_flops, int current, bool chosen_by_user) {
+  if (chosen_by_user || !(step_flops < kSmallStepFlops)) return std::max(current, 1);
   return 1;
 }
 
 int threads_for_step_work(double step_flops) {
-  const int configured = configure_cpu_threads();
-  return threads_for_step_work(step_flops, configured, cpu_threads_chosen_by_user());
+  configure_cpu_threads();
+  // What is in effect, which a library user may have set after the engine configured it.
+  return threads_for_step_work(step_flops, at::get_num_threads(), cpu_threads_chosen_by_user());
 }
 
 ScopedCpuThreads::ScopedCpuThreads(int threads) : previous_(at::get_num_threads()) {

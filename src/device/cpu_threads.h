@@ -8,7 +8,8 @@ namespace diffuse::device {
 // Sets the intra-op thread count (LibTorch's and OpenBLAS's) once per process, and asks MKL for
 // reproducible results (device/cpu_reproducibility.h) first:
 // $DIFFUSE_THREADS if set, else LibTorch's choice when $OMP_NUM_THREADS or $MKL_NUM_THREADS is
-// set, else the number of CPUs in this process's affinity mask. Returns the thread count in effect.
+// set, else the number of CPUs in this process's affinity mask. Returns the count it chose
+// (a generation of a small model runs on fewer: threads_for_step_work).
 // InvalidArgument for a malformed DIFFUSE_THREADS.
 int configure_cpu_threads();
 
@@ -26,10 +27,10 @@ bool cpu_threads_chosen_by_user();
 // GFLOP (the demo model at 256x256) 2 threads are 20 % faster idle and as fast under load.
 constexpr double kSmallStepFlops = 1e9;
 
-// The intra-op threads for a generation whose every step does about `step_flops`: the user's
-// choice when they made one, else 1 for a step under kSmallStepFlops, else `configured`.
-int threads_for_step_work(double step_flops, int configured, bool chosen_by_user);
-// The same for this process (configure_cpu_threads(), cpu_threads_chosen_by_user()).
+// The intra-op threads for a generation whose every step does about `step_flops`: 1 for a step
+// under kSmallStepFlops unless the user chose a count, else `current`.
+int threads_for_step_work(double step_flops, int current, bool chosen_by_user);
+// The same for this process and the calling thread (at::get_num_threads() as current).
 int threads_for_step_work(double step_flops);
 
 // Runs the calling thread's LibTorch operators (its OpenMP team size is per thread) and
