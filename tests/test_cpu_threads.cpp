@@ -24,7 +24,8 @@ TEST(CpuThreads, SmallStepsRunOnOneThreadUnlessTheUserChose) {
   EXPECT_EQ(device::threads_for_step_work(0.4e9, 8, true), 8);  // DIFFUSE_THREADS=8 is kept
   EXPECT_EQ(device::threads_for_step_work(0.4e9, 0, true), 1);
   // A large step keeps the count in effect, which a library user may have set after the engine
-  // configured its own.
+  // configured its own (as the pipelines do, first).
+  device::configure_cpu_threads();
   device::ScopedCpuThreads three(3);
   EXPECT_EQ(device::threads_for_step_work(1.6e12), 3);
 }
