@@ -196,9 +196,10 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
     return regression_gate(r, fail_above);
   }
   std::cout << (r.arch.empty() ? r.model : r.arch) << " at " << r.width << "x" << r.height << " on "
-            << r.device << " (" << r.threads << " threads): unet " << r.dtype << ", text encoder "
-            << r.text_encoder_dtype << ", vae " << r.vae_dtype << ", attention " << r.attention
-            << " (self: " << r.attention_self << ", cross: " << r.attention_cross << ")\n";
+            << r.device << " (" << r.threads << (r.threads == 1 ? " thread" : " threads")
+            << "): unet " << r.dtype << ", text encoder " << r.text_encoder_dtype << ", vae "
+            << r.vae_dtype << ", attention " << r.attention << " (self: " << r.attention_self
+            << ", cross: " << r.attention_cross << ")\n";
   if (o.text_encoder)
     std::cout << "  text encoder (batch " << r.batch << ")   " << f("%8.3f s", r.text_encoder_s)
               << "\n";

@@ -181,6 +181,14 @@ TEST(CpuThreadsCli, DemoModelRunsOnOneThreadUnlessDiffuseThreadsIsSet) {
   if (!policy["cpu"]["other_processes"].is_null()) {
     EXPECT_GE(policy["cpu"]["other_processes"].get<double>(), 0);
   }
+  // The stage benchmark runs what a generation runs.
+  auto bench = test::run_cli({"bench", "-m", kDemo, "--steps", "1", "--warmup", "0",
+                              "--no-roofline", "--no-vae", "--no-text-encoder", "--json"},
+                             dir, "env -u OMP_NUM_THREADS -u MKL_NUM_THREADS -u DIFFUSE_THREADS");
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  auto j = nlohmann::json::parse(bench.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << bench.out;
+  EXPECT_EQ(j["threads"], 1) << bench.out;
 }
 
 }  // namespace test_cpu_threads

@@ -23,6 +23,7 @@
 #include "nn/load_weights.h"
 #include "nn/random_init.h"
 #include "pipeline/model_source.h"
+#include "pipeline/step_work.h"
 
 namespace diffuse::bench {
 namespace {
@@ -230,6 +231,16 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   r.unet_params_m = params_m(*unet);
   r.text_encoder_params_m = params_m(*text);
   r.vae_params_m = params_m(*vae);
+  // The threads a generation of this model at this size runs with (a small step: one), so
+  // that the stages and their roofline measure what txt2img does.
+  std::optional<device::ScopedCpuThreads> generation_threads;
+  if (device.is_cpu()) {
+    int64_t params = 0;
+    for (const auto& p : unet->parameters()) params += p.numel();
+    generation_threads.emplace(device::threads_for_step_work(
+        pipeline::unet_step_flops(unet_cfg, params, o.batch, lh, lw)));
+  }
+  r.threads = at::get_num_threads();
   if (o.log)
     o.log("built text encoder (" + fmt("%.0fM", r.text_encoder_params_m) + " params), unet (" +
           fmt("%.0fM", r.unet_params_m) + "), vae (" + fmt("%.0fM", r.vae_params_m) + ") in " +
