@@ -24,7 +24,6 @@
 #include "diffuse/errors.h"
 #include "flag_checks.h"
 #include "nn/attention.h"
-#include "pipeline/cpu_report.h"
 
 namespace diffuse::app {
 namespace {
@@ -71,7 +70,7 @@ void print_roofline(const bench::Roofline& r) {
 json unet_run_json(const bench::UNetRun& u) {
   return {{"dtype", u.dtype},           {"attention", u.attention},
           {"step_s", u.step_s},         {"step_mean_s", u.step_mean_s},
-          {"step_min_s", u.step_min_s}, {"cpu", pipeline::cpu_share_json(u.cpu)}};
+          {"step_min_s", u.step_min_s}, {"cpu", device::cpu_share_json(u.cpu)}};
 }
 
 // "; other processes used 0.1 of 2 CPUs" while the timed steps ran: with the spread, how far
@@ -171,7 +170,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
           {"text_encode_s", w.text_encode_s},
           {"denoise_s", w.denoise_s},
           {"step_s", w.step_s},
-          {"cpu", pipeline::cpu_share_json(w.cpu)},
+          {"cpu", device::cpu_share_json(w.cpu)},
           {"vae_decode_s", w.vae_decode_s},
           {"generate_s", w.generate_s},
           {"limit_s", r.whole_image_limit_s},

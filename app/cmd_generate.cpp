@@ -11,6 +11,7 @@
 
 #include "accel_flags.h"
 #include "commands.h"
+#include "device/cpu_load.h"
 #include "device/device.h"
 #include "diffuse/pipeline.h"
 #include "flag_checks.h"
@@ -337,7 +338,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                         {"total_s", total_s},
                         {"peak_rss_mb", static_cast<double>(t.peak_rss_bytes) / (1024.0 * 1024.0)},
                         {"memory", pipeline::memory_json(t.memory)},
-                        {"cpu", pipeline::cpu_share_json(t.cpu)},
+                        {"cpu", device::cpu_share_json(t.cpu)},
                         {"loras", info->loras}};
     std::cout << j.dump(2) << "\n";
   } else if (!f.quiet) {

@@ -138,11 +138,11 @@ TEST(CpuLoad, CrowdedOnlyWithMoreThreadsThanFreeCpus) {
   EXPECT_NE(note.find("DIFFUSE_THREADS=1"), std::string::npos) << note;
   s.threads = 1;  // one thread waits for nobody
   EXPECT_FALSE(s.crowded());
-  auto j = pipeline::cpu_share_json(s);
+  auto j = device::cpu_share_json(s);
   EXPECT_EQ(j["threads"], 1);
   EXPECT_EQ(j["other_processes"], 1.0);
   EXPECT_EQ(j["crowded"], false);
-  EXPECT_TRUE(pipeline::cpu_share_json(CpuShare{})["other_processes"].is_null());
+  EXPECT_TRUE(device::cpu_share_json(CpuShare{})["other_processes"].is_null());
 }
 
 TEST(CpuLoad, MeterSeesThisProcessWork) {

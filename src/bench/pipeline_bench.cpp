@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <sstream>
 
 #include "bench/arch_configs.h"
@@ -235,8 +236,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   // that the stages and their roofline measure what txt2img does.
   std::optional<device::ScopedCpuThreads> generation_threads;
   if (device.is_cpu()) {
-    int64_t params = 0;
-    for (const auto& p : unet->parameters()) params += p.numel();
+    const auto params = static_cast<int64_t>(std::llround(r.unet_params_m * 1e6));
     generation_threads.emplace(device::threads_for_step_work(
         pipeline::unet_step_flops(unet_cfg, params, o.batch, lh, lw)));
   }

@@ -132,6 +132,18 @@ CpuShare cpu_share_between(const CpuTimes& from, const CpuTimes& to, int threads
   return s;
 }
 
+nlohmann::json cpu_share_json(const CpuShare& share) {
+  auto load_or_null = [](double cpus) -> nlohmann::json {
+    if (cpus < 0) return nullptr;
+    return std::round(cpus * 100) / 100;
+  };
+  return {{"threads", share.threads},
+          {"cpus", share.cpus},
+          {"other_processes", load_or_null(share.others)},
+          {"hypervisor", load_or_null(share.steal)},
+          {"crowded", share.crowded()}};
+}
+
 std::string describe_cpu_share(const CpuShare& s) {
   if (s.others < 0) return "CPU load of other processes unknown";
   std::string text =

@@ -4,6 +4,7 @@
 // slice, and a model of small operators runs many times slower (the demo model, 2 threads
 // beside two busy loops: 27-47x).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,10 @@ std::optional<CpuTimes> sample_cpu_times();
 
 // What the interval between two samples had.
 CpuShare cpu_share_between(const CpuTimes& from, const CpuTimes& to, int threads);
+
+// {"threads", "cpus", "other_processes", "hypervisor", "crowded"} (CLI --json, server results,
+// doctor); the loads are in CPUs and null where unknown.
+nlohmann::json cpu_share_json(const CpuShare& share);
 
 // "other processes used 1.9 of 2 CPUs, the hypervisor 0.1", for notes and bench lines.
 std::string describe_cpu_share(const CpuShare& s);

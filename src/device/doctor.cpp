@@ -233,9 +233,7 @@ DoctorReport run_doctor(const DoctorOptions& options) {
     // Long enough for /proc/stat's 10 ms ticks to mean something; the doctor only waits here.
     CpuShareMeter meter(r.intra_op_threads);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const CpuShare now = meter.share();
-    r.cpu_load_others = now.others;
-    r.cpu_load_steal = now.steal;
+    r.cpu_load_now = meter.share();
   }
   r.inter_op_threads = at::get_num_interop_threads();
   r.omp_num_threads = env("OMP_NUM_THREADS");
@@ -373,11 +371,7 @@ nlohmann::json to_json(const DoctorReport& r) {
         {"small_model_below_gflop_per_step", kSmallStepFlops / 1e9},
         {"OMP_NUM_THREADS", r.omp_num_threads},
         {"OMP_WAIT_POLICY", r.omp_wait_policy}}},
-      {"cpu_load",
-       {{"other_processes",
-         r.cpu_load_others < 0 ? nlohmann::json() : nlohmann::json(r.cpu_load_others)},
-        {"hypervisor",
-         r.cpu_load_steal < 0 ? nlohmann::json() : nlohmann::json(r.cpu_load_steal)}}},
+      {"cpu_load", cpu_share_json(r.cpu_load_now)},
       {"cuda", {{"compiled", r.cuda_compiled}, {"devices", r.cuda_devices}}},
       {"npu",
        {{"torch_npu_linked", r.torch_npu_linked},
@@ -425,18 +419,12 @@ std::string to_text(const DoctorReport& r) {
                "restarts with OMP_WAIT_POLICY=PASSIVE"
              : "")
      << ")\n";
-  if (r.cpu_load_others >= 0) {
-    CpuShare now;
-    now.threads = r.intra_op_threads;
-    now.cpus = available_cpus();
-    now.others = r.cpu_load_others;
-    now.steal = r.cpu_load_steal;
-    os << "CPU load now: " << describe_cpu_share(now)
-       << (now.crowded() ? " (busy: the engine's threads will wait for each other at every "
-                           "operator; DIFFUSE_THREADS=1 keeps a small model fast)"
-                         : "")
+  if (r.cpu_load_now.others >= 0)
+    os << "CPU load now: " << describe_cpu_share(r.cpu_load_now)
+       << (r.cpu_load_now.crowded()
+               ? " (busy: a generation on more than one thread waits for them at every operator)"
+               : "")
        << "\n";
-  }
   os << "heap: transparent huge pages " << (r.thp_mode.empty() ? "unknown" : r.thp_mode)
      << ", malloc " << (r.malloc_huge_pages ? "uses them" : "does not ask for them")
      << (r.malloc_huge_pages ? ""

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "diffuse/cpu_share.h"
+
 namespace diffuse::device {
 
 struct DoctorOptions {
@@ -51,9 +53,9 @@ struct DoctorReport {
   int intra_op_threads = 0, inter_op_threads = 0;
   bool threads_chosen_by_user = false;  // DIFFUSE_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS
   int small_model_threads = 0;          // for a step under kSmallStepFlops (device/cpu_threads.h)
-  // Other processes' and the hypervisor's CPU time during a short sample (0.3 s), in CPUs;
-  // -1 unknown (no /proc/stat).
-  double cpu_load_others = -1, cpu_load_steal = -1;
+  // Other processes' and the hypervisor's CPU time during a short sample (0.3 s), against the
+  // configured threads; loads -1 where unknown (no /proc/stat).
+  CpuShare cpu_load_now;
   std::string omp_num_threads;  // env, "" = unset
   std::string omp_wait_policy;  // env OMP_WAIT_POLICY, "" = unset (the CLI sets PASSIVE beside a
                                 // pthread OpenBLAS)

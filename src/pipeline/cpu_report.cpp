@@ -6,23 +6,6 @@
 #include "device/cpu_load.h"
 
 namespace diffuse::pipeline {
-namespace {
-
-nlohmann::json load_or_null(double cpus) {
-  if (cpus < 0) return nullptr;
-  return std::round(cpus * 100) / 100;
-}
-
-}  // namespace
-
-nlohmann::json cpu_share_json(const CpuShare& share) {
-  return {{"threads", share.threads},
-          {"cpus", share.cpus},
-          {"other_processes", load_or_null(share.others)},
-          {"hypervisor", load_or_null(share.steal)},
-          {"crowded", share.crowded()}};
-}
-
 std::string cpu_share_note(const CpuShare& share) {
   if (!share.crowded()) return "";
   const int fit = std::max(1, static_cast<int>(std::floor(share.free() + 0.5)));

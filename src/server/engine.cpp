@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "pipeline/cpu_report.h"
+#include "device/cpu_load.h"
 #include "pipeline/hidream.h"
 #include "pipeline/memory_report.h"
 #include "server/hidream_engine.h"
@@ -47,7 +47,7 @@ nlohmann::json timings_json(const StageTimings& t) {
           {"total_s", t.total_s},
           {"peak_rss_bytes", t.peak_rss_bytes},
           {"memory", pipeline::memory_json(t.memory)},
-          {"cpu", pipeline::cpu_share_json(t.cpu)}};
+          {"cpu", device::cpu_share_json(t.cpu)}};
 }
 
 std::unique_ptr<Engine> load_engine(const std::string& path, const LoadOptions& options,
