@@ -33,7 +33,8 @@ int64_t at_or(const std::vector<int64_t>& v, size_t i, int64_t fallback) {
 }
 
 // aten::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-// groups); nn::Conv2d's diffuse::conv2d_packed records the same arguments.
+// groups); nn::Conv2d's diffuse::conv2d_packed and diffuse::conv2d_winograd record the same
+// arguments.
 double conv_flops(c10::ArrayRef<const c10::IValue> in) {
   if (in.size() < 9 || !in[0].isTensor() || !in[1].isTensor()) return 0;
   const auto x = in[0].toTensor().sizes(), w = in[1].toTensor().sizes();
@@ -96,7 +97,7 @@ Counted classify(const at::RecordFunction& fn) {
     return {&FlopCounts::attention,
             2.0 * bh * nq * nk * static_cast<double>(q->size(3) + v->size(3))};
   }
-  if (is("aten::convolution") || is("diffuse::conv2d_packed"))
+  if (is("aten::convolution") || is("diffuse::conv2d_packed") || is("diffuse::conv2d_winograd"))
     return {&FlopCounts::conv, conv_flops(in)};
   if (is("aten::linear")) {
     const auto *x = tensor_at(in, 0), *w = tensor_at(in, 1);

@@ -53,8 +53,9 @@ bool any_of(const std::string& name, std::initializer_list<const char*> names) {
 }  // namespace
 
 std::string OpProfile::kind_of(const std::string& op) {
-  if (any_of(op, {"aten::convolution", "aten::conv2d", "aten::_convolution",
-                  "aten::mkldnn_convolution", "aten::conv_transpose2d", "diffuse::conv2d_packed"}))
+  if (any_of(op,
+             {"aten::convolution", "aten::conv2d", "aten::_convolution", "aten::mkldnn_convolution",
+              "aten::conv_transpose2d", "diffuse::conv2d_packed", "diffuse::conv2d_winograd"}))
     return "conv";
   if (any_of(op, {"aten::linear", "aten::matmul", "aten::mm", "aten::bmm", "aten::addmm",
                   "aten::baddbmm", "aten::addbmm", "aten::einsum"}))

@@ -9,6 +9,7 @@
 #include "device/memory.h"
 #include "diffuse/errors.h"
 #include "nn/fused_ops.h"
+#include "nn/winograd_conv.h"
 
 namespace diffuse::nn {
 namespace {
@@ -217,6 +218,19 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
                                     *options.dilation(), 1);
     } catch (const c10::Error&) {
       g_packing_failed = true;
+    }
+  }
+  if (!y.defined() && supports_low_rank(*this)) {
+    const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
+    if (winograd_conv_applies(input, weight, *options.stride(), *padding, *options.dilation(),
+                              options.groups())) {
+      RECORD_FUNCTION(
+          "diffuse::conv2d_winograd",
+          std::vector<c10::IValue>({input, weight, bias, c10::IntArrayRef(*options.stride()).vec(),
+                                    c10::IntArrayRef(*padding).vec(),
+                                    c10::IntArrayRef(*options.dilation()).vec(), false,
+                                    std::vector<int64_t>{0, 0}, int64_t{1}}));
+      y = winograd_conv3x3(input, as_input_dtype(weight, input), bias);
     }
   }
   // _conv_forward adds `bias`: kept in the compute dtype (only weights stay 16-bit).

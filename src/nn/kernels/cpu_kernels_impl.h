@@ -6,6 +6,7 @@
 
 #include "nn/kernels/cpu_kernels.h"
 #include "nn/kernels/vec_math.h"
+#include "nn/kernels/winograd_impl.h"
 
 namespace diffuse::nn::kernels {
 namespace {
@@ -265,7 +266,8 @@ void channel_scale_shift(const uint16_t* x, int64_t pixels, int64_t C, const flo
 
 const CpuKernels kKernels = {CPU_KERNELS_NAME,  moments,         scale_shift,
                              layer_norm_row,    geglu<uint16_t>, geglu<float>,
-                             add_bias_residual, channel_sums,    channel_scale_shift};
+                             add_bias_residual, channel_sums,    channel_scale_shift,
+                             winograd_weights,  winograd_input,  winograd_output};
 
 }  // namespace
 

@@ -1,0 +1,159 @@
+// The three transforms of Winograd's F(2x2, 3x3) convolution (nn/winograd_conv.h) on float32,
+// as plain loops over contiguous rows that the compiler vectorises for the including unit's
+// instruction set. Included by cpu_kernels_impl.h; internal linkage like the rest of it.
+//
+// With d a 4x4 input tile, g a 3x3 filter and
+//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],  G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1],
+//   A^T = [1 1 1 0; 0 1 -1 -1],
+// the 2x2 output tile is A^T [(G g G^T) .* (B^T d B)] A. Summed over the input channels, the
+// element-wise product becomes 16 matrix products (one per position of the 4x4 tile), which
+// the caller runs through BLAS: 16 multiplications per output tile per channel pair instead of
+// the direct convolution's 36.
+//
+// The 16 planes of U, V and M lie `plane` floats apart; the caller pads that stride so that it
+// is no multiple of 4 KiB (16 streams a 4 KiB multiple apart share a few L1 sets and the
+// stores thrash: 2.7x slower weight transform on an AVX2 EPYC).
+#pragma once
+#include <cstdint>
+
+namespace diffuse::nn::kernels {
+namespace {
+
+// U[16][O][C] (rows o0..o1 of each plane) from w[O][C][3][3]. `scratch`: 9 * C floats.
+void winograd_weights(const float* w, int64_t o0, int64_t o1, int64_t C, float* U, int64_t plane,
+                      float* scratch) {
+  float* g[9];
+  for (int k = 0; k < 9; ++k) g[k] = scratch + k * C;
+  for (int64_t o = o0; o < o1; ++o) {
+    const float* wo = w + o * C * 9;
+    for (int64_t c = 0; c < C; ++c)
+      for (int k = 0; k < 9; ++k) g[k][c] = wo[c * 9 + k];
+    float* u = U + o * C;
+    for (int64_t c = 0; c < C; ++c) {
+      // G g: its rows r0, (r0 + r1 + r2) / 2, (r0 - r1 + r2) / 2, r2; then the same on columns.
+      const float t[4][3] = {
+          {g[0][c], g[1][c], g[2][c]},
+          {0.5f * (g[0][c] + g[3][c] + g[6][c]), 0.5f * (g[1][c] + g[4][c] + g[7][c]),
+           0.5f * (g[2][c] + g[5][c] + g[8][c])},
+          {0.5f * (g[0][c] - g[3][c] + g[6][c]), 0.5f * (g[1][c] - g[4][c] + g[7][c]),
+           0.5f * (g[2][c] - g[5][c] + g[8][c])},
+          {g[6][c], g[7][c], g[8][c]}};
+      for (int r = 0; r < 4; ++r) {
+        u[(r * 4 + 0) * plane + c] = t[r][0];
+        u[(r * 4 + 1) * plane + c] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
+        u[(r * 4 + 2) * plane + c] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
+        u[(r * 4 + 3) * plane + c] = t[r][2];
+      }
+    }
+  }
+}
+
+// V[16][C][ld] for channels c0..c1 of one image x[C][H][W] (zero padding of 1): tile row ty
+// (output rows 2ty, 2ty + 1) of tile rows ty0..ty1 goes to columns
+// t0 + (ty - ty0) * TW + tx, TW = ceil(W / 2). `scratch`: 8 * (TW + 2) + W floats.
+void winograd_input(const float* x, int64_t c0, int64_t c1, int64_t H, int64_t W, int64_t ty0,
+                    int64_t ty1, float* V, int64_t plane, int64_t ld, int64_t t0, float* scratch) {
+  const int64_t TW = (W + 1) / 2;
+  // Per row i of B^T d: its even columns in e[i][1 + tx] (column 2tx) and odd ones in
+  // od[i][1 + tx] (column 2tx + 1), with the padding column -1 at od[i][0] and 2TW at
+  // e[i][TW + 1], so that the column pass reads four shifted contiguous rows.
+  float *e[4], *od[4];
+  for (int i = 0; i < 4; ++i) {
+    e[i] = scratch + i * 2 * (TW + 2);
+    od[i] = e[i] + TW + 2;
+    od[i][0] = 0.0f;
+    e[i][TW + 1] = 0.0f;
+  }
+  float* zero_row = scratch + 8 * (TW + 2);
+  for (int64_t ix = 0; ix < W; ++ix) zero_row[ix] = 0.0f;
+  for (int64_t c = c0; c < c1; ++c) {
+    const float* xc = x + c * H * W;
+    for (int64_t ty = ty0; ty < ty1; ++ty) {
+      const float* d[4];
+      for (int i = 0; i < 4; ++i) {
+        const int64_t iy = 2 * ty - 1 + i;
+        d[i] = iy >= 0 && iy < H ? xc + iy * W : zero_row;
+      }
+      const float *d0 = d[0], *d1 = d[1], *d2 = d[2], *d3 = d[3];
+      for (int64_t tx = 0; tx < W / 2; ++tx) {
+        const int64_t a = 2 * tx, b = a + 1;
+        e[0][1 + tx] = d0[a] - d2[a];
+        e[1][1 + tx] = d1[a] + d2[a];
+        e[2][1 + tx] = d2[a] - d1[a];
+        e[3][1 + tx] = d1[a] - d3[a];
+        od[0][1 + tx] = d0[b] - d2[b];
+        od[1][1 + tx] = d1[b] + d2[b];
+        od[2][1 + tx] = d2[b] - d1[b];
+        od[3][1 + tx] = d1[b] - d3[b];
+      }
+      if (W % 2) {  // the last column is even; the odd one past it is padding
+        const int64_t a = W - 1;
+        e[0][TW] = d0[a] - d2[a];
+        e[1][TW] = d1[a] + d2[a];
+        e[2][TW] = d2[a] - d1[a];
+        e[3][TW] = d1[a] - d3[a];
+        for (int i = 0; i < 4; ++i) od[i][TW] = 0.0f;
+      }
+      float* out = V + c * ld + t0 + (ty - ty0) * TW;
+      for (int i = 0; i < 4; ++i) {
+        float* v0 = out + (i * 4 + 0) * plane;
+        float* v1 = out + (i * 4 + 1) * plane;
+        float* v2 = out + (i * 4 + 2) * plane;
+        float* v3 = out + (i * 4 + 3) * plane;
+        const float* ev = e[i] + 1;
+        const float* ov = od[i] + 1;
+        // Columns 2tx - 1, 2tx, 2tx + 1, 2tx + 2 are ov[tx - 1], ev[tx], ov[tx], ev[tx + 1].
+        for (int64_t tx = 0; tx < TW; ++tx) {
+          v0[tx] = ov[tx - 1] - ov[tx];
+          v1[tx] = ev[tx] + ov[tx];
+          v2[tx] = ov[tx] - ev[tx];
+          v3[tx] = ev[tx] - ev[tx + 1];
+        }
+      }
+    }
+  }
+}
+
+// y[O][H][W] (one image), output channels o0..o1, from M[16][O][ld] laid out as
+// winograd_input's V, plus bias[o] (bias may be null). `scratch`: 4 * TW floats.
+void winograd_output(const float* M, int64_t o0, int64_t o1, int64_t plane, int64_t ld, int64_t t0,
+                     const float* bias, int64_t H, int64_t W, int64_t ty0, int64_t ty1, float* y,
+                     float* scratch) {
+  const int64_t TW = (W + 1) / 2;
+  float* s[4] = {scratch, scratch + TW, scratch + 2 * TW, scratch + 3 * TW};
+  for (int64_t o = o0; o < o1; ++o) {
+    const float b = bias ? bias[o] : 0.0f;
+    for (int64_t ty = ty0; ty < ty1; ++ty) {
+      const float* m = M + o * ld + t0 + (ty - ty0) * TW;
+      // A^T M A: per row i, a0 = m_i0 + m_i1 + m_i2 and a1 = m_i1 - m_i2 - m_i3; then the
+      // output rows are a_0 + a_1 + a_2 and a_1 - a_2 - a_3.
+      for (int64_t tx = 0; tx < TW; ++tx) {
+        float a0[4], a1[4];
+        for (int i = 0; i < 4; ++i) {
+          const float m0 = m[(i * 4 + 0) * plane + tx], m1 = m[(i * 4 + 1) * plane + tx];
+          const float m2 = m[(i * 4 + 2) * plane + tx], m3 = m[(i * 4 + 3) * plane + tx];
+          a0[i] = m0 + m1 + m2;
+          a1[i] = m1 - m2 - m3;
+        }
+        s[0][tx] = a0[0] + a0[1] + a0[2] + b;
+        s[1][tx] = a1[0] + a1[1] + a1[2] + b;
+        s[2][tx] = a0[1] - a0[2] - a0[3] + b;
+        s[3][tx] = a1[1] - a1[2] - a1[3] + b;
+      }
+      float* yo = y + o * H * W;
+      for (int r = 0; r < 2 && 2 * ty + r < H; ++r) {
+        float* row = yo + (2 * ty + r) * W;
+        const float* even = s[2 * r];
+        const float* odd = s[2 * r + 1];
+        for (int64_t tx = 0; tx < W / 2; ++tx) {
+          row[2 * tx] = even[tx];
+          row[2 * tx + 1] = odd[tx];
+        }
+        if (W % 2) row[W - 1] = even[TW - 1];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace diffuse::nn::kernels

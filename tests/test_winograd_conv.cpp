@@ -1,0 +1,149 @@
+// Float32 3x3 convolutions by Winograd's F(2x2, 3x3) (nn/winograd_conv.h): as accurate as the
+// direct convolution against a float64 reference on every shape (odd sizes, one pixel, several
+// passes over the tiles), taken by nn::Conv2d exactly where it applies, and clear errors for
+// inputs it cannot take.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "diffuse/errors.h"
+#include "nn/attention.h"
+#include "nn/layers.h"
+#include "nn/winograd_conv.h"
+
+using namespace diffuse;
+
+namespace test_winograd_conv {
+
+torch::Tensor randn(c10::IntArrayRef shape, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  return torch::randn(shape, gen, torch::kFloat32);
+}
+
+double max_abs(const torch::Tensor& t) {
+  return t.numel() ? t.abs().max().item<double>() : 0.0;
+}
+
+// Restores the process-wide switches a test changes.
+struct Switches {
+  ~Switches() {
+    nn::set_winograd_enabled(true);
+    nn::set_default_attention_backend(nn::AttentionBackend::kAuto);
+  }
+};
+
+TEST(WinogradConv, AsAccurateAsTheDirectConvolutionOnEveryShape) {
+  torch::NoGradGuard no_grad;
+  struct Shape {
+    int64_t B, C, O, H, W;
+    bool bias;
+  };
+  // Odd and even sizes (a half-filled last tile), one pixel, one channel, channel counts that
+  // are no multiple of a vector, several images.
+  for (const Shape& s :
+       {Shape{1, 3, 5, 1, 1, true}, Shape{2, 7, 5, 9, 9, false}, Shape{1, 32, 48, 8, 6, true},
+        Shape{3, 64, 32, 5, 12, true}, Shape{2, 40, 40, 17, 3, false}, Shape{1, 1, 1, 2, 7, true},
+        Shape{2, 130, 67, 16, 16, true}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << s.B << "x" << s.C << "->" << s.O << " @" << s.H << "x" << s.W);
+    const auto x = randn({s.B, s.C, s.H, s.W}, 1);
+    const auto w = randn({s.O, s.C, 3, 3}, 2) * 0.1;
+    const auto b = s.bias ? randn({s.O}, 3) : torch::Tensor();
+    const auto reference = torch::conv2d(x.to(torch::kDouble), w.to(torch::kDouble),
+                                         s.bias ? b.to(torch::kDouble) : torch::Tensor(), 1, 1);
+    const auto direct = torch::conv2d(x, w, b, 1, 1);
+    const auto wino = nn::winograd_conv3x3(x, w, b);
+    ASSERT_EQ(wino.sizes(), reference.sizes());
+    EXPECT_EQ(wino.scalar_type(), torch::kFloat32);
+    const double direct_err = max_abs(direct.to(torch::kDouble) - reference);
+    const double wino_err = max_abs(wino.to(torch::kDouble) - reference);
+    // Float32 rounding of sums of C * 9 terms of magnitude ~|x| |w|: a wrong tile, sign or
+    // padding would be off by whole terms (~0.1 and more).
+    const double bound = std::max(4.0 * direct_err, 1e-6 * (1.0 + max_abs(reference)));
+    EXPECT_LE(wino_err, bound) << "direct convolution's error " << direct_err;
+  }
+}
+
+TEST(WinogradConv, ImagesLargerThanOnePassRunInSeveralPasses) {
+  torch::NoGradGuard no_grad;
+  // 16 * (C + O) floats per tile: 2 x 150 tile rows of 64 tiles at 32 + 32 channels are
+  // ~75 MiB of transformed tiles, more than one pass holds, and a pass boundary falls inside
+  // the second image.
+  const auto x = randn({2, 32, 300, 128}, 4);
+  const auto w = randn({32, 32, 3, 3}, 5) * 0.1;
+  const auto b = randn({32}, 6);
+  const auto direct = torch::conv2d(x, w, b, 1, 1);
+  const auto wino = nn::winograd_conv3x3(x, w, b);
+  EXPECT_LE(max_abs(wino - direct), 1e-4 * (1.0 + max_abs(direct)));
+}
+
+TEST(WinogradConv, AppliesOnlyWhereItIsRightAndPays) {
+  Switches restore;
+  torch::NoGradGuard no_grad;
+  const auto x = randn({2, 64, 16, 16}, 7);
+  const auto w = randn({64, 64, 3, 3}, 8);
+  const std::vector<int64_t> one{1, 1}, two{2, 2}, zero{0, 0};
+  EXPECT_TRUE(nn::winograd_conv_applies(x, w, one, one, one, 1));
+  EXPECT_TRUE(nn::winograd_conv_applies(x, w.to(torch::kHalf), one, one, one, 1))
+      << "a 16-bit weight is widened for the call";
+  EXPECT_FALSE(nn::winograd_conv_applies(x, w, two, one, one, 1)) << "stride 2";
+  EXPECT_FALSE(nn::winograd_conv_applies(x, w, one, zero, one, 1)) << "no padding";
+  EXPECT_FALSE(nn::winograd_conv_applies(x, w, one, one, two, 1)) << "dilation 2";
+  EXPECT_FALSE(nn::winograd_conv_applies(x, w.narrow(1, 0, 32), one, one, one, 2)) << "groups";
+  EXPECT_FALSE(nn::winograd_conv_applies(x.to(torch::kBFloat16), w, one, one, one, 1)) << "bf16";
+  EXPECT_FALSE(nn::winograd_conv_applies(x.contiguous(torch::MemoryFormat::ChannelsLast), w, one,
+                                         one, one, 1))
+      << "channels-last";
+  EXPECT_FALSE(nn::winograd_conv_applies(x, randn({64, 64, 1, 1}, 9), one, zero, one, 1)) << "1x1";
+  EXPECT_FALSE(nn::winograd_conv_applies(x.narrow(2, 0, 8).narrow(3, 0, 8).contiguous(), w, one,
+                                         one, one, 1))
+      << "32 tiles: too few for the products to pay";
+  EXPECT_FALSE(nn::winograd_conv_applies(x.narrow(1, 0, 8).contiguous(), w.narrow(1, 0, 8), one,
+                                         one, one, 1))
+      << "8 input channels";
+  {
+    torch::AutoGradMode grad(true);
+    EXPECT_FALSE(nn::winograd_conv_applies(x, w.clone().requires_grad_(), one, one, one, 1))
+        << "autograd records the weight";
+  }
+  nn::set_default_attention_backend(nn::AttentionBackend::kMath);
+  EXPECT_FALSE(nn::winograd_conv_applies(x, w, one, one, one, 1)) << "the reference path";
+  nn::set_default_attention_backend(nn::AttentionBackend::kAuto);
+  nn::set_winograd_enabled(false);
+  EXPECT_FALSE(nn::winograd_conv_applies(x, w, one, one, one, 1)) << "switched off";
+}
+
+TEST(WinogradConv, Conv2dLayerTakesItWithAFloat16WeightAndMatchesTheDirectPath) {
+  Switches restore;
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(10);
+  auto conv = nn::make_conv2d(torch::nn::Conv2dOptions(64, 48, 3).padding(1));
+  conv->weight.set_data(conv->weight.to(torch::kHalf));  // kept 16-bit, as a float16 model file
+  const auto x = randn({2, 64, 16, 16}, 11);
+  const auto wino = conv->forward(x);
+  nn::set_winograd_enabled(false);
+  const auto direct = conv->forward(x);
+  ASSERT_EQ(wino.sizes(), direct.sizes());
+  const double diff = max_abs(wino - direct);
+  EXPECT_GT(diff, 0.0) << "the layer did not take the Winograd path";
+  EXPECT_LE(diff, 1e-4 * (1.0 + max_abs(direct)));
+}
+
+TEST(WinogradConv, InputsItCannotTakeAreRefusedWithTheirShapes) {
+  const auto x = randn({1, 8, 6, 6}, 12);
+  const auto w = randn({4, 8, 3, 3}, 13);
+  auto expect_refused = [](const std::function<void()>& call, const std::string& mention) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted; expected a refusal mentioning " << mention;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(mention), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([&] { nn::winograd_conv3x3(x.to(torch::kBFloat16), w, {}); }, "BFloat16");
+  expect_refused([&] { nn::winograd_conv3x3(x, randn({4, 8, 5, 5}, 14), {}); }, "[4, 8, 5, 5]");
+  expect_refused([&] { nn::winograd_conv3x3(x, randn({4, 3, 3, 3}, 15), {}); }, "[4, 3, 3, 3]");
+  expect_refused([&] { nn::winograd_conv3x3(x.view({8, 6, 6}), w, {}); }, "[8, 6, 6]");
+  expect_refused([&] { nn::winograd_conv3x3(x, w, randn({5}, 16)); }, "5 values for 4");
+}
+
+}  // namespace test_winograd_conv
