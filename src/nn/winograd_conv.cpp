@@ -15,15 +15,20 @@
 namespace diffuse::nn {
 namespace {
 
-// Below these the direct convolution wins or ties (AVX2 EPYC, 2 threads, float32, against
-// oneDNN with the weight widened from float16 per call as the pipeline runs it): with batch 2,
-// 8x8 outputs (32 tiles) at 1280 channels ran 0.9x, 16x16 (128 tiles) 1.4-1.6x, 32x32 and
-// 64x64 1.3-1.7x. Few tiles leave the 16 products too thin for BLAS, and few channels leave
-// the transforms, which do not shrink with them, as the larger part.
+// Where the Winograd path pays, measured side by side with oneDNN's direct convolution (AVX2
+// EPYC, float32, the weight widened from float16 per call as the pipeline runs it; speed-up
+// F(2x2) / F(4x4)): with batch 2, SD2.1's 8x8 level (1280 channels, 32 2x2 tiles) 0.67x /
+// 0.37x; 16x16 (128 2x2 tiles) 1.30-1.60x / 0.90-1.12x; 32x32 at 640 channels 1.43-1.77x /
+// 1.59-2.00x; 64x64 at 320 1.28-1.43x / 1.85x; the VAE's decoder (batch 1) at 512 channels
+// 64x64-128x128 1.42-1.58x / 1.99-2.07x, 256 at 256x256 1.19x / 1.73x, 128 at 512x512 1.03x /
+// 1.45x. With few channels the 16 or 36 products are too small to run well on 2 threads
+// (64 channels at 64x64: 0.51x / 0.57x; 256 at 16x16: 0.39x / 0.44x). So a tile needs
+// kMinTiles tiles in the batch, and each product of a pass kMinProductFlops.
 constexpr int64_t kMinTiles = 128;
+constexpr double kMinProductFlops = 32e6;
 constexpr int64_t kMinChannels = 32;
-// The transformed input and products of one pass over the tiles (16 * (C + O) floats per
-// tile) stay under this; larger images run in several passes of whole tile rows.
+// The transformed input and products of one pass over the tiles ((m + 2)^2 * (C + O) floats
+// per tile) stay under this; larger images run in several passes of whole tile rows.
 constexpr int64_t kChunkBytes = int64_t{64} << 20;
 
 std::atomic<int> g_enabled{-1};  // -1: not set, DIFFUSE_WINOGRAD decides
@@ -37,13 +42,44 @@ bool enabled_by_environment() {
 }
 
 // A plane stride of n floats or more that is 16 floats (one cache line) past a multiple of
-// 1024 (4 KiB): the 16 planes a transform writes at once then start in 16 different L1 sets.
+// 1024 (4 KiB): the 16 or 36 planes a transform writes at once then start in as many L1 sets.
 int64_t plane_stride(int64_t n) {
   return (n + 1023) / 1024 * 1024 + 16;
 }
 
 float* floats(torch::Tensor& t) {
   return t.data_ptr<float>();
+}
+
+// F(m x m, 3x3): its output tile, number of planes and transforms.
+struct Variant {
+  int64_t m, planes;
+  decltype(kernels::CpuKernels::f32_winograd_weights) weights;
+  decltype(kernels::CpuKernels::f32_winograd_input) input;
+  decltype(kernels::CpuKernels::f32_winograd_output) output;
+};
+
+int64_t tiles(int64_t B, int64_t H, int64_t W, int64_t m) {
+  return B * ((H + m - 1) / m) * ((W + m - 1) / m);
+}
+
+// Tile rows per pass for F(m x m) over B images: the most whose transformed tiles fit
+// kChunkBytes, at least one.
+int64_t rows_per_pass(int64_t B, int64_t C, int64_t O, int64_t H, int64_t W, int64_t m) {
+  const int64_t TW = (W + m - 1) / m, rows = B * ((H + m - 1) / m);
+  const int64_t row_bytes = (m + 2) * (m + 2) * (C + O) * TW * static_cast<int64_t>(sizeof(float));
+  return std::max<int64_t>(1, std::min(rows, kChunkBytes / row_bytes));
+}
+
+// The output tile that pays for this convolution (see kMinTiles): 4, else 2, else 0 (the
+// direct convolution).
+int64_t output_tile(int64_t B, int64_t C, int64_t O, int64_t H, int64_t W) {
+  if (C < kMinChannels || O < kMinChannels) return 0;
+  for (int64_t m : {4, 2}) {
+    const int64_t n = rows_per_pass(B, C, O, H, W, m) * ((W + m - 1) / m);
+    if (tiles(B, H, W, m) >= kMinTiles && 2.0 * O * C * n >= kMinProductFlops) return m;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -73,12 +109,15 @@ bool winograd_conv_applies(const torch::Tensor& input, const torch::Tensor& weig
   if (torch::GradMode::is_enabled() && (input.requires_grad() || weight.requires_grad()))
     return false;
   if (default_attention_backend() == AttentionBackend::kMath) return false;
-  const int64_t tiles = input.size(0) * ((input.size(2) + 1) / 2) * ((input.size(3) + 1) / 2);
-  return tiles >= kMinTiles && input.size(1) >= kMinChannels && weight.size(0) >= kMinChannels;
+  return output_tile(input.size(0), input.size(1), weight.size(0), input.size(2), input.size(3)) !=
+         0;
 }
 
 torch::Tensor winograd_conv3x3(const torch::Tensor& input, const torch::Tensor& weight_in,
-                               const torch::Tensor& bias_in) {
+                               const torch::Tensor& bias_in, int64_t tile_size) {
+  if (tile_size != 0 && tile_size != 2 && tile_size != 4)
+    throw InvalidArgument("winograd_conv3x3: output tile " + std::to_string(tile_size) +
+                          " (expected 2, 4, or 0 to choose)");
   if (!input.device().is_cpu() || input.scalar_type() != torch::kFloat32 || input.dim() != 4 ||
       !input.is_contiguous() || weight_in.dim() != 4 || weight_in.size(2) != 3 ||
       weight_in.size(3) != 3 || weight_in.size(1) != input.size(1) ||
@@ -103,6 +142,11 @@ torch::Tensor winograd_conv3x3(const torch::Tensor& input, const torch::Tensor& 
   if (C == 0) return bias.defined() ? y.copy_(bias.view({1, O, 1, 1}).expand_as(y)) : y.zero_();
 
   const auto& kern = kernels::cpu_kernels();
+  const int64_t m = tile_size != 0 ? tile_size : std::max<int64_t>(2, output_tile(B, C, O, H, W));
+  const Variant v = m == 4 ? Variant{4, 36, kern.f32_winograd4_weights, kern.f32_winograd4_input,
+                                     kern.f32_winograd4_output}
+                           : Variant{2, 16, kern.f32_winograd_weights, kern.f32_winograd_input,
+                                     kern.f32_winograd_output};
   const auto weight = weight_in.contiguous();
   const float* wp = weight.data_ptr<float>();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
@@ -110,22 +154,24 @@ torch::Tensor winograd_conv3x3(const torch::Tensor& input, const torch::Tensor& 
   float* yp = floats(y);
 
   const int64_t u_plane = plane_stride(O * C);
-  auto U = torch::empty({16 * u_plane}, input.options());
+  auto U = torch::empty({v.planes * u_plane}, input.options());
   float* up = floats(U);
   at::parallel_for(0, O, 1, [&](int64_t o0, int64_t o1) {
     std::vector<float> scratch(9 * C);
-    kern.f32_winograd_weights(wp, o0, o1, C, up, u_plane, scratch.data());
+    v.weights(wp, o0, o1, C, up, u_plane, scratch.data());
   });
 
-  const int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, rows = B * TH;
-  const int64_t row_bytes = 16 * (C + O) * TW * static_cast<int64_t>(sizeof(float));
-  const int64_t chunk_rows = std::max<int64_t>(1, std::min(rows, kChunkBytes / row_bytes));
+  const int64_t TH = (H + m - 1) / m, TW = (W + m - 1) / m, rows = B * TH;
+  const int64_t chunk_rows = rows_per_pass(B, C, O, H, W, m);
   const int64_t ld = chunk_rows * TW;
   const int64_t v_plane = plane_stride(C * ld), m_plane = plane_stride(O * ld);
-  auto V = torch::empty({16 * v_plane}, input.options());
-  auto M = torch::empty({16 * m_plane}, input.options());
+  auto V = torch::empty({v.planes * v_plane}, input.options());
+  auto M = torch::empty({v.planes * m_plane}, input.options());
   float* vp = floats(V);
   float* mp = floats(M);
+  // The transforms' scratch rows (see winograd_impl.h).
+  const int64_t input_scratch = m == 4 ? 12 * (4 * TW + 8) : 8 * (TW + 2) + W;
+  const int64_t output_scratch = m * m * TW;
 
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t r1 = std::min(rows, r0 + chunk_rows), n = (r1 - r0) * TW;
@@ -138,22 +184,21 @@ torch::Tensor winograd_conv3x3(const torch::Tensor& input, const torch::Tensor& 
       }
     };
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-      std::vector<float> scratch(8 * (TW + 2) + W);
+      std::vector<float> scratch(input_scratch);
       for_images([&](int64_t b, int64_t ty0, int64_t ty1, int64_t t0) {
-        kern.f32_winograd_input(xp + b * C * H * W, c0, c1, H, W, ty0, ty1, vp, v_plane, ld, t0,
-                                scratch.data());
+        v.input(xp + b * C * H * W, c0, c1, H, W, ty0, ty1, vp, v_plane, ld, t0, scratch.data());
       });
     });
-    for (int64_t k = 0; k < 16; ++k) {
-      auto m = M.as_strided({O, n}, {ld, 1}, k * m_plane);
-      at::mm_out(m, U.as_strided({O, C}, {C, 1}, k * u_plane),
+    for (int64_t k = 0; k < v.planes; ++k) {
+      auto mk = M.as_strided({O, n}, {ld, 1}, k * m_plane);
+      at::mm_out(mk, U.as_strided({O, C}, {C, 1}, k * u_plane),
                  V.as_strided({C, n}, {ld, 1}, k * v_plane));
     }
     at::parallel_for(0, O, 1, [&](int64_t o0, int64_t o1) {
-      std::vector<float> scratch(4 * TW);
+      std::vector<float> scratch(output_scratch);
       for_images([&](int64_t b, int64_t ty0, int64_t ty1, int64_t t0) {
-        kern.f32_winograd_output(mp, o0, o1, m_plane, ld, t0, bp, H, W, ty0, ty1,
-                                 yp + b * O * H * W, scratch.data());
+        v.output(mp, o0, o1, m_plane, ld, t0, bp, H, W, ty0, ty1, yp + b * O * H * W,
+                 scratch.data());
       });
     });
   }

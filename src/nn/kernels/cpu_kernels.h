@@ -43,8 +43,8 @@ struct CpuKernels {
   void (*bf16_channel_scale_shift)(const uint16_t* x, int64_t pixels, int64_t C, const float* scale,
                                    const float* shift, bool silu, uint16_t* y);
 
-  // The float32 transforms of Winograd's F(2x2, 3x3) convolution; see winograd_impl.h for the
-  // layouts and nn/winograd_conv.h for the caller.
+  // The float32 transforms of Winograd's F(2x2, 3x3) and F(4x4, 3x3) convolutions (16 and 36
+  // planes); see winograd_impl.h for the layouts and nn/winograd_conv.h for the caller.
   void (*f32_winograd_weights)(const float* w, int64_t o0, int64_t o1, int64_t C, float* U,
                                int64_t plane, float* scratch);
   void (*f32_winograd_input)(const float* x, int64_t c0, int64_t c1, int64_t H, int64_t W,
@@ -53,6 +53,14 @@ struct CpuKernels {
   void (*f32_winograd_output)(const float* M, int64_t o0, int64_t o1, int64_t plane, int64_t ld,
                               int64_t t0, const float* bias, int64_t H, int64_t W, int64_t ty0,
                               int64_t ty1, float* y, float* scratch);
+  void (*f32_winograd4_weights)(const float* w, int64_t o0, int64_t o1, int64_t C, float* U,
+                                int64_t plane, float* scratch);
+  void (*f32_winograd4_input)(const float* x, int64_t c0, int64_t c1, int64_t H, int64_t W,
+                              int64_t ty0, int64_t ty1, float* V, int64_t plane, int64_t ld,
+                              int64_t t0, float* scratch);
+  void (*f32_winograd4_output)(const float* M, int64_t o0, int64_t o1, int64_t plane, int64_t ld,
+                               int64_t t0, const float* bias, int64_t H, int64_t W, int64_t ty0,
+                               int64_t ty1, float* y, float* scratch);
 };
 
 const CpuKernels* portable_cpu_kernels();

@@ -155,5 +155,144 @@ void winograd_output(const float* M, int64_t o0, int64_t o1, int64_t plane, int6
   }
 }
 
+// ---- F(4x4, 3x3): 6x6 input tiles, 36 products, 4x4 output tiles (interpolation points 0,
+// +-1, +-2 and infinity). 36 multiplications per 16 outputs instead of 144; the transforms'
+// larger coefficients cost some accuracy (see winograd_conv.cpp), and the tiles are 4x larger,
+// so it pays where an image has many of them.
+//   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0;
+//          0 4 0 -5 0 1]
+//   G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1]
+//   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1]
+
+// G applied to (a, b, c): six values.
+inline void winograd4_g(float a, float b, float c, float* t) {
+  t[0] = 0.25f * a;
+  t[1] = -(a + b + c) * (1.0f / 6.0f);
+  t[2] = -(a - b + c) * (1.0f / 6.0f);
+  t[3] = a * (1.0f / 24.0f) + b * (1.0f / 12.0f) + c * (1.0f / 6.0f);
+  t[4] = a * (1.0f / 24.0f) - b * (1.0f / 12.0f) + c * (1.0f / 6.0f);
+  t[5] = c;
+}
+
+// U[36][O][C] (rows o0..o1 of each plane) from w[O][C][3][3]. `scratch`: 9 * C floats.
+void winograd4_weights(const float* w, int64_t o0, int64_t o1, int64_t C, float* U, int64_t plane,
+                       float* scratch) {
+  float* g[9];
+  for (int k = 0; k < 9; ++k) g[k] = scratch + k * C;
+  for (int64_t o = o0; o < o1; ++o) {
+    const float* wo = w + o * C * 9;
+    for (int64_t c = 0; c < C; ++c)
+      for (int k = 0; k < 9; ++k) g[k][c] = wo[c * 9 + k];
+    float* u = U + o * C;
+    for (int64_t c = 0; c < C; ++c) {
+      float col[3][6];  // G applied to each column of g
+      for (int j = 0; j < 3; ++j) winograd4_g(g[j][c], g[3 + j][c], g[6 + j][c], col[j]);
+      for (int r = 0; r < 6; ++r) {
+        float t[6];
+        winograd4_g(col[0][r], col[1][r], col[2][r], t);
+        for (int j = 0; j < 6; ++j) u[(r * 6 + j) * plane + c] = t[j];
+      }
+    }
+  }
+}
+
+// B^T applied to (d0..d5): six values.
+inline void winograd4_bt(float d0, float d1, float d2, float d3, float d4, float d5, float* r) {
+  r[0] = 4.0f * d0 - 5.0f * d2 + d4;
+  r[1] = d3 + d4 - 4.0f * (d1 + d2);
+  r[2] = d4 - d3 + 4.0f * (d1 - d2);
+  r[3] = d4 - d2 + 2.0f * (d3 - d1);
+  r[4] = d4 - d2 + 2.0f * (d1 - d3);
+  r[5] = 4.0f * d1 - 5.0f * d3 + d5;
+}
+
+// V[36][C][ld] for channels c0..c1 of one image x[C][H][W] (zero padding of 1): tile row ty
+// (output rows 4ty..4ty+3) of tile rows ty0..ty1 goes to columns t0 + (ty - ty0) * TW + tx,
+// TW = ceil(W / 4). `scratch`: 12 * (4 * TW + 8) floats.
+void winograd4_input(const float* x, int64_t c0, int64_t c1, int64_t H, int64_t W, int64_t ty0,
+                     int64_t ty1, float* V, int64_t plane, int64_t ld, int64_t t0, float* scratch) {
+  const int64_t TW = (W + 3) / 4, width = 4 * TW + 8;
+  // pad[k][1 + x] holds input row k of the tile row (zeros outside the image); rows[i] is row i
+  // of B^T d over the padded width, so that tile tx reads rows[i][4tx .. 4tx + 5].
+  float *pad[6], *rows[6];
+  for (int k = 0; k < 6; ++k) {
+    pad[k] = scratch + k * width;
+    rows[k] = scratch + (6 + k) * width;
+  }
+  for (int k = 0; k < 6; ++k)
+    for (int64_t i = 0; i < width; ++i) pad[k][i] = 0.0f;
+  for (int64_t c = c0; c < c1; ++c) {
+    const float* xc = x + c * H * W;
+    for (int64_t ty = ty0; ty < ty1; ++ty) {
+      for (int k = 0; k < 6; ++k) {
+        const int64_t iy = 4 * ty - 1 + k;
+        if (iy >= 0 && iy < H)
+          std::memcpy(pad[k] + 1, xc + iy * W, sizeof(float) * W);
+        else
+          for (int64_t i = 1; i <= W; ++i) pad[k][i] = 0.0f;
+      }
+      for (int64_t i = 0; i < width; ++i) {
+        float r[6];
+        winograd4_bt(pad[0][i], pad[1][i], pad[2][i], pad[3][i], pad[4][i], pad[5][i], r);
+        for (int k = 0; k < 6; ++k) rows[k][i] = r[k];
+      }
+      float* out = V + c * ld + t0 + (ty - ty0) * TW;
+      for (int i = 0; i < 6; ++i) {
+        const float* rv = rows[i];
+        for (int64_t tx = 0; tx < TW; ++tx) {
+          const float* d = rv + 4 * tx;
+          float v[6];
+          winograd4_bt(d[0], d[1], d[2], d[3], d[4], d[5], v);
+          for (int j = 0; j < 6; ++j) out[(i * 6 + j) * plane + tx] = v[j];
+        }
+      }
+    }
+  }
+}
+
+// A^T applied to (m0..m5): four values.
+inline void winograd4_at(float m0, float m1, float m2, float m3, float m4, float m5, float* y) {
+  const float s12 = m1 + m2, d12 = m1 - m2, s34 = m3 + m4, d34 = m3 - m4;
+  y[0] = m0 + s12 + s34;
+  y[1] = d12 + 2.0f * d34;
+  y[2] = s12 + 4.0f * s34;
+  y[3] = d12 + 8.0f * d34 + m5;
+}
+
+// y[O][H][W] (one image), output channels o0..o1, from M[36][O][ld] laid out as
+// winograd4_input's V, plus bias[o] (bias may be null). `scratch`: 16 * TW floats.
+void winograd4_output(const float* M, int64_t o0, int64_t o1, int64_t plane, int64_t ld, int64_t t0,
+                      const float* bias, int64_t H, int64_t W, int64_t ty0, int64_t ty1, float* y,
+                      float* scratch) {
+  const int64_t TW = (W + 3) / 4;
+  for (int64_t o = o0; o < o1; ++o) {
+    const float b = bias ? bias[o] : 0.0f;
+    for (int64_t ty = ty0; ty < ty1; ++ty) {
+      const float* m = M + o * ld + t0 + (ty - ty0) * TW;
+      // s[r * 4 + q][tx]: output pixel (4ty + r, 4tx + q).
+      for (int64_t tx = 0; tx < TW; ++tx) {
+        float a[6][4];
+        for (int i = 0; i < 6; ++i) {
+          const float* mi = m + i * 6 * plane + tx;
+          winograd4_at(mi[0], mi[plane], mi[2 * plane], mi[3 * plane], mi[4 * plane], mi[5 * plane],
+                       a[i]);
+        }
+        for (int q = 0; q < 4; ++q) {
+          float out[4];
+          winograd4_at(a[0][q], a[1][q], a[2][q], a[3][q], a[4][q], a[5][q], out);
+          for (int r = 0; r < 4; ++r) scratch[(r * 4 + q) * TW + tx] = out[r] + b;
+        }
+      }
+      float* yo = y + o * H * W;
+      for (int r = 0; r < 4 && 4 * ty + r < H; ++r) {
+        float* row = yo + (4 * ty + r) * W;
+        for (int q = 0; q < 4; ++q) {
+          const float* s = scratch + (r * 4 + q) * TW;
+          for (int64_t tx = 0; 4 * tx + q < W; ++tx) row[4 * tx + q] = s[tx];
+        }
+      }
+    }
+  }
+}
 }  // namespace
 }  // namespace diffuse::nn::kernels
