@@ -230,7 +230,7 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
                                     c10::IntArrayRef(*padding).vec(),
                                     c10::IntArrayRef(*options.dilation()).vec(), false,
                                     std::vector<int64_t>{0, 0}, int64_t{1}}));
-      y = winograd_conv3x3(input, as_input_dtype(weight, input), bias);
+      y = winograd_conv3x3(input, weight, bias);  // widens a 16-bit weight itself
     }
   }
   // _conv_forward adds `bias`: kept in the compute dtype (only weights stay 16-bit).

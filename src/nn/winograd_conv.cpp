@@ -121,9 +121,9 @@ torch::Tensor winograd_conv3x3(const torch::Tensor& input, const torch::Tensor& 
   if (!input.device().is_cpu() || input.scalar_type() != torch::kFloat32 || input.dim() != 4 ||
       !input.is_contiguous() || weight_in.dim() != 4 || weight_in.size(2) != 3 ||
       weight_in.size(3) != 3 || weight_in.size(1) != input.size(1) ||
-      weight_in.scalar_type() != torch::kFloat32 || !weight_in.device().is_cpu())
+      !weight_in.is_floating_point() || !weight_in.device().is_cpu())
     throw InvalidArgument(
-        "winograd_conv3x3 takes a contiguous float32 CPU input [B, C, H, W] and a float32 "
+        "winograd_conv3x3 takes a contiguous float32 CPU input [B, C, H, W] and a floating-point "
         "weight [O, C, 3, 3]; got input " +
         std::string(c10::toString(input.scalar_type())) + " " + c10::str(input.sizes()) +
         " and weight " + c10::toString(weight_in.scalar_type()) + " " +
@@ -147,7 +147,8 @@ torch::Tensor winograd_conv3x3(const torch::Tensor& input, const torch::Tensor& 
                                      kern.f32_winograd4_output}
                            : Variant{2, 16, kern.f32_winograd_weights, kern.f32_winograd_input,
                                      kern.f32_winograd_output};
-  const auto weight = weight_in.contiguous();
+  // Widened for the call (exact), as nn::Conv2d does for the direct convolution.
+  const auto weight = weight_in.to(torch::kFloat32).contiguous();
   const float* wp = weight.data_ptr<float>();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   const float* xp = input.data_ptr<float>();
@@ -170,7 +171,7 @@ torch::Tensor winograd_conv3x3(const torch::Tensor& input, const torch::Tensor& 
   float* vp = floats(V);
   float* mp = floats(M);
   // The transforms' scratch rows (see winograd_impl.h).
-  const int64_t input_scratch = m == 4 ? 12 * (4 * TW + 8) : 8 * (TW + 2) + W;
+  const int64_t input_scratch = m == 4 ? 12 * (4 * TW + 8) + 4 * (TW + 1) : 8 * (TW + 2) + W;
   const int64_t output_scratch = m * m * TW;
 
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {

@@ -31,7 +31,8 @@ bool winograd_conv_applies(const torch::Tensor& input, const torch::Tensor& weig
 
 // conv2d(input, weight, bias, stride 1, padding 1) by F(m x m, 3x3) with m = `tile_size`, 2
 // or 4 (0: 4 where the images have enough 4x4 tiles, else 2): input [B, C, H, W] float32
-// contiguous on the CPU, weight [O, C, 3, 3] float32 (any strides), bias [O] or undefined.
+// contiguous on the CPU, weight [O, C, 3, 3] of any floating dtype (a 16-bit one is widened for
+// the call) and strides, bias [O] or undefined.
 // Throws InvalidArgument on other inputs.
 torch::Tensor winograd_conv3x3(const torch::Tensor& input, const torch::Tensor& weight,
                                const torch::Tensor& bias, int64_t tile_size = 0);

@@ -15,9 +15,36 @@
 // stores thrash: 2.7x slower weight transform on an AVX2 EPYC).
 #pragma once
 #include <cstdint>
+#include <cstring>
+
+#include "nn/kernels/vec_math.h"
 
 namespace diffuse::nn::kernels {
 namespace {
+
+// The loops below run over contiguous rows as vectors of the unit's width plus a scalar tail:
+// `body(lanes, i)` handles elements i .. i + lanes.width - 1 through lanes.load/store. (Left to
+// the compiler, they stayed scalar: it cannot prove the many row pointers apart.)
+struct VectorLanes {
+  static constexpr int64_t width = vec::kVecWidth;
+  static vec::VecF load(const float* p) {
+    vec::VecF v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(float* p, vec::VecF v) { std::memcpy(p, &v, sizeof v); }
+};
+struct ScalarLane {
+  static constexpr int64_t width = 1;
+  static float load(const float* p) { return *p; }
+  static void store(float* p, float v) { *p = v; }
+};
+template <typename Body>
+inline void over_lanes(int64_t n, Body&& body) {
+  int64_t i = 0;
+  for (; i + VectorLanes::width <= n; i += VectorLanes::width) body(VectorLanes{}, i);
+  for (; i < n; ++i) body(ScalarLane{}, i);
+}
 
 // U[16][O][C] (rows o0..o1 of each plane) from w[O][C][3][3]. `scratch`: 9 * C floats.
 void winograd_weights(const float* w, int64_t o0, int64_t o1, int64_t C, float* U, int64_t plane,
@@ -25,26 +52,31 @@ void winograd_weights(const float* w, int64_t o0, int64_t o1, int64_t C, float* 
   float* g[9];
   for (int k = 0; k < 9; ++k) g[k] = scratch + k * C;
   for (int64_t o = o0; o < o1; ++o) {
+    // The nine taps of row o as contiguous rows over c (a transpose of [C][9] that stays
+    // in L1/L2; ATen's permuted copy of the whole weight took 3-7x a plain widening).
     const float* wo = w + o * C * 9;
     for (int64_t c = 0; c < C; ++c)
       for (int k = 0; k < 9; ++k) g[k][c] = wo[c * 9 + k];
     float* u = U + o * C;
-    for (int64_t c = 0; c < C; ++c) {
-      // G g: its rows r0, (r0 + r1 + r2) / 2, (r0 - r1 + r2) / 2, r2; then the same on columns.
-      const float t[4][3] = {
-          {g[0][c], g[1][c], g[2][c]},
-          {0.5f * (g[0][c] + g[3][c] + g[6][c]), 0.5f * (g[1][c] + g[4][c] + g[7][c]),
-           0.5f * (g[2][c] + g[5][c] + g[8][c])},
-          {0.5f * (g[0][c] - g[3][c] + g[6][c]), 0.5f * (g[1][c] - g[4][c] + g[7][c]),
-           0.5f * (g[2][c] - g[5][c] + g[8][c])},
-          {g[6][c], g[7][c], g[8][c]}};
-      for (int r = 0; r < 4; ++r) {
-        u[(r * 4 + 0) * plane + c] = t[r][0];
-        u[(r * 4 + 1) * plane + c] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
-        u[(r * 4 + 2) * plane + c] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
-        u[(r * 4 + 3) * plane + c] = t[r][2];
+    // G g: its rows r0, (r0 + r1 + r2) / 2, (r0 - r1 + r2) / 2, r2; then the same on columns.
+    over_lanes(C, [&](auto L, int64_t c) {
+      using T = decltype(L.load(g[0]));
+      T x[9];
+      for (int k = 0; k < 9; ++k) x[k] = L.load(g[k] + c);
+      T t[4][3];
+      for (int j = 0; j < 3; ++j) {
+        t[0][j] = x[j];
+        t[1][j] = 0.5f * (x[j] + x[3 + j] + x[6 + j]);
+        t[2][j] = 0.5f * (x[j] - x[3 + j] + x[6 + j]);
+        t[3][j] = x[6 + j];
       }
-    }
+      for (int r = 0; r < 4; ++r) {
+        L.store(u + (r * 4 + 0) * plane + c, t[r][0]);
+        L.store(u + (r * 4 + 1) * plane + c, 0.5f * (t[r][0] + t[r][1] + t[r][2]));
+        L.store(u + (r * 4 + 2) * plane + c, 0.5f * (t[r][0] - t[r][1] + t[r][2]));
+        L.store(u + (r * 4 + 3) * plane + c, t[r][2]);
+      }
+    });
   }
 }
 
@@ -103,12 +135,14 @@ void winograd_input(const float* x, int64_t c0, int64_t c1, int64_t H, int64_t W
         const float* ev = e[i] + 1;
         const float* ov = od[i] + 1;
         // Columns 2tx - 1, 2tx, 2tx + 1, 2tx + 2 are ov[tx - 1], ev[tx], ov[tx], ev[tx + 1].
-        for (int64_t tx = 0; tx < TW; ++tx) {
-          v0[tx] = ov[tx - 1] - ov[tx];
-          v1[tx] = ev[tx] + ov[tx];
-          v2[tx] = ov[tx] - ev[tx];
-          v3[tx] = ev[tx] - ev[tx + 1];
-        }
+        over_lanes(TW, [&](auto L, int64_t tx) {
+          const auto e0 = L.load(ev + tx), e1 = L.load(ev + tx + 1);
+          const auto o0 = L.load(ov + tx - 1), o1 = L.load(ov + tx);
+          L.store(v0 + tx, o0 - o1);
+          L.store(v1 + tx, e0 + o1);
+          L.store(v2 + tx, o1 - e0);
+          L.store(v3 + tx, e0 - e1);
+        });
       }
     }
   }
@@ -127,19 +161,22 @@ void winograd_output(const float* M, int64_t o0, int64_t o1, int64_t plane, int6
       const float* m = M + o * ld + t0 + (ty - ty0) * TW;
       // A^T M A: per row i, a0 = m_i0 + m_i1 + m_i2 and a1 = m_i1 - m_i2 - m_i3; then the
       // output rows are a_0 + a_1 + a_2 and a_1 - a_2 - a_3.
-      for (int64_t tx = 0; tx < TW; ++tx) {
-        float a0[4], a1[4];
+      over_lanes(TW, [&](auto L, int64_t tx) {
+        using T = decltype(L.load(m));
+        T a0[4], a1[4];
         for (int i = 0; i < 4; ++i) {
-          const float m0 = m[(i * 4 + 0) * plane + tx], m1 = m[(i * 4 + 1) * plane + tx];
-          const float m2 = m[(i * 4 + 2) * plane + tx], m3 = m[(i * 4 + 3) * plane + tx];
+          const T m0 = L.load(m + (i * 4 + 0) * plane + tx),
+                  m1 = L.load(m + (i * 4 + 1) * plane + tx);
+          const T m2 = L.load(m + (i * 4 + 2) * plane + tx),
+                  m3 = L.load(m + (i * 4 + 3) * plane + tx);
           a0[i] = m0 + m1 + m2;
           a1[i] = m1 - m2 - m3;
         }
-        s[0][tx] = a0[0] + a0[1] + a0[2] + b;
-        s[1][tx] = a1[0] + a1[1] + a1[2] + b;
-        s[2][tx] = a0[1] - a0[2] - a0[3] + b;
-        s[3][tx] = a1[1] - a1[2] - a1[3] + b;
-      }
+        L.store(s[0] + tx, a0[0] + a0[1] + a0[2] + b);
+        L.store(s[1] + tx, a1[0] + a1[1] + a1[2] + b);
+        L.store(s[2] + tx, a0[1] - a0[2] - a0[3] + b);
+        L.store(s[3] + tx, a1[1] - a1[2] - a1[3] + b);
+      });
       float* yo = y + o * H * W;
       for (int r = 0; r < 2 && 2 * ty + r < H; ++r) {
         float* row = yo + (2 * ty + r) * W;
@@ -165,7 +202,8 @@ void winograd_output(const float* M, int64_t o0, int64_t o1, int64_t plane, int6
 //   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1]
 
 // G applied to (a, b, c): six values.
-inline void winograd4_g(float a, float b, float c, float* t) {
+template <typename T>
+inline void winograd4_g(T a, T b, T c, T* t) {
   t[0] = 0.25f * a;
   t[1] = -(a + b + c) * (1.0f / 6.0f);
   t[2] = -(a - b + c) * (1.0f / 6.0f);
@@ -180,24 +218,29 @@ void winograd4_weights(const float* w, int64_t o0, int64_t o1, int64_t C, float*
   float* g[9];
   for (int k = 0; k < 9; ++k) g[k] = scratch + k * C;
   for (int64_t o = o0; o < o1; ++o) {
+    // The nine taps of row o as contiguous rows over c (a transpose of [C][9] that stays
+    // in L1/L2; ATen's permuted copy of the whole weight took 3-7x a plain widening).
     const float* wo = w + o * C * 9;
     for (int64_t c = 0; c < C; ++c)
       for (int k = 0; k < 9; ++k) g[k][c] = wo[c * 9 + k];
     float* u = U + o * C;
-    for (int64_t c = 0; c < C; ++c) {
-      float col[3][6];  // G applied to each column of g
-      for (int j = 0; j < 3; ++j) winograd4_g(g[j][c], g[3 + j][c], g[6 + j][c], col[j]);
+    over_lanes(C, [&](auto L, int64_t c) {
+      using T = decltype(L.load(g[0]));
+      T col[3][6];  // G applied to each column of g
+      for (int j = 0; j < 3; ++j)
+        winograd4_g(L.load(g[j] + c), L.load(g[3 + j] + c), L.load(g[6 + j] + c), col[j]);
       for (int r = 0; r < 6; ++r) {
-        float t[6];
+        T t[6];
         winograd4_g(col[0][r], col[1][r], col[2][r], t);
-        for (int j = 0; j < 6; ++j) u[(r * 6 + j) * plane + c] = t[j];
+        for (int j = 0; j < 6; ++j) L.store(u + (r * 6 + j) * plane + c, t[j]);
       }
-    }
+    });
   }
 }
 
 // B^T applied to (d0..d5): six values.
-inline void winograd4_bt(float d0, float d1, float d2, float d3, float d4, float d5, float* r) {
+template <typename T>
+inline void winograd4_bt(T d0, T d1, T d2, T d3, T d4, T d5, T* r) {
   r[0] = 4.0f * d0 - 5.0f * d2 + d4;
   r[1] = d3 + d4 - 4.0f * (d1 + d2);
   r[2] = d4 - d3 + 4.0f * (d1 - d2);
@@ -208,17 +251,18 @@ inline void winograd4_bt(float d0, float d1, float d2, float d3, float d4, float
 
 // V[36][C][ld] for channels c0..c1 of one image x[C][H][W] (zero padding of 1): tile row ty
 // (output rows 4ty..4ty+3) of tile rows ty0..ty1 goes to columns t0 + (ty - ty0) * TW + tx,
-// TW = ceil(W / 4). `scratch`: 12 * (4 * TW + 8) floats.
+// TW = ceil(W / 4). `scratch`: 12 * (4 * TW + 8) + 4 * (TW + 1) floats.
 void winograd4_input(const float* x, int64_t c0, int64_t c1, int64_t H, int64_t W, int64_t ty0,
                      int64_t ty1, float* V, int64_t plane, int64_t ld, int64_t t0, float* scratch) {
   const int64_t TW = (W + 3) / 4, width = 4 * TW + 8;
   // pad[k][1 + x] holds input row k of the tile row (zeros outside the image); rows[i] is row i
   // of B^T d over the padded width, so that tile tx reads rows[i][4tx .. 4tx + 5].
-  float *pad[6], *rows[6];
+  float *pad[6], *rows[6], *phase[4];
   for (int k = 0; k < 6; ++k) {
     pad[k] = scratch + k * width;
     rows[k] = scratch + (6 + k) * width;
   }
+  for (int q = 0; q < 4; ++q) phase[q] = scratch + 12 * width + q * (TW + 1);
   for (int k = 0; k < 6; ++k)
     for (int64_t i = 0; i < width; ++i) pad[k][i] = 0.0f;
   for (int64_t c = c0; c < c1; ++c) {
@@ -231,28 +275,36 @@ void winograd4_input(const float* x, int64_t c0, int64_t c1, int64_t H, int64_t 
         else
           for (int64_t i = 1; i <= W; ++i) pad[k][i] = 0.0f;
       }
-      for (int64_t i = 0; i < width; ++i) {
-        float r[6];
-        winograd4_bt(pad[0][i], pad[1][i], pad[2][i], pad[3][i], pad[4][i], pad[5][i], r);
-        for (int k = 0; k < 6; ++k) rows[k][i] = r[k];
-      }
+      over_lanes(width, [&](auto L, int64_t i) {
+        using T = decltype(L.load(pad[0]));
+        T r[6];
+        winograd4_bt(L.load(pad[0] + i), L.load(pad[1] + i), L.load(pad[2] + i), L.load(pad[3] + i),
+                     L.load(pad[4] + i), L.load(pad[5] + i), r);
+        for (int k = 0; k < 6; ++k) L.store(rows[k] + i, r[k]);
+      });
       float* out = V + c * ld + t0 + (ty - ty0) * TW;
       for (int i = 0; i < 6; ++i) {
-        const float* rv = rows[i];
-        for (int64_t tx = 0; tx < TW; ++tx) {
-          const float* d = rv + 4 * tx;
-          float v[6];
-          winograd4_bt(d[0], d[1], d[2], d[3], d[4], d[5], v);
-          for (int j = 0; j < 6; ++j) out[(i * 6 + j) * plane + tx] = v[j];
-        }
+        // Tile tx reads columns 4tx .. 4tx + 5 of rows[i]: phase[q][tx] = rows[i][4tx + q],
+        // so that they are phase 0-3 at tx and phase 0-1 at tx + 1, contiguous over tx.
+        for (int64_t t = 0; t <= TW; ++t)
+          for (int q = 0; q < 4; ++q) phase[q][t] = rows[i][4 * t + q];
+        over_lanes(TW, [&](auto L, int64_t tx) {
+          using T = decltype(L.load(pad[0]));
+          T v[6];
+          winograd4_bt(L.load(phase[0] + tx), L.load(phase[1] + tx), L.load(phase[2] + tx),
+                       L.load(phase[3] + tx), L.load(phase[0] + tx + 1), L.load(phase[1] + tx + 1),
+                       v);
+          for (int j = 0; j < 6; ++j) L.store(out + (i * 6 + j) * plane + tx, v[j]);
+        });
       }
     }
   }
 }
 
 // A^T applied to (m0..m5): four values.
-inline void winograd4_at(float m0, float m1, float m2, float m3, float m4, float m5, float* y) {
-  const float s12 = m1 + m2, d12 = m1 - m2, s34 = m3 + m4, d34 = m3 - m4;
+template <typename T>
+inline void winograd4_at(T m0, T m1, T m2, T m3, T m4, T m5, T* y) {
+  const T s12 = m1 + m2, d12 = m1 - m2, s34 = m3 + m4, d34 = m3 - m4;
   y[0] = m0 + s12 + s34;
   y[1] = d12 + 2.0f * d34;
   y[2] = s12 + 4.0f * s34;
@@ -270,19 +322,21 @@ void winograd4_output(const float* M, int64_t o0, int64_t o1, int64_t plane, int
     for (int64_t ty = ty0; ty < ty1; ++ty) {
       const float* m = M + o * ld + t0 + (ty - ty0) * TW;
       // s[r * 4 + q][tx]: output pixel (4ty + r, 4tx + q).
-      for (int64_t tx = 0; tx < TW; ++tx) {
-        float a[6][4];
+      over_lanes(TW, [&](auto L, int64_t tx) {
+        using T = decltype(L.load(m));
+        T a[6][4];
         for (int i = 0; i < 6; ++i) {
           const float* mi = m + i * 6 * plane + tx;
-          winograd4_at(mi[0], mi[plane], mi[2 * plane], mi[3 * plane], mi[4 * plane], mi[5 * plane],
+          winograd4_at(L.load(mi), L.load(mi + plane), L.load(mi + 2 * plane),
+                       L.load(mi + 3 * plane), L.load(mi + 4 * plane), L.load(mi + 5 * plane),
                        a[i]);
         }
         for (int q = 0; q < 4; ++q) {
-          float out[4];
+          T out[4];
           winograd4_at(a[0][q], a[1][q], a[2][q], a[3][q], a[4][q], a[5][q], out);
-          for (int r = 0; r < 4; ++r) scratch[(r * 4 + q) * TW + tx] = out[r] + b;
+          for (int r = 0; r < 4; ++r) L.store(scratch + (r * 4 + q) * TW + tx, out[r] + b);
         }
-      }
+      });
       float* yo = y + o * H * W;
       for (int r = 0; r < 4 && 4 * ty + r < H; ++r) {
         float* row = yo + (4 * ty + r) * W;
