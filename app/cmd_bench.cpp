@@ -79,6 +79,11 @@ std::string load_text(const CpuShare& s) {
   return s.others < 0 ? "" : "; " + device::describe_cpu_share(s);
 }
 
+// " (700.2 by Winograd)" when some of the convolutions ran by Winograd, "" otherwise.
+std::string winograd_text(const bench::FlopCounts& c) {
+  return c.conv_winograd > 0 ? " (" + f("%.1f", c.conv_winograd / 1e9) + " by Winograd)" : "";
+}
+
 // One memory figure (MiB) per stage of the pipeline bench.
 json by_stage(double build, double text_encoder, double unet, double vae_decode) {
   return {
@@ -131,6 +136,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
         {"vae_gflop", r.vae_flops.total() / 1e9},
         {"vae_gflop_by_kind",
          {{"conv", r.vae_flops.conv / 1e9},
+          {"conv_winograd", r.vae_flops.conv_winograd / 1e9},
           {"matmul", r.vae_flops.matmul / 1e9},
           {"attention", r.vae_flops.attention / 1e9}}},
         {"vae_roofline_limit_s", r.vae_roofline_limit_s},
@@ -149,6 +155,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
         {"unet_gflop", r.unet_flops.total() / 1e9},
         {"unet_gflop_by_kind",
          {{"conv", r.unet_flops.conv / 1e9},
+          {"conv_winograd", r.unet_flops.conv_winograd / 1e9},
           {"matmul", r.unet_flops.matmul / 1e9},
           {"attention", r.unet_flops.attention / 1e9}}},
         {"unet_gflops", step > 0 ? r.unet_flops.total() / 1e9 / step : 0.0}};
@@ -206,7 +213,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
     std::cout << "  unet step (batch " << r.batch << ")      " << f("%8.3f s", step) << "  ("
               << f("%.3f steps/s", step > 0 ? 1 / step : 0) << ", "
               << f("%.1f GFLOP", r.unet_flops.total() / 1e9) << " = conv "
-              << f("%.1f", r.unet_flops.conv / 1e9) << " + matmul "
+              << f("%.1f", r.unet_flops.conv / 1e9) << winograd_text(r.unet_flops) << " + matmul "
               << f("%.1f", r.unet_flops.matmul / 1e9) << " + attention "
               << f("%.1f", r.unet_flops.attention / 1e9) << ", "
               << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0)
@@ -214,7 +221,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
   if (o.vae) {
     std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "  ("
               << f("%.1f GFLOP", r.vae_flops.total() / 1e9) << " = conv "
-              << f("%.1f", r.vae_flops.conv / 1e9) << " + matmul "
+              << f("%.1f", r.vae_flops.conv / 1e9) << winograd_text(r.vae_flops) << " + matmul "
               << f("%.1f", r.vae_flops.matmul / 1e9) << " + attention "
               << f("%.1f", r.vae_flops.attention / 1e9) << ", "
               << f("%.1f GFLOP/s",
@@ -249,6 +256,10 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
               << f("%.0f%%", 100 * r.roofline_fraction) << " of it ("
               << f("%.2fx", r.roofline_fraction > 0 ? 1 / r.roofline_fraction : 0)
               << " the limit)\n";
+    if (r.unet_flops.conv_winograd > 0 || r.vae_flops.conv_winograd > 0)
+      std::cout
+          << "  (the limits count every convolution's direct FLOPs; the Winograd ones multiply "
+             "2.25-4x less, so a stage may run below 1x)\n";
   }
   if (r.whole_image) {
     const auto& w = *r.whole_image;

@@ -28,6 +28,7 @@
 #include "nn/attention.h"
 #include "nn/layers.h"
 #include "nn/random_init.h"
+#include "nn/winograd_conv.h"
 #include "pipeline/step_work.h"
 #include "test_util.h"
 #include "verify/golden.h"
@@ -191,6 +192,28 @@ TEST(FlopCounter, CountsConvLinearAndAttentionOnce) {
   EXPECT_DOUBLE_EQ(c.matmul, 2.0 * 10 * 7 * 3 + 2.0 * 3 * 4 * 5 * 6);
   EXPECT_DOUBLE_EQ(c.attention, 2.0 * 2 * 3 * 5 * (4 + 4));
   EXPECT_DOUBLE_EQ(c.total(), c.conv + c.matmul + c.attention);
+  EXPECT_EQ(c.conv_winograd, 0.0);
+}
+
+// An nn::Conv2d that takes the Winograd path counts its direct FLOPs once under conv, and the
+// same again under conv_winograd (the share of conv that multiplied less).
+TEST(FlopCounter, CountsWinogradConvolutionsAsConvAndAsTheirShare) {
+  torch::InferenceMode guard;
+  torch::manual_seed(3);
+  auto conv = nn::make_conv2d(torch::nn::Conv2dOptions(384, 384, 3).padding(1));
+  const auto x = torch::randn({2, 384, 16, 16});
+  ASSERT_TRUE(nn::winograd_conv_applies(x, conv->weight, {1, 1}, {1, 1}, {1, 1}, 1));
+  bench::FlopCounts c;
+  {
+    bench::FlopCounter counter;
+    conv->forward(x);
+    c = counter.counts();
+  }
+  const double direct = 2.0 * 2 * 384 * 256 * 384 * 9;
+  EXPECT_DOUBLE_EQ(c.conv, direct);
+  EXPECT_DOUBLE_EQ(c.conv_winograd, direct);
+  EXPECT_DOUBLE_EQ(c.total(), direct);
+  EXPECT_EQ(bench::OpProfile::kind_of("diffuse::conv2d_winograd"), "conv");
 }
 
 TEST(OpProfile, FilesOutermostOperatorsByKindOnce) {

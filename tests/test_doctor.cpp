@@ -99,6 +99,22 @@ TEST(Doctor, CpuIsaCapIsReportedAndAppliedToTheDtypePolicy) {
   EXPECT_NE(bad.err.find("native, avx512, avx2 or baseline"), std::string::npos) << bad.err;
 }
 
+// Whether float32 3x3 convolutions may take Winograd, in the text and the JSON, and
+// DIFFUSE_WINOGRAD=0 turning it off.
+TEST(Doctor, SaysHowFloat32ConvolutionsRun) {
+  test::TempDir dir;
+  auto on = run_cli({"doctor", "--json", "--no-smoke-test", "--device", "cpu"}, dir);
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  EXPECT_TRUE(nlohmann::json::parse(on.out)["cpu"]["winograd_conv"].get<bool>());
+  auto off = run_cli({"doctor", "--no-smoke-test", "--device", "cpu"}, dir, "DIFFUSE_WINOGRAD=0");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_NE(off.out.find("float32 3x3 convolutions: oneDNN's direct ones (DIFFUSE_WINOGRAD=0)"),
+            std::string::npos)
+      << off.out;
+  auto text = run_cli({"doctor", "--no-smoke-test", "--device", "cpu"}, dir);
+  EXPECT_NE(text.out.find("float32 3x3 convolutions: Winograd"), std::string::npos) << text.out;
+}
+
 // The CLI restarts itself with glibc's huge-page tunable where THP can be had, and doctor (the
 // restarted process) says so; DIFFUSE_HUGE_PAGES=0 keeps the default heap.
 TEST(Doctor, TheCliAsksMallocForHugePages) {

@@ -83,6 +83,7 @@ const at::Tensor* tensor_at(c10::ArrayRef<const c10::IValue> in, size_t i) {
 struct Counted {
   double FlopCounts::*bucket = nullptr;
   double flops = 0;
+  double FlopCounts::*also = nullptr;  // a second bucket the same FLOPs belong to
 };
 
 Counted classify(const at::RecordFunction& fn) {
@@ -97,7 +98,9 @@ Counted classify(const at::RecordFunction& fn) {
     return {&FlopCounts::attention,
             2.0 * bh * nq * nk * static_cast<double>(q->size(3) + v->size(3))};
   }
-  if (is("aten::convolution") || is("diffuse::conv2d_packed") || is("diffuse::conv2d_winograd"))
+  if (is("diffuse::conv2d_winograd"))
+    return {&FlopCounts::conv, conv_flops(in), &FlopCounts::conv_winograd};
+  if (is("aten::convolution") || is("diffuse::conv2d_packed"))
     return {&FlopCounts::conv, conv_flops(in)};
   if (is("aten::linear")) {
     const auto *x = tensor_at(in, 0), *w = tensor_at(in, 1);
@@ -123,7 +126,10 @@ std::unique_ptr<at::ObserverContext> count_start(const at::RecordFunction& fn) {
   if (!t_counts) return nullptr;
   Counted c = classify(fn);
   if (!c.bucket) return nullptr;
-  if (t_count_depth == 0) (*t_counts).*c.bucket += c.flops;
+  if (t_count_depth == 0) {
+    (*t_counts).*c.bucket += c.flops;
+    if (c.also) (*t_counts).*c.also += c.flops;
+  }
   ++t_count_depth;
   return std::make_unique<DepthContext>();
 }

@@ -13,6 +13,9 @@ struct FlopCounts {
   double conv = 0;       // convolutions
   double matmul = 0;     // linear layers and matrix products outside attention
   double attention = 0;  // q k^T and p v of nn::attention calls
+  // The part of `conv` that ran by Winograd (nn/winograd_conv.h), counted as the direct
+  // convolution's FLOPs like the rest: it multiplies 2.25-4x less than that.
+  double conv_winograd = 0;
   double total() const { return conv + matmul + attention; }
 };
 

@@ -22,6 +22,7 @@
 #include "device/device.h"
 #include "device/npu_backend.h"
 #include "nn/attention_npu.h"
+#include "nn/winograd_conv.h"
 #if __has_include("nn/attention/backends.h")
 #define DIFFUSE_DOCTOR_ATTENTION_TABLE 1  // the attention module lists what runs per device
 #endif
@@ -229,6 +230,7 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   r.intra_op_threads = configure_cpu_threads();
   r.threads_chosen_by_user = cpu_threads_chosen_by_user();
   r.small_model_threads = threads_for_step_work(0.0);
+  r.winograd_conv = nn::winograd_enabled();
   {
     // Long enough for /proc/stat's 10 ms ticks to mean something; the doctor only waits here.
     CpuShareMeter meter(r.intra_op_threads);
@@ -360,7 +362,8 @@ nlohmann::json to_json(const DoctorReport& r) {
         {"avx512_bf16", r.avx512_bf16},
         {"amx_bf16", r.amx_bf16},
         {"amx_tile", r.amx_tile},
-        {"isa_cap", r.isa_cap}}},
+        {"isa_cap", r.isa_cap},
+        {"winograd_conv", r.winograd_conv}}},
       {"memory",
        {{"transparent_huge_pages", r.thp_mode}, {"malloc_huge_pages", r.malloc_huge_pages}}},
       {"threads",
@@ -407,6 +410,11 @@ std::string to_text(const DoctorReport& r) {
      << ", AVX-512 " << yes_no(r.avx512f) << ", AVX512-BF16 " << yes_no(r.avx512_bf16) << ", AMX "
      << yes_no(r.amx_tile) << " (AMX-BF16 " << yes_no(r.amx_bf16) << ")"
      << (r.isa_cap == "native" ? "" : "; capped to " + r.isa_cap + " by DIFFUSE_CPU_ISA") << "\n";
+  os << "float32 3x3 convolutions: "
+     << (r.winograd_conv ? "Winograd F(4x4) or F(2x2) where the batch has enough tiles and "
+                           "channels, else oneDNN's direct ones"
+                         : "oneDNN's direct ones (DIFFUSE_WINOGRAD=0)")
+     << "\n";
   os << "threads: intra-op " << r.intra_op_threads;
   if (!r.threads_chosen_by_user && r.small_model_threads != r.intra_op_threads)
     os << " (" << r.small_model_threads << " for a model whose step is under "

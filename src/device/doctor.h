@@ -50,6 +50,7 @@ struct DoctorReport {
   int logical_cpus = 0;
   bool avx2 = false, avx512f = false, avx512_bf16 = false, amx_bf16 = false, amx_tile = false;
   std::string isa_cap = "native";  // DIFFUSE_CPU_ISA
+  bool winograd_conv = false;      // float32 3x3 convolutions may take Winograd (DIFFUSE_WINOGRAD)
   int intra_op_threads = 0, inter_op_threads = 0;
   bool threads_chosen_by_user = false;  // DIFFUSE_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS
   int small_model_threads = 0;          // for a step under kSmallStepFlops (device/cpu_threads.h)
