@@ -144,6 +144,21 @@ bool supports_low_rank(const Conv2dImpl& conv) {
          variant_get_if<torch::enumtype::kZeros>(&conv.options.padding_mode()) != nullptr;
 }
 
+// aten::convolution's arguments for this call (with the plain weight): what the engine's own
+// convolution paths record for profilers and FLOP counters.
+std::vector<c10::IValue> convolution_arguments(const Conv2dImpl& conv, const torch::Tensor& input) {
+  const auto& o = conv.options;
+  return {input,
+          conv.weight,
+          conv.bias,
+          c10::IntArrayRef(*o.stride()).vec(),
+          c10::IntArrayRef(*variant_get<torch::ExpandingArray<2>>(o.padding())).vec(),
+          c10::IntArrayRef(*o.dilation()).vec(),
+          false,
+          std::vector<int64_t>{0, 0},
+          int64_t{1}};
+}
+
 // One lock for every layer's packed copy: a network shared by threads packs once.
 std::mutex& packing_mutex() {
   static std::mutex m;
@@ -206,13 +221,7 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
   torch::Tensor y;
   if (auto packed = packed_weight(input); packed.defined()) {
     const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
-    // aten::convolution's arguments (with the plain weight), for profilers and FLOP counters.
-    RECORD_FUNCTION(
-        "diffuse::conv2d_packed",
-        std::vector<c10::IValue>({input, weight, bias, c10::IntArrayRef(*options.stride()).vec(),
-                                  c10::IntArrayRef(*padding).vec(),
-                                  c10::IntArrayRef(*options.dilation()).vec(), false,
-                                  std::vector<int64_t>{0, 0}, int64_t{1}}));
+    RECORD_FUNCTION("diffuse::conv2d_packed", convolution_arguments(*this, input));
     try {
       y = torch::mkldnn_convolution(input, packed, bias, *padding, *options.stride(),
                                     *options.dilation(), 1);
@@ -224,12 +233,7 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
     const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
     if (winograd_conv_applies(input, weight, *options.stride(), *padding, *options.dilation(),
                               options.groups())) {
-      RECORD_FUNCTION(
-          "diffuse::conv2d_winograd",
-          std::vector<c10::IValue>({input, weight, bias, c10::IntArrayRef(*options.stride()).vec(),
-                                    c10::IntArrayRef(*padding).vec(),
-                                    c10::IntArrayRef(*options.dilation()).vec(), false,
-                                    std::vector<int64_t>{0, 0}, int64_t{1}}));
+      RECORD_FUNCTION("diffuse::conv2d_winograd", convolution_arguments(*this, input));
       y = winograd_conv3x3(input, weight, bias);  // widens a 16-bit weight itself
     }
   }

@@ -54,9 +54,9 @@ float* floats(torch::Tensor& t) {
 // F(m x m, 3x3): its output tile, number of planes and transforms.
 struct Variant {
   int64_t m, planes;
-  decltype(kernels::CpuKernels::f32_winograd_weights) weights;
-  decltype(kernels::CpuKernels::f32_winograd_input) input;
-  decltype(kernels::CpuKernels::f32_winograd_output) output;
+  kernels::WinogradWeights weights;
+  kernels::WinogradInput input;
+  kernels::WinogradOutput output;
 };
 
 int64_t tiles(int64_t B, int64_t H, int64_t W, int64_t m) {

@@ -11,6 +11,17 @@
 
 namespace diffuse::nn::kernels {
 
+// The three transforms of a Winograd convolution (winograd_impl.h), one signature per step for
+// both tile sizes.
+using WinogradWeights = void (*)(const float* w, int64_t o0, int64_t o1, int64_t C, float* U,
+                                 int64_t plane, float* scratch);
+using WinogradInput = void (*)(const float* x, int64_t c0, int64_t c1, int64_t H, int64_t W,
+                               int64_t ty0, int64_t ty1, float* V, int64_t plane, int64_t ld,
+                               int64_t t0, float* scratch);
+using WinogradOutput = void (*)(const float* M, int64_t o0, int64_t o1, int64_t plane, int64_t ld,
+                                int64_t t0, const float* bias, int64_t H, int64_t W, int64_t ty0,
+                                int64_t ty1, float* y, float* scratch);
+
 struct CpuKernels {
   const char* name;
   // Mean and (biased) variance of n bf16 values, accumulated in float32 blocks and double.
@@ -45,22 +56,9 @@ struct CpuKernels {
 
   // The float32 transforms of Winograd's F(2x2, 3x3) and F(4x4, 3x3) convolutions (16 and 36
   // planes); see winograd_impl.h for the layouts and nn/winograd_conv.h for the caller.
-  void (*f32_winograd_weights)(const float* w, int64_t o0, int64_t o1, int64_t C, float* U,
-                               int64_t plane, float* scratch);
-  void (*f32_winograd_input)(const float* x, int64_t c0, int64_t c1, int64_t H, int64_t W,
-                             int64_t ty0, int64_t ty1, float* V, int64_t plane, int64_t ld,
-                             int64_t t0, float* scratch);
-  void (*f32_winograd_output)(const float* M, int64_t o0, int64_t o1, int64_t plane, int64_t ld,
-                              int64_t t0, const float* bias, int64_t H, int64_t W, int64_t ty0,
-                              int64_t ty1, float* y, float* scratch);
-  void (*f32_winograd4_weights)(const float* w, int64_t o0, int64_t o1, int64_t C, float* U,
-                                int64_t plane, float* scratch);
-  void (*f32_winograd4_input)(const float* x, int64_t c0, int64_t c1, int64_t H, int64_t W,
-                              int64_t ty0, int64_t ty1, float* V, int64_t plane, int64_t ld,
-                              int64_t t0, float* scratch);
-  void (*f32_winograd4_output)(const float* M, int64_t o0, int64_t o1, int64_t plane, int64_t ld,
-                               int64_t t0, const float* bias, int64_t H, int64_t W, int64_t ty0,
-                               int64_t ty1, float* y, float* scratch);
+  WinogradWeights f32_winograd_weights, f32_winograd4_weights;
+  WinogradInput f32_winograd_input, f32_winograd4_input;
+  WinogradOutput f32_winograd_output, f32_winograd4_output;
 };
 
 const CpuKernels* portable_cpu_kernels();

@@ -265,9 +265,9 @@ void channel_scale_shift(const uint16_t* x, int64_t pixels, int64_t C, const flo
 }
 
 const CpuKernels kKernels = {
-    CPU_KERNELS_NAME, moments,           scale_shift,       layer_norm_row,      geglu<uint16_t>,
-    geglu<float>,     add_bias_residual, channel_sums,      channel_scale_shift, winograd_weights,
-    winograd_input,   winograd_output,   winograd4_weights, winograd4_input,     winograd4_output};
+    CPU_KERNELS_NAME,  moments,           scale_shift,     layer_norm_row,      geglu<uint16_t>,
+    geglu<float>,      add_bias_residual, channel_sums,    channel_scale_shift, winograd_weights,
+    winograd4_weights, winograd_input,    winograd4_input, winograd_output,     winograd4_output};
 
 }  // namespace
 

@@ -46,17 +46,51 @@ inline void over_lanes(int64_t n, Body&& body) {
   for (; i < n; ++i) body(ScalarLane{}, i);
 }
 
-// U[16][O][C] (rows o0..o1 of each plane) from w[O][C][3][3]. `scratch`: 9 * C floats.
-void winograd_weights(const float* w, int64_t o0, int64_t o1, int64_t C, float* U, int64_t plane,
-                      float* scratch) {
+// Calls body(o, g) for each output channel o in o0..o1 of w[O][C][3][3] with g[k][c] =
+// w[o][c][k]: the nine taps as contiguous rows over c, a transpose of [C][9] that stays in
+// L1/L2 (ATen's permuted copy of the whole weight took 3-7x a plain widening). `scratch`:
+// 9 * C floats.
+template <typename Body>
+inline void for_each_filter_row(const float* w, int64_t o0, int64_t o1, int64_t C, float* scratch,
+                                Body&& body) {
   float* g[9];
   for (int k = 0; k < 9; ++k) g[k] = scratch + k * C;
   for (int64_t o = o0; o < o1; ++o) {
-    // The nine taps of row o as contiguous rows over c (a transpose of [C][9] that stays
-    // in L1/L2; ATen's permuted copy of the whole weight took 3-7x a plain widening).
     const float* wo = w + o * C * 9;
     for (int64_t c = 0; c < C; ++c)
       for (int k = 0; k < 9; ++k) g[k][c] = wo[c * 9 + k];
+    body(o, g);
+  }
+}
+
+// Calls body(o, ty, m, bias[o] or 0) for each output channel o in o0..o1 and tile row ty in
+// ty0..ty1, m pointing at the row's first tile in plane 0 of M (column t0 + (ty - ty0) * TW).
+template <typename Body>
+inline void for_each_tile_row(const float* M, int64_t o0, int64_t o1, int64_t ld, int64_t t0,
+                              const float* bias, int64_t TW, int64_t ty0, int64_t ty1,
+                              Body&& body) {
+  for (int64_t o = o0; o < o1; ++o)
+    for (int64_t ty = ty0; ty < ty1; ++ty)
+      body(o, ty, M + o * ld + t0 + (ty - ty0) * TW, bias ? bias[o] : 0.0f);
+}
+
+// Writes tile row ty of an output channel, held as planes[(r * m + q) * TW + tx] = pixel
+// (m * ty + r, m * tx + q), into its H x W image y, clipped at the image's edges.
+inline void store_tile_row(const float* planes, int64_t m, int64_t TW, int64_t ty, int64_t H,
+                           int64_t W, float* y) {
+  for (int64_t r = 0; r < m && m * ty + r < H; ++r) {
+    float* row = y + (m * ty + r) * W;
+    for (int64_t q = 0; q < m; ++q) {
+      const float* p = planes + (r * m + q) * TW;
+      for (int64_t tx = 0; m * tx + q < W; ++tx) row[m * tx + q] = p[tx];
+    }
+  }
+}
+
+// U[16][O][C] (rows o0..o1 of each plane) from w[O][C][3][3]. `scratch`: 9 * C floats.
+void winograd_weights(const float* w, int64_t o0, int64_t o1, int64_t C, float* U, int64_t plane,
+                      float* scratch) {
+  for_each_filter_row(w, o0, o1, C, scratch, [&](int64_t o, float* const* g) {
     float* u = U + o * C;
     // G g: its rows r0, (r0 + r1 + r2) / 2, (r0 - r1 + r2) / 2, r2; then the same on columns.
     over_lanes(C, [&](auto L, int64_t c) {
@@ -77,7 +111,7 @@ void winograd_weights(const float* w, int64_t o0, int64_t o1, int64_t C, float* 
         L.store(u + (r * 4 + 3) * plane + c, t[r][2]);
       }
     });
-  }
+  });
 }
 
 // V[16][C][ld] for channels c0..c1 of one image x[C][H][W] (zero padding of 1): tile row ty
@@ -155,41 +189,28 @@ void winograd_output(const float* M, int64_t o0, int64_t o1, int64_t plane, int6
                      float* scratch) {
   const int64_t TW = (W + 1) / 2;
   float* s[4] = {scratch, scratch + TW, scratch + 2 * TW, scratch + 3 * TW};
-  for (int64_t o = o0; o < o1; ++o) {
-    const float b = bias ? bias[o] : 0.0f;
-    for (int64_t ty = ty0; ty < ty1; ++ty) {
-      const float* m = M + o * ld + t0 + (ty - ty0) * TW;
-      // A^T M A: per row i, a0 = m_i0 + m_i1 + m_i2 and a1 = m_i1 - m_i2 - m_i3; then the
-      // output rows are a_0 + a_1 + a_2 and a_1 - a_2 - a_3.
-      over_lanes(TW, [&](auto L, int64_t tx) {
-        using T = decltype(L.load(m));
-        T a0[4], a1[4];
-        for (int i = 0; i < 4; ++i) {
-          const T m0 = L.load(m + (i * 4 + 0) * plane + tx),
-                  m1 = L.load(m + (i * 4 + 1) * plane + tx);
-          const T m2 = L.load(m + (i * 4 + 2) * plane + tx),
-                  m3 = L.load(m + (i * 4 + 3) * plane + tx);
-          a0[i] = m0 + m1 + m2;
-          a1[i] = m1 - m2 - m3;
-        }
-        L.store(s[0] + tx, a0[0] + a0[1] + a0[2] + b);
-        L.store(s[1] + tx, a1[0] + a1[1] + a1[2] + b);
-        L.store(s[2] + tx, a0[1] - a0[2] - a0[3] + b);
-        L.store(s[3] + tx, a1[1] - a1[2] - a1[3] + b);
-      });
-      float* yo = y + o * H * W;
-      for (int r = 0; r < 2 && 2 * ty + r < H; ++r) {
-        float* row = yo + (2 * ty + r) * W;
-        const float* even = s[2 * r];
-        const float* odd = s[2 * r + 1];
-        for (int64_t tx = 0; tx < W / 2; ++tx) {
-          row[2 * tx] = even[tx];
-          row[2 * tx + 1] = odd[tx];
-        }
-        if (W % 2) row[W - 1] = even[TW - 1];
-      }
-    }
-  }
+  for_each_tile_row(M, o0, o1, ld, t0, bias, TW, ty0, ty1,
+                    [&](int64_t o, int64_t ty, const float* m, float b) {
+                      // A^T M A: per row i, a0 = m_i0 + m_i1 + m_i2 and a1 = m_i1 - m_i2 - m_i3;
+                      // then the output rows are a_0 + a_1 + a_2 and a_1 - a_2 - a_3.
+                      over_lanes(TW, [&](auto L, int64_t tx) {
+                        using T = decltype(L.load(m));
+                        T a0[4], a1[4];
+                        for (int i = 0; i < 4; ++i) {
+                          const T m0 = L.load(m + (i * 4 + 0) * plane + tx),
+                                  m1 = L.load(m + (i * 4 + 1) * plane + tx);
+                          const T m2 = L.load(m + (i * 4 + 2) * plane + tx),
+                                  m3 = L.load(m + (i * 4 + 3) * plane + tx);
+                          a0[i] = m0 + m1 + m2;
+                          a1[i] = m1 - m2 - m3;
+                        }
+                        L.store(s[0] + tx, a0[0] + a0[1] + a0[2] + b);
+                        L.store(s[1] + tx, a1[0] + a1[1] + a1[2] + b);
+                        L.store(s[2] + tx, a0[1] - a0[2] - a0[3] + b);
+                        L.store(s[3] + tx, a1[1] - a1[2] - a1[3] + b);
+                      });
+                      store_tile_row(scratch, 2, TW, ty, H, W, y + o * H * W);
+                    });
 }
 
 // ---- F(4x4, 3x3): 6x6 input tiles, 36 products, 4x4 output tiles (interpolation points 0,
@@ -215,14 +236,7 @@ inline void winograd4_g(T a, T b, T c, T* t) {
 // U[36][O][C] (rows o0..o1 of each plane) from w[O][C][3][3]. `scratch`: 9 * C floats.
 void winograd4_weights(const float* w, int64_t o0, int64_t o1, int64_t C, float* U, int64_t plane,
                        float* scratch) {
-  float* g[9];
-  for (int k = 0; k < 9; ++k) g[k] = scratch + k * C;
-  for (int64_t o = o0; o < o1; ++o) {
-    // The nine taps of row o as contiguous rows over c (a transpose of [C][9] that stays
-    // in L1/L2; ATen's permuted copy of the whole weight took 3-7x a plain widening).
-    const float* wo = w + o * C * 9;
-    for (int64_t c = 0; c < C; ++c)
-      for (int k = 0; k < 9; ++k) g[k][c] = wo[c * 9 + k];
+  for_each_filter_row(w, o0, o1, C, scratch, [&](int64_t o, float* const* g) {
     float* u = U + o * C;
     over_lanes(C, [&](auto L, int64_t c) {
       using T = decltype(L.load(g[0]));
@@ -235,7 +249,7 @@ void winograd4_weights(const float* w, int64_t o0, int64_t o1, int64_t C, float*
         for (int j = 0; j < 6; ++j) L.store(u + (r * 6 + j) * plane + c, t[j]);
       }
     });
-  }
+  });
 }
 
 // B^T applied to (d0..d5): six values.
@@ -317,36 +331,26 @@ void winograd4_output(const float* M, int64_t o0, int64_t o1, int64_t plane, int
                       const float* bias, int64_t H, int64_t W, int64_t ty0, int64_t ty1, float* y,
                       float* scratch) {
   const int64_t TW = (W + 3) / 4;
-  for (int64_t o = o0; o < o1; ++o) {
-    const float b = bias ? bias[o] : 0.0f;
-    for (int64_t ty = ty0; ty < ty1; ++ty) {
-      const float* m = M + o * ld + t0 + (ty - ty0) * TW;
-      // s[r * 4 + q][tx]: output pixel (4ty + r, 4tx + q).
-      over_lanes(TW, [&](auto L, int64_t tx) {
-        using T = decltype(L.load(m));
-        T a[6][4];
-        for (int i = 0; i < 6; ++i) {
-          const float* mi = m + i * 6 * plane + tx;
-          winograd4_at(L.load(mi), L.load(mi + plane), L.load(mi + 2 * plane),
-                       L.load(mi + 3 * plane), L.load(mi + 4 * plane), L.load(mi + 5 * plane),
-                       a[i]);
-        }
-        for (int q = 0; q < 4; ++q) {
-          T out[4];
-          winograd4_at(a[0][q], a[1][q], a[2][q], a[3][q], a[4][q], a[5][q], out);
-          for (int r = 0; r < 4; ++r) L.store(scratch + (r * 4 + q) * TW + tx, out[r] + b);
-        }
-      });
-      float* yo = y + o * H * W;
-      for (int r = 0; r < 4 && 4 * ty + r < H; ++r) {
-        float* row = yo + (4 * ty + r) * W;
-        for (int q = 0; q < 4; ++q) {
-          const float* s = scratch + (r * 4 + q) * TW;
-          for (int64_t tx = 0; 4 * tx + q < W; ++tx) row[4 * tx + q] = s[tx];
-        }
-      }
-    }
-  }
+  for_each_tile_row(M, o0, o1, ld, t0, bias, TW, ty0, ty1,
+                    [&](int64_t o, int64_t ty, const float* m, float b) {
+                      over_lanes(TW, [&](auto L, int64_t tx) {
+                        using T = decltype(L.load(m));
+                        T a[6][4];
+                        for (int i = 0; i < 6; ++i) {
+                          const float* mi = m + i * 6 * plane + tx;
+                          winograd4_at(L.load(mi), L.load(mi + plane), L.load(mi + 2 * plane),
+                                       L.load(mi + 3 * plane), L.load(mi + 4 * plane),
+                                       L.load(mi + 5 * plane), a[i]);
+                        }
+                        for (int q = 0; q < 4; ++q) {
+                          T out[4];
+                          winograd4_at(a[0][q], a[1][q], a[2][q], a[3][q], a[4][q], a[5][q], out);
+                          for (int r = 0; r < 4; ++r)
+                            L.store(scratch + (r * 4 + q) * TW + tx, out[r] + b);
+                        }
+                      });
+                      store_tile_row(scratch, 4, TW, ty, H, W, y + o * H * W);
+                    });
 }
 }  // namespace
 }  // namespace diffuse::nn::kernels
