@@ -16,13 +16,13 @@ namespace diffuse::nn {
 namespace {
 
 // Where the Winograd path pays, measured side by side with oneDNN's direct convolution (AVX2
-// EPYC, float32, the weight widened from float16 per call as the pipeline runs it; speed-up
-// F(2x2) / F(4x4)): with batch 2, SD2.1's 8x8 level (1280 channels, 32 2x2 tiles) 0.67x /
-// 0.37x; 16x16 (128 2x2 tiles) 1.30-1.60x / 0.90-1.12x; 32x32 at 640 channels 1.43-1.77x /
-// 1.59-2.00x; 64x64 at 320 1.28-1.43x / 1.85x; the VAE's decoder (batch 1) at 512 channels
-// 64x64-128x128 1.42-1.58x / 1.99-2.07x, 256 at 256x256 1.19x / 1.73x, 128 at 512x512 1.03x /
-// 1.45x. With few channels the 16 or 36 products are too small to run well on 2 threads
-// (64 channels at 64x64: 0.51x / 0.57x; 256 at 16x16: 0.39x / 0.44x). So a tile needs
+// EPYC, float32, 2 threads, the weight widened from float16 per call as the pipeline runs it;
+// speed-up F(2x2) / F(4x4)): with batch 2, SD2.1's 8x8 level (1280 channels, 32 2x2 tiles)
+// 0.98x / 0.55x; 16x16 (128 2x2 tiles) 1.37-1.46x / 0.83-0.96x; 32x32 at 640 channels
+// 1.42-1.51x / 1.63-1.80x; 64x64 at 320 1.21-1.43x / 1.81-1.86x; the VAE's decoder (batch 1)
+// at 512 channels 1.42-1.62x / 1.83-2.31x, 256 at 256x256 1.34x / 2.06x, 128 at 512x512
+// 1.00x / 1.98x. With few channels the 16 or 36 products are too small to run well on 2
+// threads (64 channels at 64x64: 0.51x / 0.57x; 256 at 16x16: 0.39x / 0.44x). So a tile needs
 // kMinTiles tiles in the batch, and each product of a pass kMinProductFlops.
 constexpr int64_t kMinTiles = 128;
 constexpr double kMinProductFlops = 32e6;
