@@ -82,6 +82,14 @@ int64_t output_tile(int64_t B, int64_t C, int64_t O, int64_t H, int64_t W) {
   return 0;
 }
 
+// Whether the input [B, C, H, W] and the weight [O, C, 3, 3] have the layout, dtype and
+// shapes the transforms take (float32 contiguous CPU input, a floating-point CPU weight).
+bool takes_shapes(const torch::Tensor& input, const torch::Tensor& weight) {
+  return input.device().is_cpu() && input.scalar_type() == torch::kFloat32 && input.dim() == 4 &&
+         input.is_contiguous() && weight.dim() == 4 && weight.size(2) == 3 && weight.size(3) == 3 &&
+         weight.size(1) == input.size(1) && weight.is_floating_point() && weight.device().is_cpu();
+}
+
 }  // namespace
 
 bool winograd_enabled() {
@@ -101,10 +109,8 @@ bool winograd_conv_applies(const torch::Tensor& input, const torch::Tensor& weig
       if (x != v) return false;
     return values.size() == 2;
   };
-  if (!winograd_enabled() || !input.device().is_cpu() || input.scalar_type() != torch::kFloat32 ||
-      input.dim() != 4 || !input.is_contiguous() || weight.dim() != 4 || weight.size(2) != 3 ||
-      weight.size(3) != 3 || groups != 1 || !all(stride, 1) || !all(padding, 1) ||
-      !all(dilation, 1) || weight.size(1) != input.size(1))
+  if (!winograd_enabled() || !takes_shapes(input, weight) || groups != 1 || !all(stride, 1) ||
+      !all(padding, 1) || !all(dilation, 1))
     return false;
   if (torch::GradMode::is_enabled() && (input.requires_grad() || weight.requires_grad()))
     return false;
@@ -118,10 +124,7 @@ torch::Tensor winograd_conv3x3(const torch::Tensor& input, const torch::Tensor& 
   if (tile_size != 0 && tile_size != 2 && tile_size != 4)
     throw InvalidArgument("winograd_conv3x3: output tile " + std::to_string(tile_size) +
                           " (expected 2, 4, or 0 to choose)");
-  if (!input.device().is_cpu() || input.scalar_type() != torch::kFloat32 || input.dim() != 4 ||
-      !input.is_contiguous() || weight_in.dim() != 4 || weight_in.size(2) != 3 ||
-      weight_in.size(3) != 3 || weight_in.size(1) != input.size(1) ||
-      !weight_in.is_floating_point() || !weight_in.device().is_cpu())
+  if (!takes_shapes(input, weight_in))
     throw InvalidArgument(
         "winograd_conv3x3 takes a contiguous float32 CPU input [B, C, H, W] and a floating-point "
         "weight [O, C, 3, 3]; got input " +
