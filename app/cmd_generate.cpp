@@ -27,6 +27,7 @@
 #include "pipeline/prompt_loras.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
+#include "run_summary.h"
 #include "tensor_files.h"
 #include "vae_tiling_flags.h"
 
@@ -43,6 +44,7 @@ struct GenerateFlags {
   int steps = 25;
   double cfg_scale = 7.5;
   bool steps_given = false, cfg_given = false;  // on the command line (HiDream: else its defaults)
+  bool prompt_syntax_given = false;
   std::optional<std::string> seed;
   std::string scheduler;
   double strength = 0.8;
@@ -127,21 +129,40 @@ std::string output_path(const std::string& out, size_t index, size_t total) {
   return (p.parent_path() / (p.stem().string() + "-" + std::to_string(index) + ext)).string();
 }
 
-std::string memory_text(const std::vector<StageMemory>& memory) {
-  std::string s;
-  for (const auto& m : memory) {
-    if (!s.empty()) s += "; ";
-    s += m.stage + " on " + m.device + ": ";
-    if (m.allocated_bytes >= 0)
-      s += format_bytes(m.allocated_bytes) + " allocated (peak " +
-           format_bytes(m.peak_allocated_bytes) + ", reserved " + format_bytes(m.reserved_bytes) +
-           "), ";
-    s += "rss " + format_bytes(m.rss_bytes);
-  }
-  return s;
-}
-
 int run_generate(const GenerateFlags& f, bool img2img);
+
+// The txt2img flags a HiDream folder cannot honour are refused, each saying why: none is
+// dropped without a word (issue 36).
+void check_hidream_generate_flags(const GenerateFlags& f) {
+  auto refuse = [](const std::string& flag, const std::string& why) {
+    throw InvalidArgument(flag + ": " + why);
+  };
+  if (f.prompts.size() != 1 || f.negative_prompts.size() > 1 || f.num_images != 1 ||
+      f.batch_count != 1)
+    throw InvalidArgument("HiDream models take one prompt and one image per run");
+  if (any_accel_flag(f.accel))
+    refuse("--deepcache/--tome", "they accelerate a UNet; HiDream models have none");
+  if (f.prompt_syntax_given && f.prompt_syntax != "plain")
+    refuse("--prompt-syntax " + f.prompt_syntax,
+           "HiDream's four text encoders take the prompt as written (plain); A1111 weights are "
+           "for one CLIP encoder");
+  if (!f.lora_dir.empty())
+    refuse("--lora-dir",
+           "<lora:NAME:SCALE> tags are A1111 prompt syntax, which HiDream prompts do not use; "
+           "give the file with --lora PATH[:SCALE]");
+  const auto& l = f.load;
+  if (l.vae_dtype != "auto" && l.vae_dtype != "fp32")
+    refuse("--vae-dtype " + l.vae_dtype, "HiDream's Flux VAE runs in float32 (force_upcast)");
+  if (l.widen_weights) refuse("--widen-weights", "a Stable Diffusion UNet option");
+  if (l.no_pack_weights) refuse("--no-pack-weights", "a Stable Diffusion UNet option");
+  if (l.lora_mode != "merged")
+    refuse("--lora-mode " + l.lora_mode, "LoRAs on HiDream's transformer are merged");
+  if (!l.config_dir.empty() || l.v_prediction || l.epsilon)
+    refuse("--config/--v-prediction/--epsilon",
+           "they describe single-file Stable Diffusion checkpoints; a HiDream folder has its "
+           "own configs");
+  if (!f.noise_file.empty()) refuse("--noise", "an img2img option");
+}
 
 // A CFG-parallel worker runs the command as given, ranks other than 0 quietly.
 int run_command(const GenerateFlags& f, bool img2img) {
@@ -168,25 +189,16 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (f.seed) g.seed = parse_seed(*f.seed, "--seed");
   apply_accel_flags(f.accel, g);
   g.vae_tiling = f.vae_tiling;
-  if (!f.scheduler.empty()) {
-    auto names = scheduler_names();
-    if (std::find(names.begin(), names.end(), f.scheduler) == names.end()) {
-      std::string list;
-      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-      throw InvalidArgument("unknown scheduler '" + f.scheduler + "' (expected one of: " + list +
-                            ")");
-    }
-  }
   // --devices (CFG-parallel): checked before anything loads, by the launcher and each worker.
+  const bool hidream = pipeline::is_hidream_folder(f.model);
   std::vector<torch::Device> cfg_devices;
-  if (f.parallel.active())
-    cfg_devices = check_parallel_flags(f.parallel, g, pipeline::is_hidream_folder(f.model));
-  if (!img2img && pipeline::is_hidream_folder(f.model)) {
-    if (f.prompts.size() != 1 || f.negative_prompts.size() > 1 || f.num_images != 1 ||
-        f.batch_count != 1)
-      throw InvalidArgument("HiDream models take one prompt and one image per run");
-    if (any_accel_flag(f.accel))
-      throw InvalidArgument("--deepcache and --tome accelerate a UNet; HiDream models have none");
+  if (f.parallel.active()) cfg_devices = check_parallel_flags(f.parallel, g, hidream);
+  if (hidream) {
+    if (img2img)
+      throw InvalidArgument("'" + f.model +
+                            "' is a HiDream model: it runs txt2img and instruction edits "
+                            "(diffuse edit), not img2img");
+    check_hidream_generate_flags(f);
     HiDreamCliFlags h;
     h.model = f.model;
     h.prompt = f.prompts[0];
@@ -205,8 +217,24 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     h.vae_device = f.load.vae_device;
     h.dtype = f.load.dtype;
     h.attention = f.load.attention;
-    h.quiet = f.quiet || f.json;
+    // Keeping each network in memory only while it runs is what streaming the transformer's
+    // blocks does for HiDream (the text encoders are freed before it loads either way).
+    if (f.load.offload) h.stream_weights = "on";
+    h.scheduler = f.scheduler;
+    for (const auto& l : f.load.loras) h.loras.push_back(parse_lora_flag(l));
+    h.lora_lenient = f.load.lora_lenient;
+    h.quiet = f.quiet;
+    h.json = f.json;
     return run_hidream(h, /*edit=*/false);
+  }
+  if (!f.scheduler.empty()) {
+    auto names = scheduler_names();
+    if (std::find(names.begin(), names.end(), f.scheduler) == names.end()) {
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      throw InvalidArgument("unknown scheduler '" + f.scheduler + "' (expected one of: " + list +
+                            ")");
+    }
   }
   // Check everything that does not need the model before the (slow) load.
   pipeline::validate_generation_config(g, img2img);
@@ -311,51 +339,22 @@ int run_generate(const GenerateFlags& f, bool img2img) {
       if (!f.json) std::cout << path << "\n";
     }
   }
-  const auto& t = results.back().timings;
-  double denoise = 0, steps = 0, decode = 0, encode = 0, text = 0, total_s = 0;
-  for (const auto& r : results) {
-    denoise += r.timings.denoise_s;
-    steps += static_cast<double>(r.timings.step_s.size());
-    decode += r.timings.vae_decode_s;
-    encode += r.timings.vae_encode_s;
-    text += r.timings.text_encode_s;
-    total_s += r.timings.total_s;
-  }
-  if (f.json) {
-    nlohmann::json j = {{"files", files},
-                        {"seed", results[0].seed},
-                        {"device", info->device},
-                        {"dtype", info->unet_dtype},
-                        {"vae_dtype", info->vae_dtype},
-                        {"attention", info->attention},
-                        {"load_s", info->load_s},
-                        {"weight_bytes", info->weight_bytes},
-                        {"text_encode_s", text},
-                        {"vae_encode_s", encode},
-                        {"denoise_s", denoise},
-                        {"step_s", steps > 0 ? denoise / steps : 0.0},
-                        {"vae_decode_s", decode},
-                        {"total_s", total_s},
-                        {"peak_rss_mb", static_cast<double>(t.peak_rss_bytes) / (1024.0 * 1024.0)},
-                        {"memory", pipeline::memory_json(t.memory)},
-                        {"cpu", device::cpu_share_json(t.cpu)},
-                        {"loras", info->loras}};
-    std::cout << j.dump(2) << "\n";
-  } else if (!f.quiet) {
-    std::cerr << "timings: load " << format_seconds(info->load_s) << ", text encode "
-              << format_seconds(text);
-    if (img2img) std::cerr << ", vae encode " << format_seconds(encode);
-    std::cerr << ", denoise " << format_seconds(denoise) << " ("
-              << format_seconds(steps > 0 ? denoise / steps : 0) << "/step), vae decode "
-              << format_seconds(decode) << ", total " << format_seconds(total_s) << "; peak memory "
-              << format_bytes(t.peak_rss_bytes) << " (seed " << results[0].seed << ")\n";
-    std::cerr << "memory: " << memory_text(t.memory) << "\n";
-    for (const auto& r : results)
-      if (auto note = pipeline::cpu_share_note(r.timings.cpu); !note.empty()) {
-        std::cerr << note << "\n";
-        break;
-      }
-  }
+  RunSummary summary;
+  for (const auto& file : files) summary.files.push_back(file.get<std::string>());
+  summary.seed = results[0].seed;
+  summary.device = info->device;
+  summary.dtype = info->unet_dtype;
+  summary.vae_dtype = info->vae_dtype;
+  summary.attention = info->attention;
+  summary.scheduler = g.scheduler.empty() ? info->scheduler : g.scheduler;
+  summary.load_s = info->load_s;
+  summary.weight_bytes = info->weight_bytes;
+  summary.loras = info->loras;
+  for (const auto& r : results) summary.runs.push_back(r.timings);
+  if (f.json)
+    std::cout << summary.json().dump(2) << "\n";
+  else if (!f.quiet)
+    summary.print(img2img);
   return 0;
 }
 
@@ -366,9 +365,11 @@ Command add_txt2img_command(CLI::App& app) {
   add_common_flags(app, *f, false);
   const CLI::Option* steps = app.get_option("--steps");
   const CLI::Option* cfg = app.get_option("--cfg-scale");
-  return [f, steps, cfg]() {
+  const CLI::Option* syntax = app.get_option("--prompt-syntax");
+  return [f, steps, cfg, syntax]() {
     f->steps_given = steps->count() > 0;
     f->cfg_given = cfg->count() > 0;
+    f->prompt_syntax_given = syntax->count() > 0;
     return run_command(*f, false);
   };
 }
@@ -376,7 +377,11 @@ Command add_txt2img_command(CLI::App& app) {
 Command add_img2img_command(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   add_common_flags(app, *f, true);
-  return [f]() { return run_command(*f, true); };
+  const CLI::Option* syntax = app.get_option("--prompt-syntax");
+  return [f, syntax]() {
+    f->prompt_syntax_given = syntax->count() > 0;
+    return run_command(*f, true);
+  };
 }
 
 }  // namespace diffuse::app

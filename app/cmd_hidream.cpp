@@ -2,6 +2,7 @@
 // HiDream-I1 folder: flags -> pipeline::HiDreamPipeline -> one PNG.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -15,6 +16,7 @@
 #include "flag_checks.h"
 #include "io/atomic_file.h"
 #include "io/model_folder.h"
+#include "load_flags.h"
 #include "nn/attention.h"
 #include "pipeline/cpu_report.h"
 #include "pipeline/hidream.h"
@@ -22,6 +24,8 @@
 #include "pipeline/image_parameters.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
+#include "run_summary.h"
+#include "schedulers/scheduler.h"
 #include "tensor_files.h"
 #include "vae_tiling_flags.h"
 
@@ -32,6 +36,20 @@ namespace {
 
 Image to_image(const torch::Tensor& nhwc) {
   return pipeline::to_images(nhwc.index({torch::indexing::Slice(0, 1)}))[0];
+}
+
+// HiDream denoises by flow matching: only the flow schedulers apply (checked before loading).
+void check_flow_scheduler_name(const std::string& name) {
+  const auto flow = schedulers::flow_scheduler_names();
+  if (std::find(flow.begin(), flow.end(), name) != flow.end()) return;
+  std::string list;
+  for (const auto& n : flow) list += (list.empty() ? "" : ", ") + n;
+  const auto ddpm = scheduler_names();
+  const bool is_ddpm = std::find(ddpm.begin(), ddpm.end(), name) != ddpm.end();
+  throw InvalidArgument(
+      "--scheduler " + name + ": " +
+      (is_ddpm ? "a scheduler for noise-predicting (Stable Diffusion) models; " : "unknown; ") +
+      "HiDream models run the flow-matching schedulers: " + list);
 }
 
 }  // namespace
@@ -54,7 +72,9 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(f.attention, device));
   const uint64_t seed = f.seed ? parse_seed(*f.seed, "--seed") : std::random_device{}();
 
-  if (!f.quiet) std::cerr << "loading " << f.model << " ...\n";
+  const bool talk = !f.quiet && !f.json;  // --json keeps stdout for the summary alone
+  if (!f.scheduler.empty()) check_flow_scheduler_name(f.scheduler);
+  if (talk) std::cerr << "loading " << f.model << " ...\n";
   const auto t0 = std::chrono::steady_clock::now();
   auto folder = io::ModelFolder::open(f.model);
   // What the flags leave open comes from the variant's reference settings.
@@ -63,7 +83,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   const double cfg_scale = f.cfg_scale.value_or(defaults.guidance_scale);
   const double image_guidance = f.image_guidance.value_or(defaults.image_guidance_scale);
   const double refine = f.refine.value_or(f.e1_lora.empty() ? 0.0 : defaults.refine_strength);
-  if (!f.quiet)
+  if (talk)
     std::cerr << "HiDream " << defaults.variant << ": " << steps << " steps, guidance " << cfg_scale
               << (edit ? ", image guidance " + c10::str(image_guidance) : "")
               << (refine > 0 ? ", refine " + c10::str(refine) : "") << "\n";
@@ -76,7 +96,19 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     lo.rank = f.lora_rank;
     pipe.set_editing_lora(f.e1_lora, lo);
   }
-  Progress progress(f.quiet);
+  if (!f.scheduler.empty())
+    pipe.set_scheduler(schedulers::make_scheduler(
+        f.scheduler, folder.component_config("scheduler", "scheduler_config.json")));
+  std::vector<std::string> lora_lines;
+  for (const auto& l : f.loras) {
+    adapters::LoraOptions lo;
+    lo.lenient = f.lora_lenient;
+    lora_lines.push_back(pipe.add_lora(l.path, l.scale, lo));
+    if (talk) std::cerr << "lora " << lora_lines.back() << "\n";
+  }
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Progress progress(!talk);
   pipeline::HiDreamSampling s;
   s.steps = steps;
   s.guidance_scale = cfg_scale;
@@ -92,7 +124,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     e.timestep = st.t.item<double>();
     e.elapsed_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
-    progress(e);
+    return progress(e);
   };
   pipeline::HiDreamResult r;
   pipeline::ImageParameters params;
@@ -132,19 +164,25 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   params.width = static_cast<int>(r.image.size(2));
   params.height = static_cast<int>(r.image.size(1));
   write_png(f.out, to_image(r.image), params.png_chunks());
+  RunSummary summary;
+  summary.files = {f.out};
+  summary.seed = seed;
+  summary.device = params.device;
+  summary.dtype = params.dtype;
+  summary.vae_dtype = device::dtype_name(torch::kFloat32);  // the Flux VAE's force_upcast
+  summary.attention = nn::attention_backend_name(nn::default_attention_backend());
+  summary.scheduler = params.scheduler;
+  summary.load_s = load_s;
+  summary.loras = lora_lines;
+  summary.runs = {r.timings};
+  if (f.json) {
+    std::cout << summary.json().dump(2) << "\n";
+    return 0;
+  }
   if (!f.quiet) {
-    const auto& t = r.timings;
     std::cerr << "wrote " << f.out << " (" << params.width << "x" << params.height << ", seed "
-              << seed << ") in "
-              << format_seconds(
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
-              << "\ntimings: text encode " << format_seconds(t.text_encode_s);
-    if (edit) std::cerr << ", vae encode " << format_seconds(t.vae_encode_s);
-    std::cerr << ", denoise " << format_seconds(t.denoise_s) << " ("
-              << format_seconds(t.step_s.empty() ? 0.0 : t.denoise_s / t.step_s.size())
-              << "/step), vae decode " << format_seconds(t.vae_decode_s) << ", peak RSS "
-              << (t.peak_rss_bytes >> 20) << " MiB\n";
-    if (auto note = pipeline::cpu_share_note(t.cpu); !note.empty()) std::cerr << note << "\n";
+              << seed << ", " << pipe.scheduler().class_name() << ")\n";
+    summary.print(edit);
   }
   std::cout << f.out << "\n";
   return 0;
@@ -198,10 +236,24 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
       ->capture_default_str()
       ->check(non_empty());
   add_vae_tiling_flags(app, f.vae_tiling);
+  app.add_option("--scheduler", f.scheduler,
+                 "flow_euler|flow_lcm|flash_flow_euler|unipc_flow|flow_unipc (default: the "
+                 "folder's scheduler, with its config)");
+  app.add_option_function<std::vector<std::string>>(
+      "--lora",
+      [&f](const std::vector<std::string>& values) {
+        for (const auto& v : values) f.loras.push_back(parse_lora_flag(v));
+      },
+      "LoRA adapter PATH[:SCALE] on the transformer (peft, diffusers or kohya names; repeat for "
+      "several)");
+  app.add_flag("--lora-lenient", f.lora_lenient,
+               "Warn about LoRA tensors that match no weight instead of failing");
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
+  app.add_flag("--json", f.json, "Print a JSON summary on stdout");
   if (edit) {
     app.add_option("-i,--image", f.image,
-                   "Source image (PNG; scaled to the model's area, sides multiples of 16)")
+                   "Source image (PNG; scaled to the model's area, sides multiples of VAE factor x "
+                   "patch, 16)")
         ->required();
     app.add_option("--image-guidance", f.image_guidance,
                    "Image guidance scale (default: the variant's)");

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace diffuse::app {
 
@@ -47,7 +48,11 @@ struct HiDreamCliFlags {
   std::string text_encoder_device, vae_device;  // empty: --device
   std::string stream_weights = "auto";          // transformer weight streaming: auto|on|off
   VaeTilingOptions vae_tiling;
+  std::string scheduler;        // a flow-matching scheduler by name; empty: the folder's
+  std::vector<LoraSpec> loras;  // on the transformer
+  bool lora_lenient = false;
   bool quiet = false;
+  bool json = false;  // a JSON summary on stdout (files, seed, timings, memory, cpu, loras)
 };
 // Text-to-image (edit = false) or editing; writes f.out.
 int run_hidream(const HiDreamCliFlags& f, bool edit);

@@ -1,8 +1,12 @@
 // A diffuse server on a free loopback port with the demo model (or another engine), in this
 // process, and a client for it: for the API tests and the load test.
 #pragma once
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <map>
 #include <memory>
@@ -64,6 +68,30 @@ class TestServer {
   int port_ = 0;
   std::thread thread_;
 };
+
+// Sends `request` as written on one connection to 127.0.0.1:port and returns everything the
+// server answers until it closes the connection (or 30 s pass without a byte): for requests
+// httplib's client will not send, such as a POST without Content-Length.
+inline std::string raw_http_exchange(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "socket failed";
+  timeval timeout{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string reply;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(request.size())) {
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;)
+      reply.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return reply;
+}
 
 inline nlohmann::json json_of(const httplib::Result& r) {
   if (!r) return nlohmann::json();

@@ -239,5 +239,38 @@ TEST(PipelinePromptSyntax, PlainPromptsAreExactWeightsAndLongPromptsChangeTheIma
   EXPECT_THROW(run(plain, "compel"), InvalidArgument);
 }
 
+// Weights that all come out exactly 1 are A1111's plain prompt: the brackets are syntax, not
+// text (issue 36: "(a red fox:1.0)" drew another image than "a red fox").
+TEST(PipelinePromptSyntax, WeightsOfExactlyOneGiveThePlainPromptsImage) {
+  LoadOptions lo;
+  lo.device = "cpu";
+  auto t2i = Text2Image::load(std::string(DIFFUSE_SOURCE_DIR) + "/models/demo", lo);
+  auto run = [&](const std::string& prompt, const std::string& negative,
+                 const std::string& syntax) {
+    GenerationConfig g;
+    g.prompts = {prompt};
+    g.negative_prompts = {negative};
+    g.steps = 2;
+    g.seed = 7;
+    g.prompt_syntax = syntax;
+    return t2i.generate(g).images[0].rgb;
+  };
+  const std::string plain = "a red circle on the left and a blue square on the right";
+  const auto want = run(plain, "blurry", "plain");
+  for (const std::string& spelled :
+       {"(a red circle on the left and a blue square on the right:1.0)",
+        "(a red circle on the left and a blue square on the right:1)",
+        "a red (circle:1.00) on the left and a blue square on the right",
+        "a red circle on the left and a ((blue square:1.0):1) on the right",
+        "a red circle on the left and a blue square on the right BREAK"}) {
+    SCOPED_TRACE(spelled);
+    EXPECT_EQ(run(spelled, "blurry", "a1111"), want);
+  }
+  EXPECT_EQ(run(plain, "(blurry:1.0)", "a1111"), want) << "the negative prompt too";
+  EXPECT_NE(run("a red (circle:1.2) on the left and a blue square on the right", "blurry", "a1111"),
+            want)
+      << "a weight that is not 1 changes the image";
+}
+
 }  // namespace test_pipeline
 }  // namespace diffuse

@@ -253,7 +253,7 @@ TEST(Server, A1111InfoEndpoints) {
             200);  // nothing running: no-op
 }
 
-TEST(Server, A1111InterruptCancelsTheRunningRequest) {
+TEST(Server, A1111InterruptFinishesTheRunningRequestWithItsImageSoFar) {
   TestServer server;
   auto c = server.client();
   std::unique_ptr<httplib::Result> result;
@@ -269,10 +269,49 @@ TEST(Server, A1111InterruptCancelsTheRunningRequest) {
     if (running.is_object()) id = running["id"];
   }
   ASSERT_FALSE(id.empty());
-  EXPECT_EQ(c->Post("/sdapi/v1/interrupt", "", "application/json")->status, 200);
+  // As A1111 clients send it: requests.post(url + "/sdapi/v1/interrupt"), no body.
+  EXPECT_EQ(c->Post("/sdapi/v1/interrupt")->status, 200);
   caller.join();
-  expect_error(*result, 409, "cancelled");
+  ASSERT_TRUE(*result);
+  ASSERT_EQ((*result)->status, 200) << (*result)->body;
+  const auto body = json_of(*result);
+  ASSERT_EQ(body["images"].size(), 1u);
+  const auto image = decode_png(
+      server::base64_decode(body["images"][0].get<std::string>(), "image"), "image", 1 << 20);
+  EXPECT_EQ(image.width, 128);
+  const auto info = nlohmann::json::parse(body["info"].get<std::string>());
+  EXPECT_NE(info["warnings"].dump().find("interrupted after step"), std::string::npos)
+      << info["warnings"].dump();
   EXPECT_EQ(json_of(c->Get("/sdapi/v1/progress"))["state"]["interrupted"], true);
+  EXPECT_EQ(json_of(c->Get("/v1/jobs/" + id))["state"], "succeeded");
+}
+
+// Routes that A1111 and OpenAI clients call without a body answer the same to no body, an empty
+// one and {} (issue 36: no body got 400).
+TEST(Server, BodylessRoutesTakeNoBodyAnEmptyOneOrAnEmptyObject) {
+  TestServer server;
+  auto c = server.client();
+  for (const char* path : {"/sdapi/v1/interrupt", "/sdapi/v1/skip"}) {
+    SCOPED_TRACE(path);
+    EXPECT_EQ(c->Post(path)->status, 200);
+    EXPECT_EQ(c->Post(path, "", "application/json")->status, 200);
+    EXPECT_EQ(c->Post(path, "{}", "application/json")->status, 200);
+    EXPECT_EQ(c->Post(path, "", "text/plain")->status, 200);
+  }
+  // Neither Content-Length nor a body, as curl -X POST sends it (httplib's client always adds
+  // Content-Length).
+  for (const char* path : {"/sdapi/v1/interrupt", "/sdapi/v1/skip"}) {
+    const std::string reply = test::raw_http_exchange(
+        server.port(),
+        std::string("POST ") + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    EXPECT_EQ(reply.find("HTTP/1.1 200"), 0u) << path << ": " << reply;
+  }
+  // A route that needs a body says what is missing.
+  const std::string reply = test::raw_http_exchange(
+      server.port(),
+      "POST /sdapi/v1/txt2img HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(reply.find("HTTP/1.1 400"), 0u) << reply;
+  EXPECT_NE(reply.find("has no Content-Length"), std::string::npos) << reply;
 }
 
 TEST(Server, OpenAiGenerationsAndEdits) {

@@ -142,11 +142,30 @@ struct StepEvent {
   int step = 0;  // 0-based
   int num_steps = 0;
   double timestep = 0;
-  double elapsed_s = 0;  // since the denoising loop started
-  const torch::Tensor* latents = nullptr;
+  double elapsed_s = 0;                    // since the denoising loop started
+  const torch::Tensor* latents = nullptr;  // x_t after this step
+  // What this step predicts the finished latents to be (the denoised estimate x0, in the same
+  // latent space): what a preview should show, and what finish_now() decodes.
+  const torch::Tensor* denoised = nullptr;
 };
-// Return false to cancel; generate() then throws diffuse::Cancelled.
-using StepCallback = std::function<bool(const StepEvent&)>;
+
+// What a step callback asks for: go on (true), cancel (false: generate() throws
+// diffuse::Cancelled), or finish_now(): stop denoising and decode the last step's denoised
+// estimate, as AUTOMATIC1111's interrupt does (the result says so in `interrupted`).
+class StepAction {
+ public:
+  StepAction(bool go_on) : kind_(go_on ? Kind::kContinue : Kind::kCancel) {}  // NOLINT
+  static StepAction finish_now() { return StepAction(Kind::kFinish); }
+  bool go_on() const { return kind_ == Kind::kContinue; }
+  bool cancel() const { return kind_ == Kind::kCancel; }
+  bool finish() const { return kind_ == Kind::kFinish; }
+
+ private:
+  enum class Kind { kContinue, kCancel, kFinish };
+  explicit StepAction(Kind kind) : kind_(kind) {}
+  Kind kind_;
+};
+using StepCallback = std::function<StepAction(const StepEvent&)>;
 
 // Memory after one stage of a generation, on the device the stage ran on.
 struct StageMemory {
@@ -185,6 +204,10 @@ struct GenerationResult {
   // Things the user should know but that did not stop the run (e.g. a prompt longer than the
   // text encoder's 77 tokens was truncated, as the reference pipeline does).
   std::vector<std::string> warnings;
+  // The step callback asked to finish early (StepAction::finish_now): the images are the
+  // denoised estimate after `steps_run` steps.
+  bool interrupted = false;
+  int steps_run = 0;
 };
 
 struct PipelineInfo {

@@ -229,4 +229,13 @@ torch::Tensor lora_delta(const LoraPair& pair, c10::IntArrayRef shape) {
   return torch::matmul(pair.up, pair.down).reshape(shape);
 }
 
+std::string describe(const LoraAdapter& adapter, const std::string& path, double scale) {
+  std::string line = path + " (scale " + c10::str(scale) +
+                     "): " + std::to_string(adapter.pairs.size() + adapter.full.size()) +
+                     " weights";
+  for (const auto& [net, count] : adapter.touched) line += ", " + net + " " + std::to_string(count);
+  for (const auto& warning : adapter.warnings) line += "; warning: " + warning;
+  return line;
+}
+
 }  // namespace diffuse::adapters

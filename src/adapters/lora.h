@@ -76,6 +76,9 @@ LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
 // load (or reload, with offload) each network on its own merge each part separately.
 LoraAdapter select_network(const LoraAdapter& adapter, size_t network);
 
+// One line for the user: "PATH (scale S): N weights, unet 12, text_encoder 4; warning: ...".
+std::string describe(const LoraAdapter& adapter, const std::string& path, double scale);
+
 // up @ down in float32, shaped like a weight of `shape` (linear [out, in] or conv
 // [out, in, kh, kw]).
 torch::Tensor lora_delta(const LoraPair& pair, c10::IntArrayRef shape);

@@ -14,6 +14,7 @@
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/load_component.h"
+#include "pipeline/denoised_estimate.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/vae_tiling_policy.h"
@@ -21,8 +22,6 @@
 
 namespace diffuse::pipeline {
 namespace {
-
-constexpr int64_t kVaeScale = 8;
 
 torch::Tensor to_image(const torch::Tensor& decoded) {
   return (decoded.to(torch::kFloat32) / 2 + 0.5)
@@ -145,7 +144,7 @@ std::pair<int, int> HiDreamPipeline::normalized_size(int width, int height, int 
     throw InvalidArgument("width, height and the area side must be positive, got " +
                           std::to_string(width) + "x" + std::to_string(height) + " and " +
                           std::to_string(area_side));
-  const int64_t division = kVaeScale * tconfig_.patch_size;
+  const int64_t division = size_multiple();
   const double scale =
       std::sqrt(static_cast<double>(area_side) * area_side / (static_cast<double>(width) * height));
   auto fit = [&](int v) { return static_cast<int>(std::floor(v * scale / division) * division); };
@@ -197,7 +196,8 @@ torch::Tensor HiDreamPipeline::run_transformer(const torch::Tensor& input, const
 }
 
 torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor latents,
-                                       const Velocity& velocity, StageTimings& timings) {
+                                       const Velocity& velocity, HiDreamResult& out) {
+  auto& timings = out.timings;
   const double start = now_s();
   device::reset_peak_memory(device_);
   const auto timesteps = scheduler_->timesteps();
@@ -212,13 +212,31 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
     schedulers::StepNoise noise = schedulers::StepNoise::from_generator(gen);
     if (scheduler_->is_stochastic() && noise_used < s.step_noise.size())
       noise = schedulers::StepNoise::from_tensor(s.step_noise[noise_used++].to(device_));
+    const auto before = latents;
     latents = scheduler_->step(v, t, latents, noise).prev_sample;
     timings.step_s.push_back(now_s() - step_start);
+    out.steps_run = static_cast<int>(i + 1);
     if (s.on_step) {
       st.index = static_cast<int>(i);
       st.t = t;
       st.latents = latents;
-      s.on_step(st);
+      const auto& sigmas = scheduler_->sigmas();
+      const double sigma = sigmas.defined() && sigmas.numel() > i
+                               ? sigmas[i].item<double>()
+                               : t.item<double>() / scheduler_->num_train_timesteps();
+      st.denoised = flow_denoised(before, v, sigma);
+      const StepAction action = s.on_step(st);
+      if (action.cancel())
+        throw Cancelled("cancelled by the step callback at step " + std::to_string(i + 1) + "/" +
+                        std::to_string(timesteps.size(0)));
+      if (action.finish() && i + 1 < timesteps.size(0)) {
+        latents = st.denoised;
+        out.interrupted = true;
+        out.warnings.push_back("interrupted after step " + std::to_string(i + 1) + " of " +
+                               std::to_string(timesteps.size(0)) +
+                               ": the image is that step's denoised estimate");
+        break;
+      }
     }
   }
   timings.denoise_s = now_s() - start;
@@ -265,14 +283,15 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   }
   end_text_stage(start, out.timings);
   prepare_schedule(r.sampling.steps);
-  auto latents = initial_latents(r.sampling, height / kVaeScale, width / kVaeScale);
+  auto latents =
+      initial_latents(r.sampling, height / vae_scale_factor(), width / vae_scale_factor());
   auto velocity = [&](const torch::Tensor& x, const torch::Tensor& t, HiDreamStep& step) {
     auto pred = run_transformer(cfg ? torch::cat({x, x}, 0) : x, t, cond, {}, step);
     if (!cfg) return pred;
     auto parts = pred.chunk(2, 0);
     return parts[0] + r.sampling.guidance_scale * (parts[1] - parts[0]);
   };
-  latents = denoise(r.sampling, latents, velocity, out.timings);
+  latents = denoise(r.sampling, latents, velocity, out);
   out.latents = latents.to(torch::kCPU);
   decode(latents, r.sampling.vae_tiling, out);
   out.timings.total_s = now_s() - start;
@@ -287,7 +306,7 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
                           std::to_string(r.refine_strength));
   const int switch_step = static_cast<int>(r.sampling.steps * (1.0 - r.refine_strength));
   const bool refine = switch_step < r.sampling.steps;
-  if (refine && !editing_lora_)
+  if (refine && !editing_adapter_)
     throw InvalidArgument(
         "refine_strength > 0 runs the last steps on HiDream-I1's weights: load the model as "
         "I1 + the E1 LoRA file (HiDream-E1-Full) to use it, or set refine_strength to 0");
@@ -338,7 +357,7 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
       // What the reference computes (pipe_e1_clipnorm_refine0.5 agrees to 1.5e-5 this way and
       // by 6.3 with the I1 values of the file's full tensors restored): peft's
       // disable_adapters(), the full tensors (x_embedder) stay E1's.
-      editing_lora_->set_lora_enabled(false);
+      lora_->set_lora_enabled(false);
       auto parts = run_transformer(torch::cat({x, x}, 0), t, target_text, fwd, step).chunk(2, 0);
       return parts[0] + g * (parts[1] - parts[0]);
     }
@@ -355,7 +374,7 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
     HiDreamPipeline* p;
     ~RestoreEditingWeights() { p->apply_editing_lora(); }
   } restore{this};
-  latents = denoise(r.sampling, latents, velocity, out.timings);
+  latents = denoise(r.sampling, latents, velocity, out);
   out.latents = latents.to(torch::kCPU);
   decode(latents, r.sampling.vae_tiling, out);
   out.timings.total_s = now_s() - start;
@@ -364,12 +383,33 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
 
 int HiDreamPipeline::area_side() const {
   const auto& mr = tconfig_.max_resolution;
-  return static_cast<int>(std::lround(std::sqrt(static_cast<double>(mr[0] * mr[1])) * kVaeScale));
+  return static_cast<int>(
+      std::lround(std::sqrt(static_cast<double>(mr[0] * mr[1])) * vae_scale_factor()));
+}
+
+int64_t HiDreamPipeline::vae_scale_factor() const {
+  return vae_->config().spatial_factor();
+}
+
+std::pair<int64_t, int64_t> HiDreamPipeline::edit_size(int64_t W, int64_t H) const {
+  const int64_t division = size_multiple();
+  // At most the model's area, sides multiples of the patch in pixels, aspect kept (HiDream-E1.1's
+  // dynamic resolution); images that already fit are used as they are.
+  const double fit = std::min(1.0, std::sqrt(static_cast<double>(area_side()) * area_side() /
+                                             (static_cast<double>(H) * static_cast<double>(W))));
+  const int64_t h =
+      static_cast<int64_t>(std::floor(static_cast<double>(H) * fit / division)) * division;
+  const int64_t w =
+      static_cast<int64_t>(std::floor(static_cast<double>(W) * fit / division)) * division;
+  if (h < division || w < division)
+    throw InvalidArgument("the source image is " + std::to_string(W) + "x" + std::to_string(H) +
+                          "; each side needs at least " + std::to_string(division) +
+                          " pixels at the model's area");
+  return {w, h};
 }
 
 torch::Tensor HiDreamPipeline::edit_source_pixels(const torch::Tensor& image) const {
   constexpr int64_t kMaxSourcePixels = int64_t{64} << 20;  // 64 MP: beyond any real photo
-  const int64_t division = kVaeScale * tconfig_.patch_size;
   if (!image.defined() || image.dim() != 3 || image.size(2) != 3 ||
       image.scalar_type() != torch::kUInt8)
     throw InvalidArgument("the source image must be uint8 [H, W, 3], got " +
@@ -381,16 +421,7 @@ torch::Tensor HiDreamPipeline::edit_source_pixels(const torch::Tensor& image) co
                           " MP); at most 64 MP are accepted (it is scaled to about " +
                           std::to_string(area_side()) + "x" + std::to_string(area_side()) +
                           " anyway)");
-  // At most the model's area, sides multiples of the patch in pixels, aspect kept (HiDream-E1.1's
-  // dynamic resolution); images that already fit are used as they are.
-  const double fit = std::min(
-      1.0, std::sqrt(static_cast<double>(area_side()) * area_side() / static_cast<double>(H * W)));
-  const int64_t h = static_cast<int64_t>(std::floor(H * fit / division)) * division;
-  const int64_t w = static_cast<int64_t>(std::floor(W * fit / division)) * division;
-  if (h < division || w < division)
-    throw InvalidArgument("the source image is " + std::to_string(W) + "x" + std::to_string(H) +
-                          "; each side needs at least " + std::to_string(division) +
-                          " pixels at the model's area");
+  const auto [w, h] = edit_size(W, H);
   auto x = image.to(torch::kFloat32).permute({2, 0, 1}).unsqueeze(0);
   if (h != H || w != W) {
     namespace F = torch::nn::functional;
@@ -418,25 +449,41 @@ std::string HiDreamPipeline::target_description(const HiDreamEdit& r) {
   return first == std::string::npos ? std::string() : target.substr(first, last - first + 1);
 }
 
+adapters::LoraMerger& HiDreamPipeline::lora_merger(const char* what) {
+  if (lora_) return *lora_;
+  if (transformer()->stream && !transformer()->stream->zero_copy())
+    throw InvalidArgument(std::string(what) +
+                          " with a streamed transformer needs it on the cpu with its weight files "
+                          "in the compute dtype (" +
+                          device::dtype_name(dtype_) + "); use --stream-weights off");
+  lora_ = std::make_unique<adapters::LoraMerger>(
+      std::vector<adapters::Network>{{io::lora::transformer_names(), transformer().get()}});
+  return *lora_;
+}
+
 void HiDreamPipeline::set_editing_lora(const std::string& path,
                                        const adapters::LoraOptions& options) {
-  if (transformer()->stream && !transformer()->stream->zero_copy())
-    throw InvalidArgument(
-        "the E1-Full LoRA with a streamed transformer needs it on the cpu with its weight files in "
-        "the compute dtype (" +
-        device::dtype_name(dtype_) + "); use --stream-weights off");
-  editing_lora_ = std::make_unique<adapters::LoraMerger>(
-      std::vector<adapters::Network>{{io::lora::transformer_names(), transformer().get()}});
+  auto& merger = lora_merger("the E1-Full LoRA");
   // Read and checked once; merged now and again after every refine phase.
   editing_adapter_ = std::make_shared<adapters::LoraAdapter>(
-      adapters::load_lora(path, editing_lora_->networks(), options));
+      adapters::load_lora(path, merger.networks(), options));
   apply_editing_lora();
 }
 
 void HiDreamPipeline::apply_editing_lora() {
-  if (!editing_lora_) return;
-  if (editing_lora_id_ < 0) editing_lora_id_ = editing_lora_->add(*editing_adapter_, 1.0);
-  editing_lora_->set_lora_enabled(true);
+  if (!lora_) return;
+  if (editing_adapter_ && editing_lora_id_ < 0)
+    editing_lora_id_ = lora_->add(*editing_adapter_, 1.0);
+  lora_->set_lora_enabled(true);
+}
+
+std::string HiDreamPipeline::add_lora(const std::string& path, double scale,
+                                      const adapters::LoraOptions& options) {
+  if (!std::isfinite(scale))
+    throw InvalidArgument("LoRA '" + path + "': the scale must be a finite number");
+  auto& merger = lora_merger("a LoRA");
+  const int id = merger.add(path, scale, options);
+  return adapters::describe(merger.adapter(id), path, scale);
 }
 
 }  // namespace diffuse::pipeline

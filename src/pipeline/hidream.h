@@ -37,8 +37,11 @@ struct HiDreamStep {
   torch::Tensor transformer_timesteps;  // its timesteps
   torch::Tensor transformer_out;        // RAW output
   torch::Tensor latents;                // after the scheduler step
+  torch::Tensor denoised;               // the step's denoised estimate x0 (the preview's)
 };
-using HiDreamStepCallback = std::function<void(const HiDreamStep&)>;
+// Returns true to go on, false to cancel (the pipeline throws Cancelled), or
+// StepAction::finish_now() to decode the step's denoised estimate at once.
+using HiDreamStepCallback = std::function<StepAction(const HiDreamStep&)>;
 
 struct HiDreamSampling {
   int steps = 50;
@@ -65,7 +68,8 @@ struct HiDreamEdit {
   std::string prompt;  // the instruction (E1-Full form: "Editing Instruction: ... Target ...")
   std::string negative_prompt;
   // uint8 [H, W, 3], any size up to 64 MP: scaled to at most the model's area with sides that
-  // are multiples of 16 (images that already fit are used as they are).
+  // are multiples of size_multiple() (16 for HiDream; images that already fit are used as
+  // they are).
   torch::Tensor image;
   double image_guidance_scale = 4.0;
   bool clip_cfg_norm = true;
@@ -88,6 +92,10 @@ struct HiDreamResult {
   // time, denoise the transformer's).
   StageTimings timings;
   std::vector<std::string> warnings;  // what the user should know that did not stop the run
+  // The step callback asked to finish early: the image is the denoised estimate after
+  // `steps_run` steps.
+  bool interrupted = false;
+  int steps_run = 0;
 };
 
 // Where the stages other than the transformer run; unset = the transformer's device (and
@@ -118,6 +126,9 @@ class HiDreamPipeline {
 
   // (width, height) after the I1 pipeline's area normalisation to area_side^2.
   std::pair<int, int> normalized_size(int width, int height, int area_side) const;
+  // (width, height) an edit's W x H source is scaled to; InvalidArgument when a side would be
+  // under size_multiple().
+  std::pair<int64_t, int64_t> edit_size(int64_t width, int64_t height) const;
 
   HiDreamResult text_to_image(const HiDreamTextToImage& request);
   HiDreamResult edit(const HiDreamEdit& request);
@@ -128,6 +139,12 @@ class HiDreamPipeline {
   // afterwards. FormatError/IoError naming the key or file; the weights are unchanged on error.
   void set_editing_lora(const std::string& path, const adapters::LoraOptions& options = {});
   void apply_editing_lora();  // (re)enables it after a refine phase
+  // A LoRA on the transformer (peft, diffusers or kohya key names; a file that changes none of
+  // its weights is refused), merged at `scale`; returns what it changed, for the user to read.
+  // E1-Full's refine phase switches it off with the editing LoRA, as peft's
+  // disable_adapters() does. Errors as set_editing_lora.
+  std::string add_lora(const std::string& path, double scale,
+                       const adapters::LoraOptions& options = {});
 
   // Replaces the scheduler (default: the folder's scheduler/scheduler_config.json).
   void set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler);
@@ -151,6 +168,11 @@ class HiDreamPipeline {
   // The side of the square whose area text-to-image renders (the transformer's max_resolution
   // in pixels, 1024 for HiDream-I1).
   int area_side() const;
+  // Pixels per latent pixel: 2 ** (len(vae.block_out_channels) - 1) from the VAE's config, as
+  // diffusers' vae_scale_factor (8 for the Flux VAE HiDream ships).
+  int64_t vae_scale_factor() const;
+  // What image sides must be multiples of: the VAE factor times the transformer's patch size.
+  int64_t size_multiple() const { return vae_scale_factor() * tconfig_.patch_size; }
 
  private:
   torch::Tensor initial_latents(const HiDreamSampling& s, int64_t h, int64_t w) const;
@@ -162,8 +184,9 @@ class HiDreamPipeline {
   torch::Tensor run_transformer(const torch::Tensor& input, const torch::Tensor& t,
                                 const HiDreamEmbeddings& text,
                                 const models::HiDreamForwardOptions& fwd, HiDreamStep& step);
+  // Records timings, steps_run and (after a finish_now()) interrupted and its warning in `out`.
   torch::Tensor denoise(const HiDreamSampling& s, torch::Tensor latents, const Velocity& velocity,
-                        StageTimings& timings);
+                        HiDreamResult& out);
   // Sets out.image, its timings and memory, and a warning if the VAE had to tile.
   void decode(const torch::Tensor& latents, const VaeTilingOptions& tiling, HiDreamResult& out);
   // NumericalError if the text encoders' outputs went NaN/Inf.
@@ -189,7 +212,9 @@ class HiDreamPipeline {
   models::HiDreamImageTransformer2DModel transformer_{nullptr};
   models::AutoencoderKL vae_{nullptr};
   std::unique_ptr<schedulers::Scheduler> scheduler_;
-  std::unique_ptr<adapters::LoraMerger> editing_lora_;
+  // The transformer's adapters: the E1 editing LoRA and the user's (add_lora).
+  adapters::LoraMerger& lora_merger(const char* what);
+  std::unique_ptr<adapters::LoraMerger> lora_;
   std::shared_ptr<adapters::LoraAdapter> editing_adapter_;
   int editing_lora_id_ = -1;
 };

@@ -132,14 +132,8 @@ void LoraSet::sync(size_t network) {
 
 std::vector<std::string> LoraSet::report() const {
   std::vector<std::string> lines;
-  for (const auto& w : wanted_) {
-    const auto& a = files_.at(w.path);
-    std::string line = w.path + " (scale " + c10::str(w.scale) +
-                       "): " + std::to_string(a.pairs.size() + a.full.size()) + " weights";
-    for (const auto& [net, count] : a.touched) line += ", " + net + " " + std::to_string(count);
-    for (const auto& warning : a.warnings) line += "; warning: " + warning;
-    lines.push_back(line);
-  }
+  for (const auto& w : wanted_)
+    lines.push_back(adapters::describe(files_.at(w.path), w.path, w.scale));
   return lines;
 }
 

@@ -20,6 +20,7 @@
 #include "nn/layers.h"
 #include "nn/load_weights.h"
 #include "parallel/branch_split.h"
+#include "pipeline/denoised_estimate.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/lora_set.h"
 #include "pipeline/memory_estimate.h"
@@ -379,7 +380,7 @@ int64_t StableDiffusion::latent_channels() const {
 
 std::optional<PromptEmbeddings> StableDiffusion::encode_weighted_prompts(
     const std::vector<std::string>& prompts, const std::vector<std::string>& negative_prompts,
-    int images_per_prompt, bool guidance) {
+    int images_per_prompt, bool guidance, PlainPrompts* plain_prompts) {
   std::vector<std::string> texts = prompts;
   if (guidance) {
     for (size_t i = 0; i < prompts.size(); ++i)
@@ -389,17 +390,34 @@ std::optional<PromptEmbeddings> StableDiffusion::encode_weighted_prompts(
   }
   PromptEmbeddings e;
   std::vector<std::vector<text::PromptChunk>> chunks;
+  std::vector<std::string> plain_texts;
   size_t most = 1;
   bool plain = true;
   for (const auto& t : texts) {
-    chunks.push_back(
-        text::chunk_prompt(*c_->tokenizer, text::parse_prompt_attention(t, &e.warnings)));
+    const auto parsed = text::parse_prompt_attention(t, &e.warnings);
+    plain_texts.push_back(text::plain_text(parsed));
+    chunks.push_back(text::chunk_prompt(*c_->tokenizer, parsed));
     most = std::max(most, chunks.back().size());
     for (const auto& c : chunks.back()) plain = plain && c.all_weights_one();
   }
-  // One chunk each and no weights: exactly the plain path (same ids; same batches, so the
-  // same bits as diffusers' encode_prompt).
-  if (plain && most == 1) return std::nullopt;
+  // One chunk each and every weight 1: the plain path on the texts without their syntax (the
+  // same ids as the chunks; the same batches, so the same bits as diffusers' encode_prompt).
+  if (plain && most == 1) {
+    if (plain_prompts) {
+      const auto split = plain_texts.begin() + static_cast<std::ptrdiff_t>(prompts.size());
+      plain_prompts->prompts.assign(plain_texts.begin(), split);
+      // The negative prompts as given (one for all or one per prompt), without their syntax.
+      if (guidance && !negative_prompts.empty()) {
+        for (const auto& n : negative_prompts)
+          plain_prompts->negative_prompts.push_back(
+              text::plain_text(text::parse_prompt_attention(n)));
+      } else {
+        plain_prompts->negative_prompts = negative_prompts;
+      }
+      plain_prompts->warnings = e.warnings;
+    }
+    return std::nullopt;
+  }
   const auto empty = text::chunk_prompt(*c_->tokenizer, text::parse_prompt_attention(""));
   const int64_t len = c_->tokenizer->model_max_length();
   const int64_t n = static_cast<int64_t>(texts.size()), k = static_cast<int64_t>(most);
@@ -446,8 +464,13 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
                                                 int images_per_prompt, bool guidance,
                                                 const std::string& prompt_syntax) {
   if (prompt_syntax == "a1111") {
-    auto weighted = encode_weighted_prompts(prompts, negative_prompts, images_per_prompt, guidance);
+    PlainPrompts plain;
+    auto weighted =
+        encode_weighted_prompts(prompts, negative_prompts, images_per_prompt, guidance, &plain);
     if (weighted) return *weighted;
+    auto e = encode_prompt(plain.prompts, plain.negative_prompts, images_per_prompt, guidance);
+    e.warnings.insert(e.warnings.begin(), plain.warnings.begin(), plain.warnings.end());
+    return e;
   }
   auto encode = [&](const std::vector<std::string>& texts, std::vector<bool>* truncated,
                     const char* name) {
@@ -523,11 +546,13 @@ GenerationResult StableDiffusion::denoise_and_decode(
   int64_t n = timesteps.size(0);
   accel::UNetAccelerator unet_accel(config, c_->unet_config, n, seed);
   device::CpuShareMeter cpu_meter(at::get_num_threads());
+  bool interrupted = false;
+  int steps_run = 0;
   for (int64_t i = 0; i < n; ++i) {
     double step_start = now_s();
     auto t = timesteps[i];
-    auto model_input = guidance ? torch::cat({latents, latents}) : latents;
-    model_input = scheduler.scale_model_input(model_input, t);
+    const auto scaled = scheduler.scale_model_input(latents, t);
+    auto model_input = guidance ? torch::cat({scaled, scaled}) : scaled;
     if (shard) model_input = shard->local(model_input);
     trace("step." + std::to_string(i) + ".t", t);
     trace("step." + std::to_string(i) + ".unet_timestep", t);
@@ -554,6 +579,7 @@ GenerationResult StableDiffusion::denoise_and_decode(
     if (shard) shard->check_replicated(latents, "latents after step " + std::to_string(i + 1));
     trace("step." + std::to_string(i) + ".latents", latents);
     timings.step_s.push_back(now_s() - step_start);
+    steps_run = static_cast<int>(i + 1);
     if (on_step) {
       StepEvent ev;
       ev.step = static_cast<int>(i);
@@ -561,9 +587,20 @@ GenerationResult StableDiffusion::denoise_and_decode(
       ev.timestep = t.item<double>();
       ev.elapsed_s = now_s() - start;
       ev.latents = &latents;
-      if (!on_step(ev))
+      const auto denoised = ddpm_denoised(scaled, noise_pred, ev.timestep,
+                                          scheduler.alphas_cumprod(), info_.prediction_type);
+      ev.denoised = &denoised;
+      const StepAction action = on_step(ev);
+      const bool last = i + 1 == n;
+      // Under CFG-parallel the other rank would wait for this one's next step.
+      if (action.cancel() || (action.finish() && shard && !last))
         throw Cancelled("cancelled by the step callback at step " + std::to_string(i + 1) + "/" +
                         std::to_string(n));
+      if (action.finish() && !last) {
+        latents = denoised;
+        interrupted = true;
+        break;
+      }
     }
   }
   timings.denoise_s = now_s() - start;
@@ -593,6 +630,11 @@ GenerationResult StableDiffusion::denoise_and_decode(
   result.images = to_images(result.images_float);
   result.latents = latents.to(torch::kCPU);
   result.seed = seed;
+  result.interrupted = interrupted;
+  result.steps_run = steps_run;
+  if (interrupted)
+    result.warnings.push_back("interrupted after step " + std::to_string(steps_run) + " of " +
+                              std::to_string(n) + ": the image is that step's denoised estimate");
   timings.peak_rss_bytes = device::memory_stats().peak_rss_bytes;
   result.timings = std::move(timings);
   return result;

@@ -65,10 +65,14 @@ class StableDiffusion {
                                  int images_per_prompt, bool guidance,
                                  const std::string& prompt_syntax = "plain");
   // The "a1111" syntax: chunks of 75 tokens, weights; nullopt when every text is one chunk
-  // without weights (then the plain path gives exactly the same).
+  // whose weights are all 1 (written "(fox:1.0)" or none at all): then `plain` holds the texts
+  // with the syntax taken out, which the plain path encodes exactly as A1111 does.
+  struct PlainPrompts {
+    std::vector<std::string> prompts, negative_prompts, warnings;
+  };
   std::optional<PromptEmbeddings> encode_weighted_prompts(
       const std::vector<std::string>& prompts, const std::vector<std::string>& negative_prompts,
-      int images_per_prompt, bool guidance);
+      int images_per_prompt, bool guidance, PlainPrompts* plain = nullptr);
   // -> [N, H, W, 3] float in [0,1], CPU; in tiles when `tiling` is set.
   torch::Tensor decode_latents(const torch::Tensor& latents,
                                const std::optional<models::VaeTiling>& tiling = std::nullopt);

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "device/cpu_threads.h"
@@ -26,10 +27,9 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
                              const HiDreamEngineOptions& hidream)
     : Engine(std::move(model_path)) {
   const double t0 = now_s();
-  if (!options.loras.empty())
-    throw InvalidArgument(
-        "--lora: adapters on HiDream models are not supported by the server yet (only the "
-        "E1-Full editing LoRA, --e1-lora)");
+  if (options.lora_mode != "merged")
+    throw InvalidArgument("--lora-mode " + options.lora_mode +
+                          ": LoRAs on HiDream's transformer are merged");
   if (options.offload)
     throw InvalidArgument("--offload: not supported for HiDream models by the server");
   device::configure_cpu_threads();
@@ -52,6 +52,11 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
     info_.loras.push_back(hidream.e1_lora + " (HiDream-E1-Full editing LoRA on " +
                           hidream.transformer + ")");
   }
+  for (const auto& l : options.loras) {
+    adapters::LoraOptions lo;
+    lo.lenient = options.lora_lenient;
+    info_.loras.push_back(pipe_->add_lora(l.path, l.scale, lo));
+  }
   info_.model = this->model_path();
   info_.device = device::device_name(device);
   info_.text_encoder_device = device::device_name(pipe_->text_device());
@@ -70,12 +75,18 @@ ModelDefaults HiDreamEngine::defaults() const {
   ModelDefaults d;
   d.width = info_.default_width;
   d.height = info_.default_height;
+  d.size_multiple = static_cast<int>(pipe_->size_multiple());
   d.steps = variant_.steps;  // the variant's reference settings (pipeline/hidream_variant.h)
   d.guidance_scale = variant_.guidance_scale;
   // I1 + the E1 LoRA is an editing model: its text-to-image would run on E1's weights.
   d.kinds = has_editing_lora_ ? std::vector<JobKind>{JobKind::edit}
                               : std::vector<JobKind>{JobKind::txt2img, JobKind::edit};
-  d.rescales_to_area = true;
+  const pipeline::HiDreamPipeline* pipe = pipe_.get();
+  d.txt2img_size = [pipe](int w, int h) { return pipe->normalized_size(w, h, pipe->area_side()); };
+  d.edit_size = [pipe](int w, int h) {
+    const auto [ew, eh] = pipe->edit_size(w, h);
+    return std::pair<int, int>(static_cast<int>(ew), static_cast<int>(eh));
+  };
   d.unet_accelerators = false;
   d.prompt_syntaxes = {"plain"};  // four text encoders, not one CLIP: prompts go in as written
   return d;
@@ -92,10 +103,8 @@ pipeline::HiDreamResult HiDreamEngine::run_one(const JobRequest& request, size_t
   s.vae_tiling = c.vae_tiling;
   s.on_step = [&](const pipeline::HiDreamStep& st) {
     std::string preview;
-    if (request.preview) preview = encode_png(preview_.project(st.latents));
-    if (!context.step(first_step + st.index + 1, total_steps, std::move(preview)))
-      throw Cancelled("cancelled at step " + std::to_string(st.index + 1) + "/" +
-                      std::to_string(c.steps));
+    if (request.preview) preview = encode_png(preview_.project(st.denoised));
+    return context.step(first_step + st.index + 1, total_steps, std::move(preview));
   };
   const std::string& negative = negative_prompt_for(c, prompt);
   if (request.kind == JobKind::edit) {
@@ -153,6 +162,10 @@ JobOutput HiDreamEngine::run(const JobRequest& request, JobContext& context) {
     p.dtype = info_.unet_dtype;
     out.images.push_back({encode_png(pipeline::to_images(r.image)[0], p.png_chunks()), p});
     add_timings(sum, r.timings);
+    for (const auto& w : r.warnings)
+      if (std::find(out.warnings.begin(), out.warnings.end(), w) == out.warnings.end())
+        out.warnings.push_back(w);
+    if (r.interrupted || context.interrupted()) break;  // A1111: the images so far
   }
   out.timings = timings_json(sum);
   return out;

@@ -56,15 +56,25 @@ HttpServer::HttpServer(Engine& engine, ServerOptions options) {
       }
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (key.empty() || is_public_path(req.path)) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (auth.compare(0, prefix.size(), prefix) != 0 ||
-        !constant_time_equal(auth.substr(prefix.size()), key)) {
-      res.set_header("WWW-Authenticate", "Bearer");
-      reply_error(res, 401,
-                  auth.empty() ? "this server needs an API key: send 'Authorization: Bearer KEY'"
-                               : "the API key is not valid");
+    if (!key.empty() && !is_public_path(req.path)) {
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string prefix = "Bearer ";
+      if (auth.compare(0, prefix.size(), prefix) != 0 ||
+          !constant_time_equal(auth.substr(prefix.size()), key)) {
+        res.set_header("WWW-Authenticate", "Bearer");
+        reply_error(res, 401,
+                    auth.empty() ? "this server needs an API key: send 'Authorization: Bearer KEY'"
+                                 : "the API key is not valid");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
+        !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding") &&
+        !is_bodyless_route(req.path)) {
+      reply_error(res, 400,
+                  "the " + req.method + " request to " + req.path +
+                      " has no Content-Length (nor chunked encoding): send the JSON body with its "
+                      "length");
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;

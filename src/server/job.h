@@ -77,7 +77,8 @@ struct JobSnapshot {
   JobProgress progress;
   std::shared_ptr<const JobOutput> output;  // when succeeded
   std::string error;                        // when failed or cancelled
-  uint64_t seq = 0;                         // grows with every change (events)
+  bool interrupted = false;  // asked to finish early (A1111's interrupt); its images are partial
+  uint64_t seq = 0;          // grows with every change (events)
   uint64_t seed = 0;
   double created_at = 0, started_at = 0, finished_at = 0;  // unix seconds, 0 = not yet
   nlohmann::json request;                                  // JobRequest::describe()

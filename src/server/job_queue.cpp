@@ -27,13 +27,14 @@ struct JobQueue::Job {
   JobRequest request;
   JobSnapshot snap;
   std::atomic<bool> cancel{false};
+  std::atomic<bool> interrupt{false};
   std::chrono::steady_clock::time_point started;
 };
 
 class JobQueue::Context : public JobContext {
  public:
   Context(JobQueue& q, Job& job) : q_(q), job_(job) {}
-  bool step(int done, int total, std::string preview_png) override {
+  StepAction step(int done, int total, std::string preview_png) override {
     std::lock_guard<std::mutex> lock(q_.mutex_);
     auto& p = job_.snap.progress;
     p.step = done;
@@ -47,9 +48,11 @@ class JobQueue::Context : public JobContext {
     }
     job_.snap.seq = ++q_.seq_;
     q_.change_cv_.notify_all();
-    return !job_.cancel.load();
+    if (job_.cancel.load()) return false;
+    return job_.interrupt.load() ? StepAction::finish_now() : StepAction(true);
   }
   bool cancelled() const override { return job_.cancel.load(); }
+  bool interrupted() const override { return job_.interrupt.load(); }
 
  private:
   JobQueue& q_;
@@ -139,6 +142,22 @@ std::optional<JobSnapshot> JobQueue::wait_finished(const std::string& id) const 
     return is_finished(job->snap.state) || (stopping_ && !running_ && waiting_.empty());
   });
   return snapshot(*job);
+}
+
+bool JobQueue::interrupt(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || is_finished(it->second->snap.state)) return false;
+    if (it->second->snap.state == JobState::running) {
+      it->second->interrupt = true;
+      it->second->snap.interrupted = true;
+      it->second->snap.seq = ++seq_;
+      change_cv_.notify_all();
+      return true;
+    }
+  }
+  return cancel(id);
 }
 
 bool JobQueue::cancel(const std::string& id) {

@@ -38,9 +38,12 @@ class JobContext {
  public:
   virtual ~JobContext() = default;
   // After each step: steps done / total over the whole job, an optional preview PNG. Returns
-  // false when the job was cancelled (the runner then stops, typically by throwing Cancelled).
-  virtual bool step(int done, int total, std::string preview_png) = 0;
+  // false when the job was cancelled (the runner then stops, typically by throwing Cancelled),
+  // StepAction::finish_now() when it was interrupted (the runner decodes what it has and
+  // starts no further image).
+  virtual StepAction step(int done, int total, std::string preview_png) = 0;
   virtual bool cancelled() const = 0;
+  virtual bool interrupted() const = 0;
 };
 
 using JobRunner = std::function<JobOutput(const JobRequest&, JobContext&)>;
@@ -69,6 +72,10 @@ class JobQueue {
   std::optional<JobSnapshot> wait_finished(const std::string& id) const;
   // false for an unknown or already finished job.
   bool cancel(const std::string& id);
+  // AUTOMATIC1111's interrupt: a running job finishes at its next step with the image as far as
+  // it got (it succeeds, marked interrupted); a waiting one is cancelled. false for an unknown
+  // or already finished job.
+  bool interrupt(const std::string& id);
   // The running job, else the most recently finished one.
   std::optional<JobSnapshot> current_or_last() const;
   std::optional<JobSnapshot> last_finished() const;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <mutex>
 #include <random>
+#include <tuple>
 
 #include "diffuse/errors.h"
 #include "pipeline/prompt_loras.h"
@@ -46,30 +47,46 @@ void finish(JobRequest& r, const ModelDefaults& model, const ServerLimits& limit
                           " jobs (it runs: " + model.kinds_text() + ")");
   if (r.kind != JobKind::txt2img && r.init_image.empty())
     throw InvalidArgument(std::string(to_string(r.kind)) + " needs an init image");
+  const int m = std::max(1, model.size_multiple);
   if (r.kind == JobKind::edit) {
     // The edit pipeline scales the source to the model's area itself.
     if (c.width != 0 || c.height != 0)
       throw InvalidArgument(
           "width/height (size): an edit keeps the source image's aspect ratio at the model's "
           "area; leave them out");
-    c.width = r.init_image.width / 8 * 8;
-    c.height = r.init_image.height / 8 * 8;
+    if (model.edit_size) {
+      std::tie(c.width, c.height) = model.edit_size(r.init_image.width, r.init_image.height);
+    } else {
+      c.width = r.init_image.width / m * m;
+      c.height = r.init_image.height / m * m;
+    }
   } else if (r.kind == JobKind::img2img) {
-    if (c.width == 0) c.width = r.init_image.width / 8 * 8;
-    if (c.height == 0) c.height = r.init_image.height / 8 * 8;
+    if (c.width == 0) c.width = r.init_image.width / m * m;
+    if (c.height == 0) c.height = r.init_image.height / m * m;
   } else {
     if (c.width == 0) c.width = model.width;
     if (c.height == 0) c.height = model.height;
   }
-  if (c.width > limits.max_side || c.height > limits.max_side ||
-      int64_t{c.width} * c.height > limits.max_pixels)
-    throw InvalidArgument("size " + std::to_string(c.width) + "x" + std::to_string(c.height) +
+  // The size made: a HiDream txt2img request's width x height is only its aspect ratio.
+  const bool aspect_only = r.kind == JobKind::txt2img && model.txt2img_size;
+  int made_w = c.width, made_h = c.height;
+  if (aspect_only) {
+    if (c.width < 1 || c.height < 1)
+      throw InvalidArgument("width and height must be positive, got " + std::to_string(c.width) +
+                            "x" + std::to_string(c.height));
+    std::tie(made_w, made_h) = model.txt2img_size(c.width, c.height);
+  }
+  if (made_w > limits.max_side || made_h > limits.max_side ||
+      int64_t{made_w} * made_h > limits.max_pixels)
+    throw InvalidArgument("size " + std::to_string(made_w) + "x" + std::to_string(made_h) +
                           " is above this server's limit (sides up to " +
                           std::to_string(limits.max_side) + ", at most " +
                           std::to_string(limits.max_pixels) + " pixels)");
-  if (c.width < 8 || c.height < 8 || c.width % 8 || c.height % 8)
-    throw InvalidArgument("width and height must be multiples of 8 of at least 8, got " +
-                          std::to_string(c.width) + "x" + std::to_string(c.height));
+  if (!aspect_only && (c.width < m || c.height < m || c.width % m || c.height % m))
+    throw InvalidArgument("width and height must be multiples of " + std::to_string(m) +
+                          " of at least " + std::to_string(m) + " for this model, got " +
+                          std::to_string(c.width) + "x" + std::to_string(c.height) +
+                          (r.kind == JobKind::txt2img ? "" : " (from the init image's size)"));
   if (c.steps > limits.max_steps)
     throw InvalidArgument("steps: " + std::to_string(c.steps) +
                           " is above this server's limit of " + std::to_string(limits.max_steps));

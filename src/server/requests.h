@@ -2,8 +2,10 @@
 // (/sdapi/v1/txt2img, img2img) and OpenAI's (/v1/images/generations, edits). Every field is
 // type- and range-checked against the server's limits before anything is allocated.
 #pragma once
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/job.h"
@@ -14,15 +16,19 @@ namespace diffuse::server {
 // What a request falls back to, and what the loaded model can do.
 struct ModelDefaults {
   int width = 512, height = 512;
+  // What image sides must be multiples of: the VAE's scale factor (times the patch size of a
+  // transformer), from the model's configs.
+  int size_multiple = 8;
   std::string scheduler;  // the model's own
   int steps = 25;
   double guidance_scale = 7.5;
   std::vector<JobKind> kinds = {JobKind::txt2img, JobKind::img2img};
   // Scheduler names a request may choose; empty: only the model's own.
   std::vector<std::string> schedulers;
-  // Whether width x height is only the aspect ratio of an image rescaled to the model's area
-  // (HiDream-I1), rather than the size made.
-  bool rescales_to_area = false;
+  // Models that scale images to their own area (HiDream): the size a txt2img request's width x
+  // height (only an aspect ratio there) and an edit's source image become; InvalidArgument when
+  // a side would vanish. Unset: the size is the one made, in multiples of size_multiple.
+  std::function<std::pair<int, int>(int width, int height)> txt2img_size, edit_size;
   // Prompt syntaxes the model's text encoder takes ("a1111" needs a CLIP tokenizer), the first
   // being the default of the native and A1111 APIs.
   std::vector<std::string> prompt_syntaxes = {"a1111", "plain"};

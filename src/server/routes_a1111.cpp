@@ -76,7 +76,14 @@ void generate(ServerState& state, const httplib::Request& req, httplib::Response
   });
 }
 
+constexpr const char* kInterrupt = "/sdapi/v1/interrupt";
+constexpr const char* kSkip = "/sdapi/v1/skip";
+
 }  // namespace
+
+bool is_bodyless_route(const std::string& path) {
+  return path == kInterrupt || path == kSkip;
+}
 
 void add_a1111_routes(httplib::Server& server, ServerState& state) {
   server.Post("/sdapi/v1/txt2img", [&state](const httplib::Request& req, httplib::Response& res) {
@@ -91,7 +98,7 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
     auto job = state.queue.current_or_last();
     nlohmann::json progress_state = {
         {"skipped", false},
-        {"interrupted", job && job->state == JobState::cancelled},
+        {"interrupted", job && (job->interrupted || job->state == JobState::cancelled)},
         {"job", job ? job->id : ""},
         {"job_count", state.queue.waiting() + (job && job->state == JobState::running ? 1 : 0)},
         {"job_timestamp", job ? std::to_string(static_cast<int64_t>(job->created_at)) : "0"},
@@ -113,16 +120,23 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
                 {"textinfo", running ? nlohmann::json("sampling") : nlohmann::json()}});
   });
 
-  server.Post("/sdapi/v1/interrupt", [&state](const httplib::Request&, httplib::Response& res) {
+  // A1111 clients send these with no body, an empty one or {}: the body is not read. The
+  // running job finishes at its next step and its request gets the images as far as they got
+  // (A1111 decodes the last step's denoised estimate); skip does the same (diffuse runs a
+  // job's batches as one, so there is no next batch to go on with).
+  // Registered with a content reader: httplib answers a POST with neither Content-Length nor
+  // chunked encoding (curl -X POST) 400 before a plain handler runs; a reader handler runs
+  // first and drains a body only where there is one.
+  auto interrupt = [&state](const httplib::Request& req, httplib::Response& res,
+                            const httplib::ContentReader& content) {
+    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
+      content([](const char*, size_t) { return true; });
     auto job = state.queue.current_or_last();
-    if (job && job->state == JobState::running) state.queue.cancel(job->id);
+    if (job && job->state == JobState::running) state.queue.interrupt(job->id);
     reply_json(res, nlohmann::json::object());
-  });
-  server.Post("/sdapi/v1/skip", [&state](const httplib::Request&, httplib::Response& res) {
-    auto job = state.queue.current_or_last();
-    if (job && job->state == JobState::running) state.queue.cancel(job->id);
-    reply_json(res, nlohmann::json::object());
-  });
+  };
+  server.Post(kInterrupt, interrupt);
+  server.Post(kSkip, interrupt);
 
   server.Get("/sdapi/v1/samplers", [&state](const httplib::Request&, httplib::Response& res) {
     nlohmann::json out = nlohmann::json::array();

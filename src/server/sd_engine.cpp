@@ -1,5 +1,7 @@
 #include "server/sd_engine.h"
 
+#include "pipeline/stable_diffusion.h"
+
 #include <set>
 
 namespace diffuse::server {
@@ -13,6 +15,7 @@ ModelDefaults SdEngine::defaults() const {
   ModelDefaults d;
   d.width = info().default_width;
   d.height = info().default_height;
+  d.size_multiple = t2i_.impl()->vae_scale_factor();
   d.scheduler = "";  // the model's own, resolved by the pipeline
   d.schedulers = scheduler_names();
   return d;
@@ -29,7 +32,8 @@ JobOutput SdEngine::run(const JobRequest& request, JobContext& context) {
     g.seed = seed + static_cast<uint64_t>(b);
     auto on_step = [&](const StepEvent& e) {
       std::string preview;
-      if (request.preview && e.latents) preview = encode_png(preview_.project(*e.latents));
+      const torch::Tensor* shown = e.denoised ? e.denoised : e.latents;
+      if (request.preview && shown) preview = encode_png(preview_.project(*shown));
       return context.step(b * e.num_steps + e.step + 1, request.batch_count * e.num_steps,
                           std::move(preview));
     };
@@ -57,6 +61,7 @@ JobOutput SdEngine::run(const JobRequest& request, JobContext& context) {
     add_timings(sum, r.timings);
     for (const auto& w : r.warnings)
       if (warnings.insert(w).second) out.warnings.push_back(w);
+    if (r.interrupted || context.interrupted()) break;  // A1111: the images so far
   }
   out.timings = timings_json(sum);
   return out;

@@ -44,6 +44,10 @@ JobSnapshot run_to_end(ServerState& state, JobRequest request);
 
 void add_native_routes(httplib::Server& server, ServerState& state);
 void add_a1111_routes(httplib::Server& server, ServerState& state);
+// POST routes that clients call without a body (A1111's interrupt and skip); every other POST
+// without Content-Length or chunked encoding is refused at once (httplib would wait for the
+// connection to close, its read timeout, and then answer 400).
+bool is_bodyless_route(const std::string& path);
 void add_openai_routes(httplib::Server& server, ServerState& state);
 void add_web_routes(httplib::Server& server);
 

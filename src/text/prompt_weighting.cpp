@@ -154,6 +154,13 @@ std::vector<WeightedText> parse_prompt_attention(const std::string& prompt,
   return res;
 }
 
+std::string plain_text(const std::vector<WeightedText>& parsed) {
+  std::string text;
+  for (const auto& p : parsed)
+    if (!p.is_break) text += p.text;
+  return text;
+}
+
 bool PromptChunk::all_weights_one() const {
   for (float w : weights)
     if (w != 1.0f) return false;

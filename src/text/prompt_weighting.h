@@ -27,6 +27,10 @@ constexpr double kMaxPromptWeight = 10.0;
 std::vector<WeightedText> parse_prompt_attention(const std::string& prompt,
                                                  std::vector<std::string>* warnings = nullptr);
 
+// The prompt's text with the syntax taken out (brackets, weights, escapes; BREAKs dropped):
+// what a prompt whose weights all come out 1 means, e.g. "a (fox:1.0)" -> "a fox".
+std::string plain_text(const std::vector<WeightedText>& parsed);
+
 // One chunk: model_max_length ids (BOS, up to 75 tokens, EOS, padding) and a weight per id.
 struct PromptChunk {
   std::vector<int64_t> ids;

@@ -86,6 +86,7 @@ CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
     traced[k + "transformer_timesteps"] = st.transformer_timesteps.to(torch::kCPU).clone();
     traced[k + "transformer_out"] = st.transformer_out.to(torch::kCPU).clone();
     traced[k + "latents"] = st.latents.to(torch::kCPU).clone();
+    return true;
   };
 
   pipeline::HiDreamResult result;
