@@ -1,6 +1,6 @@
 // nn::Conv2d's packed weight copy (bf16 CPU convolutions below 32x32 pixels): the same
-// results as the plain path, a copy that follows every write to the weight, and no copy where
-// it does not apply.
+// results as the plain path, one copy of the weights (the packed one replaces the plain one),
+// a copy that follows every write to the weight, and no copy where it does not apply.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -83,6 +83,12 @@ TEST(ConvPacking, TheCopyFollowsInPlaceWritesAndReplacedWeights) {
   if (packing_expected()) {
     EXPECT_GT(net->conv_in->packed_bytes(), 0);
   }
+  if (packing_expected()) {
+    EXPECT_TRUE(net->conv_in->plain_weight_released());
+    EXPECT_THROW(net->conv_in->weight.mul_(-0.5), c10::Error)
+        << "a write that skips drop_packed_weights fails instead of going nowhere";
+  }
+  nn::drop_packed_weights(*net);  // writers give the plain weights back first
   net->conv_in->weight.mul_(-0.5);
   // (plain_output drops the copies: the packed result must come first.)
   const auto after_write = net->forward(x);
@@ -108,9 +114,9 @@ TEST(ConvPacking, InferenceTensorWritersDropTheCopies) {
   ASSERT_TRUE(net->conv_in->weight.is_inference());
   nn::set_weight_packing(*net, true);
   net->forward(x);
-  net->conv_in->weight.add_(0.25);
   nn::drop_packed_weights(*net);
   EXPECT_EQ(nn::packed_weight_bytes(*net), 0);
+  net->conv_in->weight.add_(0.25);
   const auto after = net->forward(x);
   EXPECT_TRUE(torch::equal(after, plain_output(net, x)));
 }
@@ -133,6 +139,43 @@ TEST(ConvPacking, MergedLoraReachesPackedConvolutions) {
   net->forward(x);  // packed again
   merger.remove(id);
   EXPECT_TRUE(torch::equal(net->forward(x), before)) << "the original weights are back";
+}
+
+// One copy of the weights, not two (issue 36: +0.9 GiB for SD2.1): the plain storage goes when
+// the packed copy is made, and the exact values come back whenever the plain path needs them.
+TEST(ConvPacking, ThePackedCopyReplacesThePlainWeight) {
+  if (!packing_expected()) GTEST_SKIP() << "no oneDNN bf16 convolutions on this CPU";
+  torch::NoGradGuard no_grad;
+  auto net = bf16_net(12);
+  std::map<std::string, torch::Tensor> original;
+  for (const auto& p : net->named_parameters()) original[p.key()] = p.value().clone();
+  const auto x = input({2, 64, 8, 8}, 13);
+  const auto expected = plain_output(net, x);
+  nn::set_weight_packing(*net, true);
+  EXPECT_TRUE(torch::equal(net->forward(x), expected));
+  for (const nn::Conv2d* conv : {&net->conv_in, &net->down, &net->shortcut}) {
+    EXPECT_TRUE((*conv)->plain_weight_released());
+    EXPECT_LE((*conv)->weight.storage().nbytes(), 2u) << "the plain storage is freed";
+    EXPECT_EQ((*conv)->weight.sizes(), original
+                                           .at(conv == &net->conv_in ? "conv_in.weight"
+                                               : conv == &net->down  ? "down.weight"
+                                                                     : "shortcut.weight")
+                                           .sizes());
+  }
+  // 32x32 runs channels-last on the plain weight: it comes back, exactly.
+  const auto large = input({1, 64, 32, 32}, 14).contiguous(torch::MemoryFormat::ChannelsLast);
+  const auto large_out = net->forward(large);
+  EXPECT_FALSE(net->conv_in->plain_weight_released());
+  EXPECT_TRUE(torch::equal(net->conv_in->weight, original.at("conv_in.weight")));
+  nn::set_weight_packing(*net, false);
+  EXPECT_TRUE(torch::equal(net->forward(large), large_out));
+  // Readers outside forward: drop_packed_weights gives every exact value back.
+  nn::set_weight_packing(*net, true);
+  net->forward(x);
+  nn::drop_packed_weights(*net);
+  for (const auto& p : net->named_parameters())
+    EXPECT_TRUE(torch::equal(p.value(), original.at(p.key()))) << p.key();
+  EXPECT_TRUE(torch::equal(net->forward(x), expected));
 }
 
 TEST(ConvPacking, NoCopyWhereItDoesNotApply) {

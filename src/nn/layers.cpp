@@ -183,7 +183,7 @@ torch::Tensor Conv2dImpl::packed_weight(const torch::Tensor& input) {
   if (!packed_.defined() ||
       packed_storage_.unsafeGetStorageImpl() != weight.storage().unsafeGetStorageImpl() ||
       packed_from_ != weight.data_ptr() || packed_version_ != version) {
-    drop_packed();  // the stale copy (and the old storage) go before the new copy is made
+    drop_packed_locked();  // the stale copy (and the old storage) go before the new copy is made
     // A copy is a speed-up, never worth running short of memory: without room for it and
     // 1 GiB more, this call takes the plain path (and the next one asks again).
     constexpr int64_t kHeadroom = int64_t{1} << 30;
@@ -199,14 +199,37 @@ torch::Tensor Conv2dImpl::packed_weight(const torch::Tensor& input) {
       g_packing_failed = true;
       return {};
     }
+    {
+      // One copy: the weight keeps its shape, dtype and device over one element (expanded, so
+      // that an in-place write without drop_packed first fails instead of going nowhere).
+      torch::NoGradGuard no_grad;
+      weight.set_data(torch::zeros({1}, weight.options()).expand(weight.sizes()));
+      released_ = true;
+    }
+    device::empty_cache(torch::kCPU);
     packed_storage_ = weight.storage();
     packed_from_ = weight.data_ptr();
-    packed_version_ = version;
+    packed_version_ = weight.is_inference() ? -1 : static_cast<int64_t>(weight._version());
   }
   return packed_;
 }
 
 void Conv2dImpl::drop_packed() {
+  std::lock_guard<std::mutex> lock(packing_mutex());
+  drop_packed_locked();
+}
+
+void Conv2dImpl::drop_packed_locked() {
+  if (released_) {
+    // The plain values come back unless the weight was replaced meanwhile (then the new one is
+    // the weight, and the packed copy is stale).
+    if (packed_.defined() &&
+        packed_storage_.unsafeGetStorageImpl() == weight.storage().unsafeGetStorageImpl()) {
+      torch::NoGradGuard no_grad;
+      weight.set_data(packed_.to_dense().contiguous());
+    }
+    released_ = false;
+  }
   packed_ = torch::Tensor();
   packed_storage_ = c10::Storage();
   packed_from_ = nullptr;
@@ -237,6 +260,8 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
       y = winograd_conv3x3(input, weight, bias);  // widens a 16-bit weight itself
     }
   }
+  // The plain path needs the plain weight back if the packed copy holds it.
+  if (!y.defined() && released_) drop_packed();
   // _conv_forward adds `bias`: kept in the compute dtype (only weights stay 16-bit).
   if (!y.defined())
     y = weight.scalar_type() == input.scalar_type()
@@ -253,19 +278,20 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
 }
 
 void set_weight_packing(torch::nn::Module& module, bool enabled) {
-  std::lock_guard<std::mutex> lock(packing_mutex());
   for (const auto& m : module.modules()) {
     if (auto* conv = dynamic_cast<Conv2dImpl*>(m.get())) {
-      conv->pack_weight = enabled;
-      if (!enabled) conv->drop_packed();
+      {
+        std::lock_guard<std::mutex> lock(packing_mutex());
+        conv->pack_weight = enabled;
+      }
+      if (!enabled) conv->drop_packed();  // locks itself
     }
   }
 }
 
 void drop_packed_weights(torch::nn::Module& module) {
-  std::lock_guard<std::mutex> lock(packing_mutex());
   for (const auto& m : module.modules())
-    if (auto* conv = dynamic_cast<Conv2dImpl*>(m.get())) conv->drop_packed();
+    if (auto* conv = dynamic_cast<Conv2dImpl*>(m.get())) conv->drop_packed();  // locks itself
 }
 
 int64_t packed_weight_bytes(const torch::nn::Module& module) {

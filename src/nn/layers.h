@@ -57,13 +57,23 @@ class Conv2dImpl : public torch::nn::Conv2dImpl {
   // counter; see drop_packed_weights for inference tensors and writes through .data()). A
   // replaced weight's old storage lives until the next forward or drop_packed_weights. Off by
   // default; set_weight_packing turns it on for a network.
+  // The packed copy replaces the plain one (one copy of the weights, not two): the weight keeps
+  // its shape over a 2-byte placeholder and comes back from the packed copy (oneDNN's to_dense,
+  // exact) when a call cannot take the packed path (another resolution, gradients) or
+  // drop_packed() runs, which every reader and writer outside forward calls first
+  // (drop_packed_weights); an in-place write to the placeholder fails loudly.
   bool pack_weight = false;
+  // Drops the packed copy, giving the weight its plain values back first if they were given up.
   void drop_packed();
   int64_t packed_bytes() const;  // of the packed copy; 0 when there is none
+  // Whether the weight's plain storage was given up for the packed copy.
+  bool plain_weight_released() const { return released_; }
 
  private:
   torch::Tensor packed_weight(const torch::Tensor& input);
+  void drop_packed_locked();  // drop_packed with the packing lock held
   torch::Tensor packed_;
+  bool released_ = false;
   // What packed_ was made from: the weight's storage, held so that its address cannot come
   // back as a new weight's, its first element's address and its version.
   c10::Storage packed_storage_;
@@ -88,9 +98,10 @@ inline const torch::Tensor& compute_reference(const Conv2dImpl& layer) {
 // packed copies.
 void set_weight_packing(torch::nn::Module& module, bool enabled);
 
-// Frees the packed copies of `module`'s convolutions; they are made again at their next
-// forward. For code that writes weights in place where no version counts the write (weights
-// built under InferenceMode, writes through .data()), or that swaps weights out to free them.
+// Frees the packed copies of `module`'s convolutions and gives their weights the plain values
+// back; the copies are made again at their next forward. Call it before reading or writing the
+// weights outside forward (saving, merging LoRA, moving or swapping them out): a packed
+// convolution holds its weight only in the packed copy.
 void drop_packed_weights(torch::nn::Module& module);
 
 // Bytes held by the packed weight copies of `module`'s convolutions (0 until a forward packs).
