@@ -472,8 +472,8 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
     e.warnings.insert(e.warnings.begin(), plain.warnings.begin(), plain.warnings.end());
     return e;
   }
-  auto encode = [&](const std::vector<std::string>& texts, std::vector<bool>* truncated,
-                    const char* name) {
+  auto tokenize = [&](const std::vector<std::string>& texts, std::vector<bool>* truncated,
+                      const char* name) {
     auto batch = c_->tokenizer->encode_padded(texts);
     int64_t n = static_cast<int64_t>(batch.input_ids.size());
     int64_t len = n ? static_cast<int64_t>(batch.input_ids[0].size()) : 0;
@@ -482,20 +482,20 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
       for (int64_t j = 0; j < len; ++j) ids[i][j] = batch.input_ids[i][j];
     trace(name, ids);
     if (truncated) *truncated = batch.truncated;
-    auto out = c_->text_encoder()->forward(ids.to(c_->text_device)).last_hidden_state;
-    return out;
+    return ids;
+  };
+  auto encode = [&](const torch::Tensor& ids) {
+    return c_->text_encoder()->forward(ids.to(c_->text_device)).last_hidden_state;
   };
   PromptEmbeddings e;
-  auto pos = encode(prompts, &e.truncated, "text_input_ids");
+  const auto ids = tokenize(prompts, &e.truncated, "text_input_ids");
   auto limit = std::to_string(c_->tokenizer->model_max_length());
   for (size_t i = 0; i < e.truncated.size(); ++i)
     if (e.truncated[i])
       e.warnings.push_back("prompt " + std::to_string(i + 1) + " is longer than " + limit +
                            " tokens and was truncated (the text encoder sees only the first " +
                            limit + ")");
-  trace("prompt_embeds", pos);
-  // Each prompt's copies stay adjacent, as diffusers' repeat + view does.
-  e.positive = pos.repeat_interleave(images_per_prompt, 0);
+  torch::Tensor pos, negative;
   if (guidance) {
     std::vector<std::string> neg;
     if (negative_prompts.empty())
@@ -505,14 +505,31 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
     else
       neg = negative_prompts;
     std::vector<bool> neg_truncated;
-    auto n = encode(neg, &neg_truncated, "negative_text_input_ids");
+    const auto neg_ids = tokenize(neg, &neg_truncated, "negative_text_input_ids");
     for (size_t i = 0; i < neg_truncated.size(); ++i)
       if (neg_truncated[i])
         e.warnings.push_back("negative prompt " + std::to_string(i + 1) + " is longer than " +
                              limit + " tokens and was truncated");
-    trace("negative_prompt_embeds", n);
-    e.negative = n.repeat_interleave(images_per_prompt, 0);
+    if (c_->text_dtype == torch::kFloat32) {
+      // Two batches, as diffusers' encode_prompt: the same bits as the reference.
+      pos = encode(ids);
+      negative = encode(neg_ids);
+    } else {
+      // 16-bit: one forward for both, twice the rows per matmul. LibTorch's oneDNN runs a
+      // [154, 1024] bf16 product at 1.6x the rows per second of a [77, 1024] one (measured
+      // on an AMX Xeon: 0.66 ms against 2 x 0.53 ms for SD2.1's 1024 x 1024 projections).
+      auto both = encode(torch::cat({ids, neg_ids}));
+      pos = both.narrow(0, 0, ids.size(0));
+      negative = both.narrow(0, ids.size(0), neg_ids.size(0));
+    }
+    trace("negative_prompt_embeds", negative);
+  } else {
+    pos = encode(ids);
   }
+  trace("prompt_embeds", pos);
+  // Each prompt's copies stay adjacent, as diffusers' repeat + view does.
+  e.positive = pos.repeat_interleave(images_per_prompt, 0);
+  if (guidance) e.negative = negative.repeat_interleave(images_per_prompt, 0);
   return e;
 }
 
