@@ -5,9 +5,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "diffuse/errors.h"
 #include "diffuse/pipeline.h"
+#include "io/model_folder.h"
 #include "pipeline/denoised_estimate.h"
+#include "pipeline/hidream.h"
+#include "test_util.h"
+#include "verify/golden.h"
 
 namespace diffuse {
 namespace test_denoised_estimate {
@@ -104,6 +110,33 @@ TEST(DenoisedEstimate, FinishNowDecodesTheStepsEstimate) {
   const double from_xt = (xt - full.latents).norm().item<double>();
   EXPECT_LT(from_x0, from_xt);
   EXPECT_THROW(t2i.generate(g, [](const StepEvent&) { return false; }), Cancelled);
+}
+
+// HiDream (flow matching): the step's estimate x_t - sigma v, and finish_now() decodes it.
+TEST(DenoisedEstimate, HiDreamFinishNowDecodesTheFlowEstimate) {
+  const auto golden = test::hidream_golden_dir();
+  if (!std::filesystem::exists(golden + "/cases.json")) GTEST_SKIP() << "no golden set";
+  auto folder = io::ModelFolder::open(verify::GoldenSet::load(golden).model_dir());
+  pipeline::HiDreamPipeline pipe(folder, torch::kCPU, torch::kFloat32);
+  pipeline::HiDreamTextToImage t;
+  t.prompt = "a red fox";
+  t.sampling.steps = 3;
+  t.sampling.seed = 4;
+  torch::Tensor at_stop;
+  t.sampling.on_step = [&](const pipeline::HiDreamStep& st) -> StepAction {
+    EXPECT_TRUE(st.denoised.defined());
+    if (st.index == 0) return true;
+    at_stop = st.denoised.to(torch::kCPU).clone();
+    return StepAction::finish_now();
+  };
+  const auto r = pipe.text_to_image(t);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps_run, 2);
+  ASSERT_TRUE(at_stop.defined());
+  EXPECT_TRUE(r.latents.equal(at_stop));
+  EXPECT_EQ(r.image.dim(), 4);
+  t.sampling.on_step = [](const pipeline::HiDreamStep&) { return StepAction(false); };
+  EXPECT_THROW(pipe.text_to_image(t), Cancelled);
 }
 
 }  // namespace test_denoised_estimate
