@@ -24,6 +24,7 @@
 #include "pipeline/hidream.h"
 #include "pipeline/image_parameters.h"
 #include "pipeline/memory_report.h"
+#include "pipeline/model_source.h"
 #include "pipeline/prompt_loras.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
@@ -237,8 +238,9 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     }
   }
   // Check everything that does not need the model before the (slow) load.
-  pipeline::validate_generation_config(g, img2img);
   if (!fs::exists(f.model)) throw IoError("model '" + f.model + "' does not exist");
+  pipeline::validate_generation_config(g, img2img,
+                                       pipeline::vae_scale_factor_of(f.model, f.load.config_dir));
   LoadOptions lo = to_load_options(f.load);
   // A1111's <lora:NAME:SCALE> tags: out of the prompts, into the load options (one load, one
   // merge for every image of the run).

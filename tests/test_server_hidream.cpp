@@ -143,6 +143,33 @@ TEST(ServerHiDream, Txt2ImgAndOpenAiEditsRunAsHiDreamJobs) {
   EXPECT_TRUE(saw_edit) << jobs.dump();
 }
 
+// Sizes the pipeline would refuse are refused when the request arrives (400, nothing queued),
+// from the model's own size rules: an aspect ratio whose short side vanishes at the model's
+// area, an edit source smaller than the VAE factor times the patch.
+TEST(ServerHiDream, SizesThePipelineCannotMakeAreRefusedAtOnce) {
+  SKIP_WITHOUT_HIDREAM();
+  TestServer server(hidream_engine(), {});
+  auto c = server.client();
+  expect_error(c->Post("/v1/jobs", json{{"prompt", "x"}, {"width", 2048}, {"height", 8}}.dump(),
+                       "application/json"),
+               400, "has no side of at least");
+  expect_error(
+      c->Post("/v1/jobs",
+              json{{"mode", "edit"}, {"prompt", "x"}, {"init_image", demo_png_base64(8, 8)}}.dump(),
+              "application/json"),
+      400, "each side needs at least");
+  httplib::MultipartFormDataItems items = {
+      {"image", server::base64_decode(demo_png_base64(8, 8), "png"), "in.png", "image/png"},
+      {"prompt", "make it red", "", ""}};
+  expect_error(c->Post("/v1/images/edits", items), 400, "each side needs at least");
+  EXPECT_EQ(server.queue().counts().submitted, 0u);
+  // An aspect ratio that is no multiple of 16 is fine: it is only a ratio.
+  auto ok = c->Post("/v1/jobs",
+                    json{{"prompt", "x"}, {"width", 1000}, {"height", 700}, {"steps", 1}}.dump(),
+                    "application/json");
+  EXPECT_EQ(ok->status, 202) << ok->body;
+}
+
 TEST(ServerHiDream, RefusesWhatAHiDreamModelDoesNotRun) {
   SKIP_WITHOUT_HIDREAM();
   TestServer server(hidream_engine(), {});

@@ -10,6 +10,7 @@
 #include "diffuse/errors.h"
 #include "io/ldm_checkpoint.h"
 #include "io/model_folder.h"
+#include "models/autoencoder_kl.h"
 
 namespace fs = std::filesystem;
 
@@ -105,6 +106,17 @@ ModelSource open_model_source(const std::string& path, const ModelSourceOptions&
         "'" + path +
         "' is a pickled checkpoint; diffuse only reads .safetensors (convert it first)");
   return from_single_file(path, options);
+}
+
+int vae_scale_factor_of(const std::string& path, const std::string& config_dir) {
+  namespace fs = std::filesystem;
+  const bool folder = fs::is_directory(path) && fs::exists(fs::path(path) / "model_index.json");
+  const std::string dir = folder ? path : config_dir;
+  if (dir.empty()) return 8;
+  const auto f = io::ModelFolder::open(dir);
+  if (!f.has_component("vae")) return 8;
+  return static_cast<int>(
+      models::AutoencoderKLConfig::from_json(f.component_config("vae")).spatial_factor());
 }
 
 }  // namespace diffuse::pipeline

@@ -28,4 +28,10 @@ struct ModelSourceOptions {
 // Throws IoError when `path` does not exist, FormatError/ConfigError when it is not a model.
 ModelSource open_model_source(const std::string& path, const ModelSourceOptions& options);
 
+// The VAE scale factor a model runs with, from its configs alone (before anything loads): the
+// diffusers folder's vae/config.json (or that of `config_dir`, for a single file), else 8 (the
+// VAE of every Stable Diffusion 1.x/2.x single-file checkpoint). ConfigError for a malformed
+// VAE config.
+int vae_scale_factor_of(const std::string& path, const std::string& config_dir);
+
 }  // namespace diffuse::pipeline

@@ -148,7 +148,7 @@ struct StableDiffusion::Components {
   }
 };
 
-void validate_generation_config(const GenerationConfig& c, bool image2image) {
+void validate_generation_config(const GenerationConfig& c, bool image2image, int size_multiple) {
   if (c.prompts.empty()) throw InvalidArgument("no prompt given (prompts is empty)");
   if (!c.negative_prompts.empty() && c.negative_prompts.size() != 1 &&
       c.negative_prompts.size() != c.prompts.size())
@@ -159,9 +159,11 @@ void validate_generation_config(const GenerationConfig& c, bool image2image) {
   if (c.images_per_prompt < 1)
     throw InvalidArgument("images per prompt must be >= 1, got " +
                           std::to_string(c.images_per_prompt));
-  if (c.width < 0 || c.height < 0 || c.width % 8 != 0 || c.height % 8 != 0)
-    throw InvalidArgument("width and height must be positive multiples of 8, got " +
-                          std::to_string(c.width) + "x" + std::to_string(c.height));
+  const int m = std::max(1, size_multiple);
+  if (c.width < 0 || c.height < 0 || c.width % m != 0 || c.height % m != 0)
+    throw InvalidArgument("width and height must be positive multiples of " + std::to_string(m) +
+                          " (the VAE's scale factor), got " + std::to_string(c.width) + "x" +
+                          std::to_string(c.height));
   if (c.width > 8192 || c.height > 8192)
     throw InvalidArgument("width/height above 8192 are not supported, got " +
                           std::to_string(c.width) + "x" + std::to_string(c.height));
@@ -668,7 +670,7 @@ int StableDiffusion::cpu_threads_for(const GenerationConfig& config, int64_t ima
 
 GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
                                              const StepCallback& on_step) {
-  validate_generation_config(config, false);
+  validate_generation_config(config, false, vae_scale_factor());
   accel::validate_accel_config(config, c_->unet_config);
   check_memory(config, config.width ? config.width : info_.default_width,
                config.height ? config.height : info_.default_height);
@@ -709,7 +711,7 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
 GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
                                               const torch::Tensor& init,
                                               const StepCallback& on_step) {
-  validate_generation_config(config, true);
+  validate_generation_config(config, true, vae_scale_factor());
   accel::validate_accel_config(config, c_->unet_config);
   torch::InferenceMode guard;
   double t0 = now_s();

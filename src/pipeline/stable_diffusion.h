@@ -126,7 +126,10 @@ class StableDiffusion {
 // [N, H, W, 3] float in [0, 1] -> 8-bit images, rounded as diffusers' numpy_to_pil does.
 std::vector<Image> to_images(const torch::Tensor& nhwc);
 
-// Validates what every generate() call needs; throws InvalidArgument naming the field.
-void validate_generation_config(const GenerationConfig& config, bool image2image);
+// Validates what every generate() call needs; throws InvalidArgument naming the field. Sizes
+// must be multiples of `size_multiple`: the model's VAE scale factor (1 where it is not known
+// yet, or where the size is only an aspect ratio).
+void validate_generation_config(const GenerationConfig& config, bool image2image,
+                                int size_multiple = 1);
 
 }  // namespace diffuse::pipeline

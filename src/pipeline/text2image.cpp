@@ -9,17 +9,21 @@ namespace diffuse {
 namespace {
 
 // [1, 3, H, W] float in [0, 1], resized to (width, height) when given, else to the image's
-// own size rounded down to a multiple of 8 (as diffusers' VaeImageProcessor does).
-torch::Tensor image_to_tensor(const Image& image, int width, int height) {
+// own size rounded down to a multiple of the VAE's scale factor `f` (as diffusers'
+// VaeImageProcessor does).
+torch::Tensor image_to_tensor(const Image& image, int width, int height, int f) {
   if (image.empty() || image.rgb.size() != static_cast<size_t>(image.width) * image.height * 3)
     throw InvalidArgument("init image is empty or its pixel buffer does not match its size");
-  auto t = torch::from_blob(const_cast<uint8_t*>(image.rgb.data()), {1, image.height, image.width, 3}, torch::kUInt8)
+  auto t = torch::from_blob(const_cast<uint8_t*>(image.rgb.data()),
+                            {1, image.height, image.width, 3}, torch::kUInt8)
                .permute({0, 3, 1, 2})
                .to(torch::kFloat32)
                .div(255.0);
-  int w = width ? width : image.width / 8 * 8;
-  int h = height ? height : image.height / 8 * 8;
-  if (w < 8 || h < 8) throw InvalidArgument("init image is smaller than 8x8 pixels");
+  int w = width ? width : image.width / f * f;
+  int h = height ? height : image.height / f * f;
+  if (w < f || h < f)
+    throw InvalidArgument("init image is smaller than " + std::to_string(f) + "x" +
+                          std::to_string(f) + " pixels (the VAE's scale factor)");
   if (w != image.width || h != image.height) {
     namespace F = torch::nn::functional;
     t = F::interpolate(t, F::InterpolateFuncOptions()
@@ -45,7 +49,9 @@ GenerationResult Text2Image::generate(const GenerationConfig& config, const Step
   return r;
 }
 
-const PipelineInfo& Text2Image::info() const { return impl_->info(); }
+const PipelineInfo& Text2Image::info() const {
+  return impl_->info();
+}
 
 Image2Image Image2Image::load(const std::string& path, const LoadOptions& options) {
   Image2Image p;
@@ -61,14 +67,20 @@ Image2Image Image2Image::sharing(const Text2Image& loaded) {
 
 GenerationResult Image2Image::generate(const GenerationConfig& config, const Image& init_image,
                                        const StepCallback& on_step) {
-  pipeline::validate_generation_config(config, true);
-  auto r = impl_->image2image(config, image_to_tensor(init_image, config.width, config.height), on_step);
+  const int f = impl_->vae_scale_factor();
+  pipeline::validate_generation_config(config, true, f);
+  auto r = impl_->image2image(config, image_to_tensor(init_image, config.width, config.height, f),
+                              on_step);
   r.timings.load_s = impl_->info().load_s;
   return r;
 }
 
-const PipelineInfo& Image2Image::info() const { return impl_->info(); }
+const PipelineInfo& Image2Image::info() const {
+  return impl_->info();
+}
 
-std::vector<std::string> scheduler_names() { return schedulers::scheduler_names(); }
+std::vector<std::string> scheduler_names() {
+  return schedulers::scheduler_names();
+}
 
 }  // namespace diffuse

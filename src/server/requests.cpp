@@ -110,7 +110,8 @@ void finish(JobRequest& r, const ModelDefaults& model, const ServerLimits& limit
       throw InvalidArgument(e.what());
     }
   }
-  pipeline::validate_generation_config(c, r.kind == JobKind::img2img);
+  pipeline::validate_generation_config(c, r.kind == JobKind::img2img,
+                                       r.kind == JobKind::txt2img && model.txt2img_size ? 1 : m);
   if (r.kind == JobKind::edit && !(r.edit.image_guidance_scale >= 0))
     throw InvalidArgument("image_guidance_scale must be >= 0");
 }
