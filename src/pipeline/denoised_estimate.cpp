@@ -37,4 +37,9 @@ torch::Tensor flow_denoised(const torch::Tensor& latents, const torch::Tensor& v
   return latents - sigma * velocity;
 }
 
+std::string interrupted_warning(int64_t steps_run, int64_t total) {
+  return "interrupted after step " + std::to_string(steps_run) + " of " + std::to_string(total) +
+         ": the image is that step's denoised estimate";
+}
+
 }  // namespace diffuse::pipeline

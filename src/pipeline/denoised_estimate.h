@@ -18,6 +18,9 @@ torch::Tensor ddpm_denoised(const torch::Tensor& model_input, const torch::Tenso
                             double t, const torch::Tensor& alphas_cumprod,
                             const std::string& prediction_type);
 
+// The warning of a generation that StepAction::finish_now() ended after `steps_run` of `total`.
+std::string interrupted_warning(int64_t steps_run, int64_t total);
+
 // Flow matching (x_t = (1 - sigma) x0 + sigma noise, velocity = noise - x0): x0 = x_t - sigma v.
 torch::Tensor flow_denoised(const torch::Tensor& latents, const torch::Tensor& velocity,
                             double sigma);

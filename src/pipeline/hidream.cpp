@@ -232,9 +232,7 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
       if (action.finish() && i + 1 < timesteps.size(0)) {
         latents = st.denoised;
         out.interrupted = true;
-        out.warnings.push_back("interrupted after step " + std::to_string(i + 1) + " of " +
-                               std::to_string(timesteps.size(0)) +
-                               ": the image is that step's denoised estimate");
+        out.warnings.push_back(interrupted_warning(i + 1, timesteps.size(0)));
         break;
       }
     }

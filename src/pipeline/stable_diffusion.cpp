@@ -651,9 +651,7 @@ GenerationResult StableDiffusion::denoise_and_decode(
   result.seed = seed;
   result.interrupted = interrupted;
   result.steps_run = steps_run;
-  if (interrupted)
-    result.warnings.push_back("interrupted after step " + std::to_string(steps_run) + " of " +
-                              std::to_string(n) + ": the image is that step's denoised estimate");
+  if (interrupted) result.warnings.push_back(interrupted_warning(steps_run, n));
   timings.peak_rss_bytes = device::memory_stats().peak_rss_bytes;
   result.timings = std::move(timings);
   return result;
