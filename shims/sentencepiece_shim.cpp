@@ -5,8 +5,10 @@
 // protobuf calls land in the other's and the process aborts at start-up (version check) or
 // crashes (static initialisers). Kept outside src/ so the core library does not glob it.
 #include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
 
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,32 @@ void copy_message(const std::string& message, char* err, int errlen) {
   std::strncpy(err, message.c_str(), static_cast<size_t>(errlen - 1));
   err[errlen - 1] = '\0';
 }
+
+// The lines of a corpus in memory, as SentencePieceTrainer reads sentences.
+class LineIterator : public sentencepiece::SentenceIterator {
+ public:
+  LineIterator(const char* data, size_t size) : data_(data), size_(size) { Next(); }
+  bool done() const override { return done_; }
+  void Next() override {
+    if (pos_ >= size_) {
+      done_ = true;
+      return;
+    }
+    const void* nl = std::memchr(data_ + pos_, '\n', size_ - pos_);
+    const size_t end = nl ? static_cast<size_t>(static_cast<const char*>(nl) - data_) : size_;
+    line_.assign(data_ + pos_, end - pos_);
+    pos_ = end + 1;
+  }
+  const std::string& value() const override { return line_; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  const char* data_;
+  size_t size_;
+  size_t pos_ = 0;
+  bool done_ = false;
+  std::string line_;
+};
 
 }  // namespace
 
@@ -72,6 +100,34 @@ DIFFUSE_SPM_EXPORT int diffuse_spm_encode(void* model, const char* text, int len
     for (size_t i = 0; i < ids.size() && static_cast<int>(i) < cap; ++i) out[i] = ids[i];
     return static_cast<int>(ids.size());
   } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+DIFFUSE_SPM_EXPORT int diffuse_spm_train(const char* args, const char* corpus, int len,
+                                         const char* model_path, char* err, int errlen) {
+  try {
+    // The trainers draw random numbers only to sample or shuffle sentences (diffuse's callers
+    // turn both off); should one turn them on, a fixed seed instead of std::random_device
+    // keeps the result repeatable from one process to the next.
+    sentencepiece::SetRandomGeneratorSeed(20240601);
+    LineIterator lines(corpus, static_cast<size_t>(len < 0 ? 0 : len));
+    std::string model;
+    const auto status = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
+    if (!status.ok()) {
+      copy_message(status.ToString(), err, errlen);
+      return -1;
+    }
+    std::ofstream out(model_path, std::ios::binary | std::ios::trunc);
+    out.write(model.data(), static_cast<std::streamsize>(model.size()));
+    out.close();
+    if (!out) {
+      copy_message(std::string("cannot write '") + model_path + "'", err, errlen);
+      return -2;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    copy_message(e.what(), err, errlen);
     return -1;
   }
 }

@@ -10,6 +10,7 @@
 #include "test_util.h"
 #include "text/clip_tokenizer.h"
 #include "text/llama_tokenizer.h"
+#include "text/pretokenizer_regex.h"
 #include "text/t5_tokenizer.h"
 #include "text/tokenizer.h"
 
@@ -160,6 +161,17 @@ TEST(LlamaTokenizer, ByteLevelBpeWithTemplateAndPadding) {
   EXPECT_EQ(batch.attention_mask[1], (std::vector<int64_t>{1, 1, 0}));
   EXPECT_THROW(tok.encode("bad \xc3\x28"), InvalidArgument);
   EXPECT_EQ(text::load_tokenizer(tmp.path().string())->kind(), "llama");
+}
+
+// An empty match splits the text around it but is no piece, and no character is lost (as in
+// tokenizers' Split; Llama-3's own regex never matches empty).
+TEST(PretokenizerRegex, EmptyMatchesSplitWithoutLosingText) {
+  const text::PretokenizerRegex regex("x*", "test");
+  std::vector<std::string> pieces;
+  regex.split("abxxc", [&](std::string_view p) { pieces.emplace_back(p); });
+  EXPECT_EQ(pieces, (std::vector<std::string>{"a", "b", "xx", "c"}));
+  const auto msg = test::expect_throw<ConfigError>([] { text::PretokenizerRegex("(", "here"); });
+  EXPECT_NE(msg.find("here: regex rejected by PCRE2"), std::string::npos) << msg;
 }
 
 TEST(LlamaTokenizer, RejectsBrokenFiles) {

@@ -18,6 +18,7 @@ BpeVocabulary train_clip_bpe(const std::vector<std::string>& corpus, int num_mer
 
 // Writes vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json into `dir`
 // (created if needed) in the layout ClipTokenizer::from_folder and transformers read.
-void save_clip_tokenizer(const BpeVocabulary& vocab, const std::string& dir, int model_max_length = 77);
+void save_clip_tokenizer(const BpeVocabulary& vocab, const std::string& dir,
+                         int model_max_length = 77);
 
 }  // namespace diffuse::text

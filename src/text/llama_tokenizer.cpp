@@ -1,8 +1,5 @@
 #include "text/llama_tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <climits>
 #include <filesystem>
 #include <fstream>
@@ -11,20 +8,13 @@
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "text/clip_tokenizer.h"
+#include "text/pretokenizer_regex.h"
 #include "text/tokenizer_files.h"
 #include "text/unicode.h"
 
 namespace fs = std::filesystem;
 
 namespace diffuse::text {
-
-// The compiled pre-tokenizer regex (JIT-compiled where PCRE2 has a JIT for this CPU).
-struct LlamaTokenizer::Regex {
-  pcre2_code* code = nullptr;
-  ~Regex() {
-    if (code) pcre2_code_free(code);
-  }
-};
 
 namespace {
 
@@ -164,19 +154,7 @@ LlamaTokenizer LlamaTokenizer::from_folder(const std::string& dir_str) {
                         " is not supported (byte-level BPE folders have none)");
     const std::string pattern =
         split_pattern(field(j, "pre_tokenizer", where), where + ": pre_tokenizer");
-    int err = 0;
-    PCRE2_SIZE offset = 0;
-    t.regex_ = std::make_unique<Regex>();
-    t.regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
-    if (!t.regex_->code) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof(msg));
-      throw ConfigError(where + ": pre_tokenizer regex rejected by PCRE2 at offset " +
-                        std::to_string(offset) + ": " + reinterpret_cast<const char*>(msg));
-    }
-    pcre2_jit_compile(t.regex_->code,
-                      PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
+    t.regex_ = std::make_unique<PretokenizerRegex>(pattern, where + ": pre_tokenizer");
 
     // Added tokens, matched literally before the regex.
     if (j.contains("added_tokens")) {
@@ -265,7 +243,7 @@ LlamaTokenizer LlamaTokenizer::from_folder(const std::string& dir_str) {
   }
 }
 
-void LlamaTokenizer::bpe(const std::string& piece, std::vector<int64_t>& out) const {
+void LlamaTokenizer::bpe(std::string_view piece, std::vector<int64_t>& out) const {
   if (ignore_merges_) {
     std::string chars;
     for (unsigned char b : piece) chars += byte_chars_[b];
@@ -297,41 +275,14 @@ void LlamaTokenizer::bpe(const std::string& piece, std::vector<int64_t>& out) co
 
 std::vector<int64_t> LlamaTokenizer::encode_ordinary(const std::string& text) const {
   std::vector<int64_t> ids;
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(regex_->code, nullptr);
-  if (!md) throw std::bad_alloc();
-  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> guard(md, pcre2_match_data_free);
   for (const auto& piece : split_added_tokens(utf8_decode(text), added_, added_u32_)) {
     if (piece.text.empty()) continue;
     if (piece.token >= 0) {
       ids.push_back(added_[static_cast<size_t>(piece.token)].id);
       continue;
     }
-    const std::string segment = utf8_encode(piece.text);
-    const auto* subject = reinterpret_cast<PCRE2_SPTR>(segment.data());
-    size_t start = 0;
-    while (start < segment.size()) {
-      // Valid UTF-8 is guaranteed by utf8_decode above.
-      const int rc = pcre2_match(regex_->code, subject, segment.size(), start, PCRE2_NO_UTF_CHECK,
-                                 md, nullptr);
-      if (rc == PCRE2_ERROR_NOMATCH) {
-        bpe(segment.substr(start), ids);  // Isolated split: unmatched text is a piece of its own
-        break;
-      }
-      if (rc < 0)
-        throw InvalidArgument("Llama tokenizer: regex match failed (PCRE2 error " +
-                              std::to_string(rc) + ")");
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-      if (ov[0] > start) bpe(segment.substr(start, ov[0] - start), ids);
-      if (ov[1] == ov[0]) {  // empty match: step one code point on
-        size_t next = ov[0] + 1;
-        while (next < segment.size() && (static_cast<unsigned char>(segment[next]) & 0xC0) == 0x80)
-          ++next;
-        start = next;
-        continue;
-      }
-      bpe(segment.substr(ov[0], ov[1] - ov[0]), ids);
-      start = ov[1];
-    }
+    // Valid UTF-8 is guaranteed by utf8_decode above.
+    regex_->split(utf8_encode(piece.text), [&](std::string_view p) { bpe(p, ids); });
   }
   return ids;
 }

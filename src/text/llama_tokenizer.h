@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -16,6 +17,8 @@
 #include "text/token_batch.h"
 
 namespace diffuse::text {
+
+class PretokenizerRegex;
 
 class LlamaTokenizer {
  public:
@@ -46,9 +49,8 @@ class LlamaTokenizer {
   size_t vocab_size() const { return vocab_.size(); }
 
  private:
-  struct Regex;
   LlamaTokenizer();
-  void bpe(const std::string& piece, std::vector<int64_t>& out) const;
+  void bpe(std::string_view piece, std::vector<int64_t>& out) const;
 
   std::unordered_map<std::string, int64_t> vocab_;
   // (left id << 32 | right id) -> (rank, merged id)
@@ -56,7 +58,7 @@ class LlamaTokenizer {
   std::array<int64_t, 256> byte_ids_{};
   std::array<std::string, 256> byte_chars_;
   bool ignore_merges_ = false;
-  std::unique_ptr<Regex> regex_;
+  std::unique_ptr<PretokenizerRegex> regex_;
   std::vector<AddedToken> added_;
   std::vector<std::u32string> added_u32_;
   std::vector<int64_t> prefix_, suffix_;  // post-processor specials around the sequence

@@ -19,6 +19,13 @@ int diffuse_spm_id_to_piece(void* model, int id, char* buf, int cap);
 /* Writes up to cap ids; returns how many the text has (call again with more room if that is
    more than cap), or -1 on error. */
 int diffuse_spm_encode(void* model, const char* text, int len, int* out, int cap);
+/* Trains a model with SentencePieceTrainer and writes it to model_path. `args` are spm_train's
+   flags without --input and --model_prefix: the sentences are the '\n'-separated lines of
+   corpus (len bytes), handed over in memory so that no file path ends up in the model (which
+   records its trainer flags) and equal corpora give equal files. Returns 0; -1 if training
+   failed, -2 if the file could not be written, with a message in err. */
+int diffuse_spm_train(const char* args, const char* corpus, int len, const char* model_path,
+                      char* err, int errlen);
 
 #ifdef __cplusplus
 }

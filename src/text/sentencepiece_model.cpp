@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "diffuse/errors.h"
+#include "io/atomic_file.h"
 #include "io/input_file.h"
 #include "text/sentencepiece_api.h"
 
@@ -25,6 +26,7 @@ struct Api {
   decltype(&diffuse_spm_piece_to_id) piece_to_id = nullptr;
   decltype(&diffuse_spm_id_to_piece) id_to_piece = nullptr;
   decltype(&diffuse_spm_encode) encode = nullptr;
+  decltype(&diffuse_spm_train) train = nullptr;
 };
 
 constexpr const char* kShimName = "libdiffuse_sentencepiece.so";
@@ -73,8 +75,9 @@ const Api& api() {
       a.piece_to_id = reinterpret_cast<decltype(a.piece_to_id)>(sym("diffuse_spm_piece_to_id"));
       a.id_to_piece = reinterpret_cast<decltype(a.id_to_piece)>(sym("diffuse_spm_id_to_piece"));
       a.encode = reinterpret_cast<decltype(a.encode)>(sym("diffuse_spm_encode"));
+      a.train = reinterpret_cast<decltype(a.train)>(sym("diffuse_spm_train"));
       if (a.load && a.free && a.piece_size && a.unk_id && a.piece_to_id && a.id_to_piece &&
-          a.encode)
+          a.encode && a.train)
         return;
       a = Api();
       tried += (tried.empty() ? "" : ", ") + path + " (missing symbols)";
@@ -141,6 +144,22 @@ std::string SentencePieceModel::id_to_piece(int id) const {
   }
   out.resize(static_cast<size_t>(n));
   return out;
+}
+
+void train_sentencepiece(const std::string& args, const std::string& corpus,
+                         const std::string& model_path) {
+  if (corpus.size() > static_cast<size_t>(INT_MAX))
+    throw InvalidArgument("SentencePiece training: a corpus of " + std::to_string(corpus.size()) +
+                          " bytes is too large (at most " + std::to_string(INT_MAX) + ")");
+  const Api& a = api();
+  io::AtomicFile file(model_path);
+  char err[1024] = {0};
+  const int rc = a.train(args.c_str(), corpus.data(), static_cast<int>(corpus.size()),
+                         file.temp_path().c_str(), err, sizeof(err));
+  if (rc == -2) throw IoError("SentencePiece training: " + std::string(err));
+  if (rc != 0)
+    throw InvalidArgument("SentencePiece training failed for '" + model_path + "': " + err);
+  file.commit();
 }
 
 }  // namespace diffuse::text

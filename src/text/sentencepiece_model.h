@@ -29,4 +29,13 @@ class SentencePieceModel {
   void* handle_ = nullptr;
 };
 
+// Trains a SentencePiece model and writes it to `model_path` (atomically). `args` are
+// spm_train's flags without --input and --model_prefix; `corpus` holds the sentences, one a
+// line. The corpus must contain some visible text: libsentencepiece aborts the process on a
+// corpus that normalises to nothing, so callers check first. InvalidArgument with
+// SentencePiece's message if training fails (a bad flag, a vocab_size below the alphabet);
+// IoError if the shim cannot be loaded or the file not written.
+void train_sentencepiece(const std::string& args, const std::string& corpus,
+                         const std::string& model_path);
+
 }  // namespace diffuse::text
