@@ -49,7 +49,9 @@ SizeWord size_word(double size) {
 // Places the centre of an object of `size` (in widths; the image is taken as square) so that
 // it lies inside the image and its centre inside `region`. With `alone` false the object must
 // fit entirely in its half, since the other half holds the second object.
-void place(SceneObject& o, bool alone, std::mt19937_64& rng) {
+}  // namespace
+
+void place_object(SceneObject& o, bool alone, std::mt19937_64& rng) {
   const double h = o.size / 2;
   const double lo = h + kMargin, hi = 1 - h - kMargin;
   auto along_free = [&]() { return uniform(rng, lo, hi); };
@@ -78,6 +80,8 @@ void place(SceneObject& o, bool alone, std::mt19937_64& rng) {
       break;
   }
 }
+
+namespace {
 
 Colour random_background(const std::vector<SceneObject>& objects, std::mt19937_64& rng) {
   std::vector<Colour> allowed;
@@ -314,7 +318,7 @@ Scene sample_scene(const SceneSpec& spec, std::mt19937_64& rng) {
     o.colour = so.colour;
     o.region = so.region;
     o.size = size_for(so.size, rng);
-    place(o, spec.objects.size() == 1, rng);
+    place_object(o, spec.objects.size() == 1, rng);
     scene.objects.push_back(o);
   }
   return scene;

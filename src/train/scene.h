@@ -71,6 +71,10 @@ Scene sample_scene(std::mt19937_64& rng);
 // A random scene that satisfies `spec` (sizes and places drawn within what the words allow).
 Scene sample_scene(const SceneSpec& spec, std::mt19937_64& rng);
 
+// Places the centre of an object of o.size so that it lies inside the image and its centre in
+// o.region. With `alone` false the object fits entirely in its half (two-object scenes).
+void place_object(SceneObject& o, bool alone, std::mt19937_64& rng);
+
 // The caption of a scene. Size words are optional (`rng` decides whether to say them), so
 // the model learns that an unsized caption allows any size.
 std::string caption(const Scene& scene, std::mt19937_64& rng);

@@ -83,7 +83,7 @@ std::string blob_shape(std::vector<int> xs, std::vector<int> ys) {
 }  // namespace
 
 bool SceneScore::all() const {
-  if (!background) return false;
+  if (!background || !nothing_else) return false;
   for (const auto& o : objects)
     if (!o.colour_position || !o.shape) return false;
   return true;
@@ -142,6 +142,21 @@ SceneScore score_scene(const Image& image, const SceneSpec& spec) {
     os.shape = os.colour_position && os.detected_shape == shape_name(o.shape);
     score.objects.push_back(os);
   }
+
+  // Stray colour: interior pixels (all four neighbours alike, so anti-aliased edges, whose
+  // blends may land near a third palette colour, do not count) of a colour nobody named.
+  std::array<bool, kNumColours> named{};
+  named[static_cast<size_t>(spec.background)] = true;
+  for (const auto& o : spec.objects) named[static_cast<size_t>(o.colour)] = true;
+  double stray = 0;
+  for (int y = 1; y + 1 < h; ++y)
+    for (int x = 1; x + 1 < w; ++x) {
+      const size_t i = static_cast<size_t>(y) * w + x;
+      const int c = cls[i];
+      if (c < 0 || named[static_cast<size_t>(c)]) continue;
+      if (cls[i - 1] == c && cls[i + 1] == c && cls[i - w] == c && cls[i + w] == c) stray += 1;
+    }
+  score.nothing_else = stray < min_pixels;
   return score;
 }
 

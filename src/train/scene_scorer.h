@@ -22,6 +22,9 @@ struct SceneScore {
   bool background = false;
   std::string detected_background;  // colour name of the majority of border pixels
   std::vector<ObjectScore> objects;
+  // No other object: no blob of a colour that neither the background nor a named object has
+  // (what an edit that removes or recolours an object must leave).
+  bool nothing_else = true;
   // Every check passed.
   bool all() const;
 };

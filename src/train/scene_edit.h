@@ -1,0 +1,45 @@
+// Instruction edits of the demo world (train/scene.h): a scene, an instruction as a user might
+// type it, and the scene the instruction asks for, with everything it does not name kept
+// exactly (colours, places, sizes). The trainer of the HiDream-architecture demo model learns
+// from these pairs and `diffuse bench demo-quality --edit` scores on held-out ones, so both
+// share this one definition.
+#pragma once
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "train/scene.h"
+
+namespace diffuse::train {
+
+enum class EditKind { kBackground, kRecolour, kMove, kReshape, kRemove, kAdd };
+constexpr int kNumEditKinds = 6;
+const char* edit_kind_name(EditKind kind);  // "background", "recolour", ...
+
+struct SceneEdit {
+  EditKind kind = EditKind::kBackground;
+  std::string instruction;  // e.g. "make the circle blue"
+  Scene source, target;
+};
+
+// Whether `kind` applies to `scene` (a move or an add needs a lone object with room to spare,
+// a removal two objects).
+bool edit_applies(EditKind kind, const Scene& scene);
+
+// A random edit of `kind` (which must apply) with a random phrasing of the instruction: the
+// paraphrases of each kind, and objects named by shape, by colour and shape, or by shape and
+// place, whichever names one object unambiguously.
+SceneEdit make_edit(EditKind kind, const Scene& source, std::mt19937_64& rng);
+// A random edit of a kind that applies to `source`.
+SceneEdit sample_edit(const Scene& source, std::mt19937_64& rng);
+
+// HiDream-E1's prompt format: "Editing Instruction: <instruction>. Target Image Description:
+// <description>."
+std::string e1_prompt(const std::string& instruction, const std::string& target_description);
+
+// Held-out edits for scoring: sources drawn from the held-out prompts (train/scene.h, never
+// trained on as sources), the kinds in equal turns, with a fixed seed.
+std::vector<SceneEdit> held_out_edits(int n);
+
+}  // namespace diffuse::train
