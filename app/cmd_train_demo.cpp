@@ -6,8 +6,11 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 
 #include "commands.h"
+#include "diffuse/errors.h"
+#include "flag_checks.h"
 #include "progress.h"
 #include "train/demo_trainer.h"
 
@@ -15,8 +18,10 @@ namespace diffuse::app {
 namespace {
 
 std::atomic<bool> g_interrupted{false};
+std::atomic<int> g_signal{0};
 
-extern "C" void on_interrupt(int) {
+extern "C" void on_interrupt(int signal) {
+  g_signal.store(signal);
   g_interrupted.store(true);
 }
 
@@ -65,20 +70,29 @@ Command add_train_demo_command(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto& t = o->train;
   app.add_option("-o,--out", t.out, "Folder to write the trained model into")->required();
+  app.add_option("--arch", t.arch,
+                 "sd (Stable Diffusion architecture: txt2img/img2img) or hidream-e1 (HiDream "
+                 "architecture: txt2img and instruction editing)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sd", "hidream-e1"}));
   app.add_flag("--force", t.force, "Replace the folder if it exists and is not empty");
   app.add_option("--minutes", t.minutes,
                  "Time budget of the whole run; the step counts follow from it unless given")
       ->capture_default_str();
-  app.add_option("--seed", t.seed, "Seed of weights, scenes and noise")->capture_default_str();
+  app.add_option("--seed", t.seed, "Seed of weights, scenes and noise")
+      ->capture_default_str()
+      ->check(int_range(0, std::numeric_limits<int64_t>::max(), "a seed"));
   app.add_option("--vae-steps", t.vae_steps, "Autoencoder steps (0 = 30 % of the time budget)")
       ->capture_default_str();
-  app.add_option("--unet-steps", t.unet_steps, "UNet steps (0 = the rest of the time budget)")
+  app.add_option("--unet-steps", t.unet_steps,
+                 "Denoiser (UNet or transformer) steps (0 = the rest of the time budget)")
       ->capture_default_str();
   app.add_option("--resolution", t.resolution, "Training image size")->capture_default_str();
   app.add_option("--vae-batch", t.vae_batch, "Images per autoencoder step")->capture_default_str();
   app.add_option("--vae-crop", t.vae_crop, "Autoencoder training crop size")->capture_default_str();
-  app.add_option("--unet-batch", t.unet_batch, "Latents per UNet step")->capture_default_str();
-  app.add_option("--dataset", t.dataset_size, "Scenes encoded for the UNet stage")
+  app.add_option("--unet-batch", t.unet_batch, "Latents per denoiser step")->capture_default_str();
+  app.add_option("--dataset", t.dataset_size,
+                 "Scenes (hidream-e1: edit pairs) encoded for the denoiser stage")
       ->capture_default_str();
   app.add_option("--precision", t.precision,
                  "auto|fp32|bf16 (auto: bf16 autocast where the CPU has native bf16)")
@@ -86,12 +100,20 @@ Command add_train_demo_command(CLI::App& app) {
   app.add_flag("-q,--quiet", o->quiet, "No progress output");
   return [o]() {
     g_interrupted.store(false);
+    g_signal.store(0);
     auto previous_int = std::signal(SIGINT, on_interrupt);
     auto previous_term = std::signal(SIGTERM, on_interrupt);
     TrainPrinter printer(o->quiet);
     train::TrainReport report;
     try {
       report = train::train_demo(o->train, std::ref(printer), &g_interrupted);
+    } catch (const Cancelled& e) {
+      std::signal(SIGINT, previous_int);
+      std::signal(SIGTERM, previous_term);
+      if (g_signal.load() == 0) throw;
+      // As every other command: 128 + the signal, the code shells report for it.
+      std::cerr << "interrupted: " << e.what() << "\n";
+      return 128 + g_signal.load();
     } catch (...) {
       std::signal(SIGINT, previous_int);
       std::signal(SIGTERM, previous_term);
@@ -100,8 +122,9 @@ Command add_train_demo_command(CLI::App& app) {
     std::signal(SIGINT, previous_int);
     std::signal(SIGTERM, previous_term);
     std::cout << "wrote the trained demo model to " << o->train.out << " (" << report.parameters
-              << " parameters; autoencoder " << report.vae_steps << " steps, UNet "
-              << report.unet_steps << " steps; " << format_seconds(report.total_s) << ")\n"
+              << " parameters; autoencoder " << report.vae_steps << " steps, "
+              << (o->train.arch == "sd" ? "UNet " : "transformer ") << report.unet_steps
+              << " steps; " << format_seconds(report.total_s) << ")\n"
               << "to repeat this run exactly: see " << o->train.out << "/training.json\n";
     return 0;
   };

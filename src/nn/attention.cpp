@@ -172,8 +172,20 @@ void register_attention_backend(AttentionBackend backend, const AttentionBackend
   s.run = hooks.run;
 }
 
-torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        const AttentionOptions& options) {
+torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_in,
+                        const torch::Tensor& v_in, const AttentionOptions& options) {
+  torch::Tensor q = q_in, k = k_in, v = v_in;
+  // Training under bf16 autocast mixes float32 (norms, RoPE) with bf16 (projections): attend
+  // in the narrower type, as autocast's matmuls would. Elsewhere a mix stays an error.
+  if (q.defined() && k.defined() && v.defined() && torch::GradMode::is_enabled() &&
+      (q.scalar_type() != v.scalar_type() || k.scalar_type() != v.scalar_type())) {
+    auto narrow = q.scalar_type();
+    for (const auto* t : {&k, &v})
+      if (t->element_size() < c10::elementSize(narrow)) narrow = t->scalar_type();
+    q = q.to(narrow);
+    k = k.to(narrow);
+    v = v.to(narrow);
+  }
   check_attention_inputs(q, k, v);
   check_attention_bias(q, k, options.bias);
   // Visible to profilers and to bench::FlopCounter, whatever kernel runs below.

@@ -27,7 +27,11 @@ FeedForwardSwiGLUImpl::FeedForwardSwiGLUImpl(int64_t dim, int64_t hidden_dim) {
 
 torch::Tensor FeedForwardSwiGLUImpl::forward(const torch::Tensor& x) {
   auto h = torch::silu(w1(x));
-  h.mul_(w3(x));
+  // In place saves a buffer at inference; autograd (the demo trainer) needs h intact.
+  if (torch::GradMode::is_enabled())
+    h = h * w3(x);
+  else
+    h.mul_(w3(x));
   return w2(h);
 }
 
@@ -116,7 +120,9 @@ torch::Tensor MOEFeedForwardSwiGLUImpl::forward(const torch::Tensor& x_in) {
   auto outputs = run_experts(used, inputs);
   auto out = torch::zeros_like(x);
   for (size_t i = 0; i < outputs.size(); ++i)
-    out.index_add_(0, rows[i], outputs[i].mul_(weights[i]));
+    out.index_add_(
+        0, rows[i],
+        torch::GradMode::is_enabled() ? outputs[i] * weights[i] : outputs[i].mul_(weights[i]));
   out.add_(shared_experts(x));
   return out.view(x_in.sizes());
 }

@@ -16,6 +16,7 @@
 #include "models/load_component.h"
 #include "pipeline/denoised_estimate.h"
 #include "pipeline/finite_check.h"
+#include "pipeline/hidream_variant.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/vae_tiling_policy.h"
 #include "schedulers/flow_match.h"
@@ -86,6 +87,7 @@ HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device de
       throw IoError("HiDream model folder '" + folder.dir() + "' has no " + component +
                     "/ (a HiDream pipeline needs CLIP-L, CLIP-G, T5 and Llama text encoders with "
                     "their tokenizers, the VAE and the scheduler)");
+  max_sequence_length_ = hidream_max_sequence_length(folder);
   vae_ = models::load_vae(folder, vae_device_, torch::kFloat32);
   scheduler_ =
       schedulers::make_scheduler(folder.component_config("scheduler", "scheduler_config.json"));
@@ -273,10 +275,10 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   HiDreamResult out;
   const double start = now_s();
   device::reset_peak_memory(text_device_);
-  out.prompt_embeddings = encode_prompt(r.prompt, r.sampling.max_sequence_length);
+  out.prompt_embeddings = encode_prompt(r.prompt, sequence_length(r.sampling));
   HiDreamEmbeddings cond = out.prompt_embeddings;
   if (cfg) {
-    out.negative_embeddings = encode_prompt(r.negative_prompt, r.sampling.max_sequence_length);
+    out.negative_embeddings = encode_prompt(r.negative_prompt, sequence_length(r.sampling));
     cond = HiDreamEmbeddings::cat({&out.negative_embeddings, &out.prompt_embeddings});
   }
   end_text_stage(start, out.timings);
@@ -327,15 +329,15 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
 
   const double text_start = now_s();
   device::reset_peak_memory(text_device_);
-  out.prompt_embeddings = encode_prompt(r.prompt, r.sampling.max_sequence_length);
-  out.negative_embeddings = encode_prompt(r.negative_prompt, r.sampling.max_sequence_length);
+  out.prompt_embeddings = encode_prompt(r.prompt, sequence_length(r.sampling));
+  out.negative_embeddings = encode_prompt(r.negative_prompt, sequence_length(r.sampling));
   const auto& pos = out.prompt_embeddings;
   const auto& neg = out.negative_embeddings;
   auto text = r.clip_cfg_norm ? HiDreamEmbeddings::cat({&pos, &neg, &pos})
                               : HiDreamEmbeddings::cat({&neg, &neg, &pos});
   HiDreamEmbeddings target_text;
   if (refine) {
-    out.target_embeddings = encode_prompt(target_description(r), r.sampling.max_sequence_length);
+    out.target_embeddings = encode_prompt(target_description(r), sequence_length(r.sampling));
     target_text = HiDreamEmbeddings::cat({&neg, &out.target_embeddings});
   }
   end_text_stage(text_start, out.timings);

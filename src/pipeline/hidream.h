@@ -46,7 +46,8 @@ using HiDreamStepCallback = std::function<StepAction(const HiDreamStep&)>;
 struct HiDreamSampling {
   int steps = 50;
   double guidance_scale = 5.0;  // <= 1: no guidance (the negative prompt is not encoded)
-  int64_t max_sequence_length = 128;
+  // Tokens per text encoder; 0: the folder's (pipeline/hidream_variant.h: 128 for HiDream).
+  int64_t max_sequence_length = 0;
   uint64_t seed = 0;
   torch::Tensor latents;  // initial latents [1, C, h, w]; drawn from `seed` when undefined
   // Noise for stochastic schedulers, one per step that draws (else drawn from `seed`).
@@ -206,6 +207,10 @@ class HiDreamPipeline {
   io::ModelFolder folder_;
   std::string transformer_component_;
   models::HiDreamTransformerConfig tconfig_;
+  int64_t max_sequence_length_ = 128;  // the folder's
+  int64_t sequence_length(const HiDreamSampling& s) const {
+    return s.max_sequence_length > 0 ? s.max_sequence_length : max_sequence_length_;
+  }
   bool keep_text_encoders_ = true;
   std::string weight_streaming_ = "auto";
   std::unique_ptr<HiDreamTextEncoders> text_;

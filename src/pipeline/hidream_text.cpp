@@ -90,6 +90,17 @@ HiDreamTextEncoders::HiDreamTextEncoders(const io::ModelFolder& folder, torch::D
   llama_ = models::load_llama(folder, "text_encoder_4", device, dtype);
 }
 
+HiDreamTextEncoders::HiDreamTextEncoders(Parts parts, torch::Device device)
+    : device_(device),
+      clip_l_tok_(std::move(parts.clip_l_tok)),
+      clip_g_tok_(std::move(parts.clip_g_tok)),
+      t5_tok_(std::move(parts.t5_tok)),
+      llama_tok_(std::move(parts.llama_tok)),
+      clip_l_(parts.clip_l),
+      clip_g_(parts.clip_g),
+      t5_(parts.t5),
+      llama_(parts.llama) {}
+
 HiDreamEmbeddings HiDreamTextEncoders::encode(const std::vector<std::string>& prompts,
                                               int64_t max_sequence_length) {
   if (max_sequence_length < 1)

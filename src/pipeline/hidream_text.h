@@ -38,6 +38,15 @@ class HiDreamTextEncoders {
   // Loads the four tokenizers and encoders from `folder`. IoError/ConfigError/FormatError
   // naming the component when one is missing or broken.
   HiDreamTextEncoders(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype);
+  // Encoders and tokenizers built elsewhere (the demo trainer, whose encoders learn through
+  // this same encode()).
+  struct Parts {
+    std::unique_ptr<text::Tokenizer> clip_l_tok, clip_g_tok, t5_tok, llama_tok;
+    models::ClipTextModel clip_l{nullptr}, clip_g{nullptr};
+    models::T5EncoderModel t5{nullptr};
+    models::LlamaForCausalLM llama{nullptr};
+  };
+  HiDreamTextEncoders(Parts parts, torch::Device device);
 
   HiDreamEmbeddings encode(const std::vector<std::string>& prompts,
                            int64_t max_sequence_length = 128);

@@ -5,7 +5,9 @@
 //   i1-fast  16 steps, guidance 0 (FlashFlowMatchEuler, shift 3.0)
 //   e1       28 steps, guidance 5.0, image guidance 4.0, refine 0.3 (E1-Full: I1 + LoRA)
 //   e1.1     28 steps, guidance 3.0, image guidance 1.5
-// "auto" reads the folder: an editing pipeline is e1; otherwise the scheduler tells Full
+// "auto" reads the folder: a model made here (the trained demo) keeps the settings it is tuned
+// for in model_index.json's "_diffuse_defaults" {steps, guidance_scale, image_guidance_scale,
+// max_sequence_length}; otherwise an editing pipeline is e1; otherwise the scheduler tells Full
 // (UniPC or another solver) from Dev/Fast (FlashFlowMatchEuler, shift 6 / 3). E1.1 cannot be
 // told from E1 by its files: name it.
 #pragma once
@@ -23,6 +25,11 @@ struct HiDreamDefaults {
   double image_guidance_scale = 4.0;
   double refine_strength = 0.0;  // with the E1-Full LoRA; plain E1 weights have no refine
 };
+
+// The prompt length (tokens per text encoder) the folder's model runs with: "_diffuse_defaults"
+// .max_sequence_length of model_index.json, else the HiDream pipelines' 128. ConfigError for a
+// value outside [1, 4096].
+int64_t hidream_max_sequence_length(const io::ModelFolder& folder);
 
 // InvalidArgument naming the accepted names for an unknown variant.
 HiDreamDefaults hidream_defaults(const io::ModelFolder& folder,

@@ -1,17 +1,12 @@
 #include "train/demo_trainer.h"
 
-#include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <torch/version.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <set>
 
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
@@ -26,7 +21,9 @@
 #include "text/bpe_trainer.h"
 #include "text/clip_tokenizer.h"
 #include "train/demo_configs.h"
+#include "train/hidream_demo_trainer.h"
 #include "train/scene.h"
+#include "train/train_loop.h"
 
 namespace fs = std::filesystem;
 using nlohmann::ordered_json;
@@ -34,260 +31,10 @@ using nlohmann::ordered_json;
 namespace diffuse::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// The output folder: checked before training, written under a temporary sibling name and
-// renamed into place at the end; the destructor removes whatever was not committed.
-class StagedFolder {
- public:
-  StagedFolder(const std::string& out, bool force) : out_(out) {
-    if (out.empty()) throw InvalidArgument("train-demo: --out is empty");
-    std::error_code ec;
-    if (fs::exists(out_, ec)) {
-      if (!fs::is_directory(out_))
-        throw InvalidArgument("train-demo: '" + out + "' exists and is not a folder");
-      if (!fs::is_empty(out_, ec) && !force)
-        throw InvalidArgument(
-            "train-demo: '" + out +
-            "' is not empty; choose another folder or pass --force to replace it");
-    }
-    fs::path abs = fs::absolute(out_).lexically_normal();
-    if (abs.filename().empty()) abs = abs.parent_path();
-    out_ = abs;
-    fs::create_directories(out_.parent_path(), ec);
-    staging_ = out_.parent_path() /
-               ("." + out_.filename().string() + ".partial-" + std::to_string(::getpid()));
-    fs::remove_all(staging_, ec);
-    if (!fs::create_directory(staging_, ec))
-      throw IoError("train-demo: cannot create '" + staging_.string() + "': " + ec.message());
-  }
-  ~StagedFolder() {
-    std::error_code ec;
-    if (!committed_) fs::remove_all(staging_, ec);
-  }
-  StagedFolder(const StagedFolder&) = delete;
-  StagedFolder& operator=(const StagedFolder&) = delete;
-
-  const fs::path& path() const { return staging_; }
-
-  void commit() {
-    std::error_code ec;
-    fs::path old;
-    if (fs::exists(out_, ec)) {
-      old = out_.parent_path() /
-            ("." + out_.filename().string() + ".old-" + std::to_string(::getpid()));
-      fs::rename(out_, old, ec);
-      if (ec)
-        throw IoError("train-demo: cannot move '" + out_.string() + "' aside: " + ec.message());
-    }
-    fs::rename(staging_, out_, ec);
-    if (ec) {
-      std::error_code ignored;
-      if (!old.empty()) fs::rename(old, out_, ignored);
-      throw IoError("train-demo: cannot rename the finished model to '" + out_.string() +
-                    "': " + ec.message());
-    }
-    committed_ = true;
-    if (!old.empty()) fs::remove_all(old, ec);
-  }
-
- private:
-  fs::path out_, staging_;
-  bool committed_ = false;
-};
-
-// Renders scenes in parallel (sampled sequentially, so the stream is deterministic) and
-// returns them as a [B, 3, R, R] float32 tensor in [-1, 1].
-torch::Tensor render_batch(const std::vector<Scene>& scenes, int res) {
-  const int64_t B = static_cast<int64_t>(scenes.size());
-  auto out = torch::empty({B, 3, res, res});
-  float* dst = out.data_ptr<float>();
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const Image img = render_scene(scenes[b], res, res);
-      float* d = dst + b * 3 * res * res;
-      for (int64_t i = 0; i < static_cast<int64_t>(res) * res; ++i)
-        for (int c = 0; c < 3; ++c) d[c * res * res + i] = img.rgb[i * 3 + c] / 127.5f - 1.0f;
-    }
-  });
-  return out;
-}
-
-// Scenes for training, never one whose caption (without size words) is a held-out prompt.
-class SceneSource {
- public:
-  SceneSource(uint64_t seed, const std::vector<std::string>& held_out)
-      : rng_(seed), held_out_(held_out.begin(), held_out.end()) {}
-  Scene next() {
-    for (;;) {
-      Scene s = sample_scene(rng_);
-      if (!held_out_.count(caption(spec_of(s, false)))) return s;
-    }
-  }
-  std::vector<Scene> next(int n) {
-    std::vector<Scene> v;
-    for (int i = 0; i < n; ++i) v.push_back(next());
-    return v;
-  }
-  std::mt19937_64& rng() { return rng_; }
-
- private:
-  std::mt19937_64 rng_;
-  std::set<std::string> held_out_;
-};
-
-// Linear warm-up over a fixed number of steps (so that the first steps, which time a
-// budgeted run, do not depend on the total), then cosine decay to 10 %.
-double learning_rate(int64_t step, int64_t total, double base) {
-  constexpr int64_t kWarmup = 50;
-  const double warm = std::min(1.0, static_cast<double>(step + 1) / kWarmup);
-  const double span = std::max<int64_t>(1, total - kWarmup);
-  const double progress = std::clamp(static_cast<double>(step - kWarmup) / span, 0.0, 1.0);
-  return base * warm * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * progress)));
-}
-
-void set_learning_rate(torch::optim::AdamW& opt, double lr) {
-  for (auto& group : opt.param_groups())
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-}
-
-// Runs `step(i, total) -> loss` until done. With fixed_steps 0 the total is fixed after
-// timing the first kCalibration steps against budget_s.
-template <typename StepFn>
-int64_t run_stage(const char* stage, int64_t fixed_steps, double budget_s, StepFn&& step,
-                  const TrainCallback& on_progress, const std::atomic<bool>* cancel,
-                  double& final_loss) {
-  constexpr int64_t kCalibration = 8;
-  int64_t total = fixed_steps > 0 ? fixed_steps : kCalibration;
-  const auto t0 = Clock::now();
-  Clock::time_point timing_start = t0;
-  double running = 0;
-  for (int64_t i = 0; i < total; ++i) {
-    if (cancel && cancel->load())
-      throw Cancelled("train-demo: interrupted; no model folder was written");
-    if (fixed_steps == 0 && i == 2) timing_start = Clock::now();
-    const double loss = step(i, fixed_steps > 0 ? total : std::numeric_limits<int64_t>::max());
-    if (!std::isfinite(loss))
-      throw Error(std::string("train-demo: the ") + stage + " loss became non-finite at step " +
-                  std::to_string(i + 1));
-    running = i == 0 ? loss : 0.98 * running + 0.02 * loss;
-    if (fixed_steps == 0 && i == kCalibration - 1) {
-      const double per_step = seconds_since(timing_start) / (kCalibration - 2);
-      total = std::max<int64_t>(kCalibration, static_cast<int64_t>(budget_s / per_step));
-    }
-    if (on_progress) {
-      TrainProgress p;
-      p.stage = stage;
-      p.step = i + 1;
-      p.total = total;
-      p.loss = running;
-      p.stage_elapsed_s = seconds_since(t0);
-      p.eta_s = p.stage_elapsed_s / (i + 1) * (total - i - 1);
-      on_progress(p);
-    }
-  }
-  final_loss = running;
-  return total;
-}
-
-// Exponential moving average of parameters (the weights that are saved).
-class Ema {
- public:
-  explicit Ema(const std::vector<torch::Tensor>& params) : params_(params) {
-    for (const auto& p : params_) shadow_.push_back(p.detach().clone());
-  }
-  void update(int64_t step, int64_t total_steps) {
-    torch::NoGradGuard no_grad;
-    // About a tenth of the run in its horizon; early on the warm-up term is smaller.
-    const double cap = std::clamp(1.0 - 10.0 / static_cast<double>(total_steps), 0.9, 0.9995);
-    const double d = std::min(cap, (1.0 + step) / (10.0 + step));
-    for (size_t i = 0; i < params_.size(); ++i) shadow_[i].mul_(d).add_(params_[i].detach(), 1 - d);
-  }
-  void copy_to_params() {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(shadow_[i]);
-  }
-
- private:
-  std::vector<torch::Tensor> params_, shadow_;
-};
-
-// bf16 autocast for the CPU: matmuls and convolutions in bf16 (oneDNN), the rest in float32.
-// libtorch 2.4 names the device in the autocast calls; the CPU-only names are deprecated there.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-inline bool cpu_autocast_enabled() {
-  return at::autocast::is_autocast_enabled(at::kCPU);
-}
-inline void set_cpu_autocast(bool on) {
-  at::autocast::set_autocast_enabled(at::kCPU, on);
-}
-inline void set_cpu_autocast_dtype(at::ScalarType t) {
-  at::autocast::set_autocast_dtype(at::kCPU, t);
-}
-#else
-inline bool cpu_autocast_enabled() {
-  return at::autocast::is_cpu_enabled();
-}
-inline void set_cpu_autocast(bool on) {
-  at::autocast::set_cpu_enabled(on);
-}
-inline void set_cpu_autocast_dtype(at::ScalarType t) {
-  at::autocast::set_autocast_cpu_dtype(t);
-}
-#endif
-
-class AutocastGuard {
- public:
-  explicit AutocastGuard(bool enabled) : enabled_(enabled), prev_(cpu_autocast_enabled()) {
-    if (!enabled_) return;
-    set_cpu_autocast(true);
-    set_cpu_autocast_dtype(at::kBFloat16);
-  }
-  ~AutocastGuard() {
-    if (!enabled_) return;
-    set_cpu_autocast(prev_);
-    at::autocast::clear_cache();
-  }
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  bool enabled_, prev_;
-};
-
-int64_t count_parameters(torch::nn::Module& m) {
-  int64_t n = 0;
-  for (const auto& p : m.parameters()) n += p.numel();
-  return n;
-}
-
-}  // namespace
-
-TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progress,
-                       const std::atomic<bool>* cancel) {
-  if (o.resolution < 32 || o.resolution % 8 != 0)
-    throw InvalidArgument("train-demo: resolution must be a multiple of 8 and at least 32, got " +
-                          std::to_string(o.resolution));
-  if (!(o.minutes > 0) || o.minutes > 7 * 24 * 60)
-    throw InvalidArgument("train-demo: --minutes must be in (0, 10080], got " +
-                          std::to_string(o.minutes));
-  if (o.vae_crop < 16 || o.vae_crop % 8 != 0 || o.vae_crop > o.resolution)
-    throw InvalidArgument("train-demo: the autoencoder crop must be a multiple of 8 in [16, " +
-                          std::to_string(o.resolution) + "], got " + std::to_string(o.vae_crop));
-  if (o.vae_steps < 0 || o.unet_steps < 0 || o.vae_batch < 1 || o.unet_batch < 1 ||
-      o.dataset_size < 1)
-    throw InvalidArgument("train-demo: step counts must be >= 0 and batch/dataset sizes >= 1");
-  if (o.precision != "auto" && o.precision != "fp32" && o.precision != "bf16")
-    throw InvalidArgument("train-demo: --precision must be auto, fp32 or bf16, got '" +
-                          o.precision + "'");
-  const bool bf16 =
-      o.precision == "bf16" ||
-      (o.precision == "auto" &&
-       device::resolve_dtype("auto", torch::Device(torch::kCPU), "unet") == torch::kBFloat16);
+TrainReport train_sd_demo(const TrainDemoOptions& o, const TrainCallback& on_progress,
+                          const std::atomic<bool>* cancel) {
+  validate_train_options(o, 8);
+  const bool bf16 = train_in_bf16(o.precision);
   StagedFolder folder(o.out, o.force);
   device::configure_cpu_threads();
   // Training allocates and frees the same activation-sized buffers every step (page faults
@@ -332,77 +79,19 @@ TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progre
   // Stage 1: the autoencoder.
   {
     const auto t0 = Clock::now();
-    vae->train();
-    constexpr double kBaseLr = 1e-3, kKlWeight = 1e-4;
-    torch::optim::AdamW opt(vae->parameters(),
-                            torch::optim::AdamWOptions(kBaseLr).betas({0.9, 0.99}).weight_decay(0));
-    auto step = [&](int64_t i, int64_t total) {
-      set_learning_rate(opt, learning_rate(i, total, kBaseLr));
-      // Random crops: the autoencoder is convolutional, and a crop teaches it colours and edges
-      // at the scale of the full image for a quarter of the cost.
-      const auto full = render_batch(source.next(o.vae_batch), o.resolution);
-      std::vector<torch::Tensor> crops;
-      const int c = o.vae_crop, span = o.resolution - o.vae_crop + 1;
-      for (int b = 0; b < o.vae_batch; ++b) {
-        const int y = static_cast<int>(source.rng()() % span) & ~7;
-        const int x0 = static_cast<int>(source.rng()() % span) & ~7;
-        crops.push_back(full[b].narrow(1, y, c).narrow(2, x0, c));
-      }
-      const auto x = torch::stack(crops);
-      torch::Tensor loss;
-      {
-        AutocastGuard autocast(bf16);  // the forward pass only, as autocast wants
-        const auto dist = vae->encode(x);
-        const auto mean = dist.mean.to(torch::kFloat32);
-        const auto logvar = dist.logvar.to(torch::kFloat32);
-        const auto z = mean + (0.5 * logvar).exp() * at::randn(mean.sizes(), gen);
-        const auto diff = vae->decode(z).to(torch::kFloat32) - x;
-        const auto kl = 0.5 * (mean.pow(2) + logvar.exp() - 1 - logvar).mean();
-        loss = diff.abs().mean() + diff.pow(2).mean() + kKlWeight * kl;
-      }
-      opt.zero_grad();
-      loss.backward();
-      torch::nn::utils::clip_grad_norm_(vae->parameters(), 1.0);
-      opt.step();
-      return loss.item<double>();
-    };
+    const auto stage = autoencoder_stage(o, 0.3 * budget_s);
     report.vae_steps =
-        run_stage("vae", o.vae_steps, 0.3 * budget_s, step, on_progress, cancel, report.vae_loss);
-    vae->eval();
+        train_autoencoder(vae, source, stage, bf16, gen, on_progress, cancel, &report.vae_loss);
     report.vae_s = seconds_since(t0);
   }
 
   // Stage 2: the dataset of latents the UNet learns from.
-  torch::Tensor latents;
-  std::vector<Scene> scenes;
-  {
-    torch::NoGradGuard no_grad;
-    const auto t0 = Clock::now();
-    constexpr int64_t kChunk = 128;
-    std::vector<torch::Tensor> parts;
-    for (int64_t done = 0; done < o.dataset_size; done += kChunk) {
-      if (cancel && cancel->load())
-        throw Cancelled("train-demo: interrupted; no model folder was written");
-      const int n = static_cast<int>(std::min(kChunk, o.dataset_size - done));
-      auto batch = source.next(n);
-      AutocastGuard autocast(bf16);
-      parts.push_back(vae->encode(render_batch(batch, o.resolution)).mean.to(torch::kFloat32));
-      scenes.insert(scenes.end(), batch.begin(), batch.end());
-      if (on_progress) {
-        TrainProgress p;
-        p.stage = "encode";
-        p.step = done + n;
-        p.total = o.dataset_size;
-        p.stage_elapsed_s = seconds_since(t0);
-        p.eta_s = p.stage_elapsed_s / p.step * (p.total - p.step);
-        on_progress(p);
-      }
-    }
-    latents = torch::cat(parts);
-    report.scaling_factor = 1.0 / latents.std().item<double>();
-    latents.mul_(report.scaling_factor);
-    report.encode_s = seconds_since(t0);
-  }
+  const auto t_encode = Clock::now();
+  const std::vector<Scene> scenes = source.next(static_cast<int>(o.dataset_size));
+  torch::Tensor latents = encode_scenes(vae, scenes, o.resolution, bf16, on_progress, cancel);
+  report.scaling_factor = 1.0 / latents.std().item<double>();
+  latents.mul_(report.scaling_factor);
+  report.encode_s = seconds_since(t_encode);
 
   // Stage 3: UNet and text encoder together, epsilon prediction with min-SNR weighting and
   // 10 % empty captions (for classifier-free guidance).
@@ -463,8 +152,7 @@ TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progre
     text_encoder->eval();
     report.unet_s = seconds_since(t0);
   }
-  if (cancel && cancel->load())
-    throw Cancelled("train-demo: interrupted; no model folder was written");
+  throw_if_cancelled(cancel);
 
   // The folder.
   auto vae_out = vae_json;
@@ -487,38 +175,20 @@ TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progre
           sched_json.value("_class_name", "PNDMScheduler"),
           "trained from scratch by `diffuse train-demo` on the demo world (see training.json)"));
   report.total_s = seconds_since(t_start);
-  ordered_json record = {
-      {"command", "diffuse train-demo --seed " + std::to_string(o.seed) + " --vae-steps " +
-                      std::to_string(report.vae_steps) + " --unet-steps " +
-                      std::to_string(report.unet_steps) + " --resolution " +
-                      std::to_string(o.resolution) + " --vae-batch " + std::to_string(o.vae_batch) +
-                      " --vae-crop " + std::to_string(o.vae_crop) + " --unet-batch " +
-                      std::to_string(o.unet_batch) + " --dataset " +
-                      std::to_string(o.dataset_size) + " --precision " + (bf16 ? "bf16" : "fp32")},
-      {"seed", o.seed},
-      {"precision", bf16 ? "bf16" : "fp32"},
-      {"resolution", o.resolution},
-      {"vae",
-       {{"steps", report.vae_steps},
-        {"batch", o.vae_batch},
-        {"crop", o.vae_crop},
-        {"final_loss", report.vae_loss},
-        {"seconds", report.vae_s}}},
-      {"dataset", {{"scenes", o.dataset_size}, {"seconds", report.encode_s}}},
-      {"unet",
-       {{"steps", report.unet_steps},
-        {"batch", o.unet_batch},
-        {"final_loss", report.unet_loss},
-        {"seconds", report.unet_s}}},
-      {"scaling_factor", report.scaling_factor},
-      {"parameters", report.parameters},
-      {"threads", at::get_num_threads()},
-      {"total_seconds", report.total_s},
-      {"held_out_prompts", held_out}};
+  const auto record = training_record(o, report, bf16, "unet", "scenes", held_out);
   pipeline::write_json_file(root / "training.json", record);
   report.record = record.dump(2);
   folder.commit();
   return report;
+}
+
+}  // namespace
+
+TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progress,
+                       const std::atomic<bool>* cancel) {
+  if (o.arch == "sd") return train_sd_demo(o, on_progress, cancel);
+  if (o.arch == "hidream-e1") return train_hidream_demo(o, on_progress, cancel);
+  throw InvalidArgument("train-demo: --arch must be sd or hidream-e1, got '" + o.arch + "'");
 }
 
 }  // namespace diffuse::train

@@ -12,17 +12,20 @@
 namespace diffuse::train {
 
 struct TrainDemoOptions {
+  // "sd" (the Stable-Diffusion-architecture demo) or "hidream-e1" (the HiDream-architecture
+  // text-to-image and instruction-editing demo, train/hidream_demo_trainer.h).
+  std::string arch = "sd";
   std::string out;     // the model folder to write
   bool force = false;  // replace an existing non-empty folder
   uint64_t seed = 1;
-  double minutes = 60;    // time budget for the whole run (used when the step counts are 0)
-  int64_t vae_steps = 0;  // 0: as many as the VAE's share of the budget allows
-  int64_t unet_steps = 0;
-  int resolution = 128;  // training images are resolution x resolution
+  double minutes = 60;     // time budget for the whole run (used when the step counts are 0)
+  int64_t vae_steps = 0;   // 0: as many as the VAE's share of the budget allows
+  int64_t unet_steps = 0;  // the denoiser's (UNet or transformer) steps
+  int resolution = 128;    // training images are resolution x resolution
   int vae_batch = 16;
-  int vae_crop = 64;  // the autoencoder trains on random crops of this size
-  int unet_batch = 32;
-  int64_t dataset_size = 16384;  // scenes pre-encoded for the UNet stage
+  int vae_crop = 64;             // the autoencoder trains on random crops of this size
+  int unet_batch = 32;           // denoiser batch
+  int64_t dataset_size = 16384;  // scenes (edit pairs for hidream-e1) pre-encoded
   bool half_precision_weights = true;
   // "auto" (bf16 where the engine's dtype policy picks it for the CPU, i.e. native bf16
   // dot products), "fp32" or "bf16": bf16 runs the forward and backward passes under
@@ -45,8 +48,9 @@ struct TrainReport {
   double vae_loss = 0, unet_loss = 0;  // running means at the end
   double vae_s = 0, encode_s = 0, unet_s = 0, total_s = 0;
   double scaling_factor = 0;
-  int64_t parameters = 0;  // all three networks
-  std::string record;      // the training record written into the folder (JSON)
+  double shift_factor = 0;  // hidream-e1 (Flux-style VAE)
+  int64_t parameters = 0;   // all three networks
+  std::string record;       // the training record written into the folder (JSON)
 };
 
 // Trains and writes the folder. The folder is written under a temporary name next to `out`

@@ -1,0 +1,321 @@
+#include "train/hidream_demo_trainer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "device/cpu_allocator.h"
+#include "device/cpu_threads.h"
+#include "io/json_config.h"
+#include "models/autoencoder_kl.h"
+#include "models/clip_text_model.h"
+#include "models/hidream_transformer.h"
+#include "models/llama.h"
+#include "models/t5_encoder.h"
+#include "pipeline/component_writer.h"
+#include "pipeline/hidream_text.h"
+#include "text/bpe_trainer.h"
+#include "text/llama_bpe_trainer.h"
+#include "text/t5_tokenizer_trainer.h"
+#include "text/tokenizer.h"
+#include "train/hidream_demo_configs.h"
+#include "train/scene_edit.h"
+#include "train/train_loop.h"
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+
+namespace diffuse::train {
+namespace {
+
+constexpr int kPatch = 2, kVaeFactor = 8;
+constexpr double kShift = 2.0;  // the scheduler's, and the sigmas' training distribution
+constexpr int64_t kLlamaLayers = 4;
+constexpr int64_t kClipProjection = 32;
+
+// One training example: a source scene, an edit of it, and their latents' rows.
+struct EditPair {
+  SceneEdit edit;
+  int64_t source_row = 0, target_row = 0;
+};
+
+// The texts the tokenizers learn from: captions with and without size words, E1 prompts and
+// bare instructions.
+std::vector<std::string> caption_corpus(uint64_t seed) {
+  std::mt19937_64 rng(seed ^ 0xC0FFEEull);
+  std::vector<std::string> corpus;
+  for (int i = 0; i < 4000; ++i) {
+    const Scene s = sample_scene(rng);
+    corpus.push_back(caption(spec_of(s, true)));
+    corpus.push_back(caption(spec_of(s, false)));
+    const auto e = sample_edit(s, rng);
+    corpus.push_back(e1_prompt(e.instruction, caption(e.target, rng)));
+    corpus.push_back(e.instruction);
+  }
+  return corpus;
+}
+
+// The longest prompt of the world in tokens, rounded up to a multiple of 8 with room to spare:
+// the sequence length the model is trained and run with (text padding is not masked in the
+// transformer, so the two must agree).
+int64_t sequence_length_for(const std::vector<std::string>& corpus,
+                            const std::vector<const text::Tokenizer*>& tokenizers) {
+  size_t longest = 0;
+  for (const auto* tok : tokenizers)
+    for (const auto& text : corpus) longest = std::max(longest, tok->encode(text).size());
+  return static_cast<int64_t>((longest + 4 + 7) / 8 * 8);
+}
+
+template <typename Module, typename Config>
+Module build(const ordered_json& json, const char* what) {
+  return Module(Config::from_json(io::JsonConfig(json, what)));
+}
+
+// The prompt of an edit example as users write it: E1's format most of the time, sometimes the
+// bare instruction (accepted by the pipeline as the whole prompt).
+std::string edit_prompt(const SceneEdit& e, std::mt19937_64& rng) {
+  if (rng() % 5 == 0) return e.instruction;
+  return e1_prompt(e.instruction, caption(e.target, rng));
+}
+
+}  // namespace
+
+TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& on_progress,
+                               const std::atomic<bool>* cancel) {
+  validate_train_options(o, kVaeFactor * kPatch);
+  const bool bf16 = train_in_bf16(o.precision);
+  StagedFolder folder(o.out, o.force);
+  device::configure_cpu_threads();
+  device::keep_freed_memory();
+  const auto t_start = Clock::now();
+  const double budget_s = o.minutes * 60;
+  TrainReport report;
+  torch::manual_seed(o.seed);
+  auto gen = at::detail::createCPUGenerator(o.seed);
+  const auto root = folder.path();
+
+  // Tokenizers of the four kinds, learned from the world's texts.
+  const auto corpus = caption_corpus(o.seed);
+  const auto clip_vocab = text::train_clip_bpe(corpus, 400);
+  for (const char* dir : {"tokenizer", "tokenizer_2"})
+    text::save_clip_tokenizer(clip_vocab, (root / dir).string(), 248);
+  text::train_t5_tokenizer(corpus, 320, (root / "tokenizer_3").string(), 512);
+  text::train_llama_tokenizer(corpus, 400, (root / "tokenizer_4").string(), 2048);
+  pipeline::HiDreamTextEncoders::Parts parts;
+  parts.clip_l_tok = text::load_tokenizer((root / "tokenizer").string());
+  parts.clip_g_tok = text::load_tokenizer((root / "tokenizer_2").string());
+  parts.t5_tok = text::load_tokenizer((root / "tokenizer_3").string());
+  parts.llama_tok = text::load_tokenizer((root / "tokenizer_4").string());
+  const int64_t seq_len = sequence_length_for(
+      corpus, {parts.clip_l_tok.get(), parts.t5_tok.get(), parts.llama_tok.get()});
+  const auto clip_vocab_size = static_cast<int64_t>(clip_vocab.tokens.size());
+  const auto clip_json = hidream_demo_clip_config(clip_vocab_size, clip_vocab_size - 2,
+                                                  clip_vocab_size - 1, kClipProjection);
+  // The T5 vocabulary: SentencePiece's pieces (no extra ids).
+  int64_t t5_vocab = 0;
+  for (const auto& text : corpus)
+    for (auto id : parts.t5_tok->encode(text)) t5_vocab = std::max(t5_vocab, id + 1);
+  t5_vocab = std::max<int64_t>(t5_vocab, 320);
+  const auto t5_json = hidream_demo_t5_config(t5_vocab);
+  int64_t llama_vocab = 0;
+  for (const auto& text : corpus)
+    for (auto id : parts.llama_tok->encode(text)) llama_vocab = std::max(llama_vocab, id + 1);
+  llama_vocab = std::max<int64_t>({llama_vocab, parts.llama_tok->eos_id() + 1,
+                                   parts.llama_tok->bos_id() + 1, parts.llama_tok->pad_id() + 1});
+  const auto llama_json = hidream_demo_llama_config(llama_vocab, parts.llama_tok->bos_id(),
+                                                    parts.llama_tok->eos_id(), kLlamaLayers);
+
+  auto clip_config = [&](const char* what) {
+    auto c = models::ClipTextConfig::from_json(io::JsonConfig(clip_json, what));
+    c.with_projection = true;
+    c.projection_dim = kClipProjection;
+    return c;
+  };
+  parts.clip_l = models::ClipTextModel(clip_config("demo text_encoder"));
+  parts.clip_g = models::ClipTextModel(clip_config("demo text_encoder_2"));
+  parts.t5 = build<models::T5EncoderModel, models::T5Config>(t5_json, "demo text_encoder_3");
+  parts.llama =
+      build<models::LlamaForCausalLM, models::LlamaConfig>(llama_json, "demo text_encoder_4");
+  std::vector<torch::nn::Module*> encoders = {parts.clip_l.get(), parts.clip_g.get(),
+                                              parts.t5.get(), parts.llama.get()};
+  const auto vae_json = hidream_demo_vae_config(o.resolution);
+  const int latent_size = o.resolution / kVaeFactor;
+  const auto transformer_json = hidream_demo_transformer_config(
+      latent_size, t5_json["d_model"].get<int64_t>(), llama_json["hidden_size"].get<int64_t>(),
+      2 * kClipProjection, kLlamaLayers);
+  auto vae = build<models::AutoencoderKL, models::AutoencoderKLConfig>(vae_json, "demo vae");
+  auto transformer =
+      build<models::HiDreamImageTransformer2DModel, models::HiDreamTransformerConfig>(
+          transformer_json, "demo transformer");
+  pipeline::HiDreamTextEncoders text_encoders(std::move(parts), torch::Device(torch::kCPU));
+  report.parameters = count_parameters(*vae) + count_parameters(*transformer);
+  for (auto* m : encoders) report.parameters += count_parameters(*m);
+
+  const auto held_out = held_out_prompts();
+  SceneSource source(o.seed, held_out);
+
+  // Stage 1: the autoencoder.
+  {
+    const auto t0 = Clock::now();
+    const auto stage = autoencoder_stage(o, 0.25 * budget_s);
+    report.vae_steps =
+        train_autoencoder(vae, source, stage, bf16, gen, on_progress, cancel, &report.vae_loss);
+    report.vae_s = seconds_since(t0);
+  }
+
+  // Stage 2: edit pairs and their latents (sources and targets), shifted and scaled to zero
+  // mean and unit variance as the Flux VAE's shift_factor / scaling_factor do.
+  const auto t_encode = Clock::now();
+  std::vector<EditPair> pairs;
+  std::vector<Scene> scenes;
+  for (int64_t i = 0; i < o.dataset_size; ++i) {
+    EditPair p;
+    p.edit = sample_edit(source.next(), source.rng());
+    p.source_row = static_cast<int64_t>(scenes.size());
+    scenes.push_back(p.edit.source);
+    p.target_row = static_cast<int64_t>(scenes.size());
+    scenes.push_back(p.edit.target);
+    pairs.push_back(std::move(p));
+  }
+  torch::Tensor latents = encode_scenes(vae, scenes, o.resolution, bf16, on_progress, cancel);
+  report.shift_factor = latents.mean().item<double>();
+  report.scaling_factor = 1.0 / latents.std().item<double>();
+  latents.sub_(report.shift_factor).mul_(report.scaling_factor);
+  report.encode_s = seconds_since(t_encode);
+
+  // Stage 3: the transformer and the four text encoders, by flow matching. Each step holds a
+  // text-to-image batch (captions of sources and targets) and an edit batch (sources beside the
+  // noisy targets), with text and source image dropped at random so that both guidances work.
+  {
+    const auto t0 = Clock::now();
+    transformer->train();
+    std::vector<torch::Tensor> params = transformer->parameters();
+    for (auto* m : encoders) {
+      m->train();
+      for (const auto& p : m->parameters()) params.push_back(p);
+    }
+    constexpr double kBaseLr = 3e-4;
+    torch::optim::AdamW opt(
+        params, torch::optim::AdamWOptions(kBaseLr).betas({0.9, 0.99}).weight_decay(0.01));
+    Ema ema(params);
+    const int64_t N = static_cast<int64_t>(pairs.size());
+    const int edit_batch = std::max(1, o.unet_batch * 2 / 3);
+    const int t2i_batch = std::max(1, o.unet_batch - edit_batch);
+    auto& rng = source.rng();
+    const int64_t w = latent_size;
+    models::HiDreamForwardOptions edit_fwd;
+    edit_fwd.max_seq = (latent_size / kPatch) * (2 * latent_size / kPatch);
+    auto sigmas = [&](int n) {
+      // Logit-normal, then the scheduler's shift: the noise levels inference visits.
+      auto s = torch::sigmoid(at::randn({n}, gen));
+      return kShift * s / (1 + (kShift - 1) * s);
+    };
+    auto step = [&](int64_t i, int64_t total) {
+      set_learning_rate(opt, learning_rate(i, total, kBaseLr));
+      std::vector<std::string> prompts;
+      std::vector<torch::Tensor> t2i_x0, edit_x0, edit_src;
+      for (int b = 0; b < t2i_batch; ++b) {
+        const auto& p = pairs[rng() % N];
+        const bool target = rng() % 2 == 0;
+        const Scene& s = target ? p.edit.target : p.edit.source;
+        t2i_x0.push_back(latents[target ? p.target_row : p.source_row]);
+        prompts.push_back(rng() % 10 == 0 ? std::string() : caption(s, rng));
+      }
+      for (int b = 0; b < edit_batch; ++b) {
+        const auto& p = pairs[rng() % N];
+        edit_x0.push_back(latents[p.target_row]);
+        // 10 % without text, 10 % without the image, 5 % without both.
+        const int r = static_cast<int>(rng() % 20);
+        const bool drop_text = r < 2 || r == 4, drop_image = (r >= 2 && r < 4) || r == 4;
+        edit_src.push_back(drop_image ? torch::zeros_like(latents[p.source_row])
+                                      : latents[p.source_row]);
+        prompts.push_back(drop_text ? std::string() : edit_prompt(p.edit, rng));
+      }
+      const auto x0_t = torch::stack(t2i_x0), x0_e = torch::stack(edit_x0);
+      const auto src = torch::stack(edit_src);
+      const auto s_t = sigmas(t2i_batch), s_e = sigmas(edit_batch);
+      const auto n_t = at::randn(x0_t.sizes(), gen), n_e = at::randn(x0_e.sizes(), gen);
+      auto noisy = [](const torch::Tensor& x0, const torch::Tensor& n, const torch::Tensor& s) {
+        const auto sv = s.view({-1, 1, 1, 1});
+        return (1 - sv) * x0 + sv * n;
+      };
+      torch::Tensor loss;
+      {
+        AutocastGuard autocast(bf16);
+        auto e = text_encoders.encode(prompts, seq_len);
+        auto slice = [&](int64_t from, int64_t n) {
+          return std::make_tuple(e.t5.narrow(0, from, n), e.llama.narrow(1, from, n),
+                                 e.pooled.narrow(0, from, n));
+        };
+        const auto [t5_t, llama_t, pooled_t] = slice(0, t2i_batch);
+        const auto [t5_e, llama_e, pooled_e] = slice(t2i_batch, edit_batch);
+        // The model's raw output is x0 - noise (the pipelines negate it into the velocity).
+        const auto out_t =
+            transformer->forward(noisy(x0_t, n_t, s_t), s_t * 1000, t5_t, llama_t, pooled_t);
+        const auto input_e = torch::cat({noisy(x0_e, n_e, s_e), src}, 3);
+        const auto out_e =
+            transformer->forward(input_e, s_e * 1000, t5_e, llama_e, pooled_e, edit_fwd)
+                .narrow(3, 0, w);
+        const auto err_t = (out_t.to(torch::kFloat32) - (x0_t - n_t)).pow(2).mean();
+        const auto err_e = (out_e.to(torch::kFloat32) - (x0_e - n_e)).pow(2).mean();
+        loss = (t2i_batch * err_t + edit_batch * err_e) / (t2i_batch + edit_batch);
+      }
+      opt.zero_grad();
+      loss.backward();
+      torch::nn::utils::clip_grad_norm_(params, 1.0);
+      opt.step();
+      ema.update(i, total);
+      return loss.item<double>();
+    };
+    const double remaining = std::max(1.0, 0.98 * budget_s - seconds_since(t_start));
+    report.unet_steps = run_stage("transformer", o.unet_steps, remaining, step, on_progress, cancel,
+                                  report.unet_loss);
+    ema.copy_to_params();
+    transformer->eval();
+    for (auto* m : encoders) m->eval();
+    report.unet_s = seconds_since(t0);
+  }
+  throw_if_cancelled(cancel);
+
+  // The folder, in the layout of a real HiDream folder.
+  const std::string made_by =
+      "diffuse train-demo --arch hidream-e1 --seed " + std::to_string(o.seed);
+  const bool half = o.half_precision_weights;
+  auto vae_out = vae_json;
+  vae_out["scaling_factor"] = report.scaling_factor;
+  vae_out["shift_factor"] = report.shift_factor;
+  pipeline::write_json_file(root / "vae" / "config.json", vae_out);
+  pipeline::save_module_weights(*vae, root / "vae" / "diffusion_pytorch_model.safetensors", half,
+                                made_by);
+  pipeline::write_json_file(root / "transformer" / "config.json", transformer_json);
+  pipeline::save_module_weights(
+      *transformer, root / "transformer" / "diffusion_pytorch_model.safetensors", half, made_by);
+  const std::pair<const char*, const ordered_json*> configs[] = {{"text_encoder", &clip_json},
+                                                                 {"text_encoder_2", &clip_json},
+                                                                 {"text_encoder_3", &t5_json},
+                                                                 {"text_encoder_4", &llama_json}};
+  for (size_t k = 0; k < encoders.size(); ++k) {
+    pipeline::write_json_file(root / configs[k].first / "config.json", *configs[k].second);
+    pipeline::save_module_weights(*encoders[k], root / configs[k].first / "model.safetensors", half,
+                                  made_by);
+  }
+  pipeline::write_json_file(root / "scheduler" / "scheduler_config.json",
+                            hidream_demo_scheduler_config(kShift));
+  const ordered_json defaults = {{"steps", 20},
+                                 {"guidance_scale", 4.0},
+                                 {"image_guidance_scale", 1.5},
+                                 {"max_sequence_length", seq_len}};
+  pipeline::write_json_file(root / "model_index.json", hidream_demo_model_index(defaults));
+  report.total_s = seconds_since(t_start);
+  auto record = training_record(o, report, bf16, "transformer", "edit_pairs", held_out);
+  record["shift_factor"] = report.shift_factor;
+  record["max_sequence_length"] = seq_len;
+  pipeline::write_json_file(root / "training.json", record);
+  report.record = record.dump(2);
+  folder.commit();
+  return report;
+}
+
+}  // namespace diffuse::train
