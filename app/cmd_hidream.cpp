@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <random>
@@ -61,6 +62,16 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
                           "': only PNG output is supported (use a .png name)");
   if (f.refine && !(*f.refine >= 0.0 && *f.refine <= 1.0))
     throw InvalidArgument("--refine must be in [0, 1], got " + std::to_string(*f.refine));
+  // The server's ranges (server/requests.cpp), so a run here is refused where a request is.
+  for (const auto& [flag, value] :
+       {std::pair<const char*, std::optional<double>>{"--cfg-scale", f.cfg_scale},
+        {"--image-guidance", f.image_guidance}})
+    if (value && !(*value >= 0.0 && *value <= 100.0))
+      throw InvalidArgument(std::string(flag) + " must be in [0, 100], got " + c10::str(*value));
+  if (f.lora_rank && !(*f.lora_rank >= 1.0 && *f.lora_rank == std::floor(*f.lora_rank)))
+    throw InvalidArgument("--lora-rank must be a whole number >= 1, got " + c10::str(*f.lora_rank));
+  if (f.lora_alpha && !std::isfinite(*f.lora_alpha))
+    throw InvalidArgument("--lora-alpha must be a finite number");
   Image source;
   if (edit) {
     if (f.image.empty()) throw InvalidArgument("edit needs a source image (-i/--image)");

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "flag_checks.h"
 #include "load_flags.h"
 #include "server/engine.h"
 #include "server/http_server.h"
@@ -101,6 +102,9 @@ int run_serve(ServeFlags& f) {
   SignalWatcher signals;
   if (f.options.api_key.empty())
     if (const char* env = std::getenv("DIFFUSE_API_KEY")) f.options.api_key = env;
+  if (!f.options.api_key.empty() &&
+      f.options.api_key.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw InvalidArgument("--api-key / DIFFUSE_API_KEY: the key is only whitespace");
   if (f.shutdown != "cancel" && f.shutdown != "finish")
     throw InvalidArgument("--shutdown: expected cancel or finish, got '" + f.shutdown + "'");
   if (!(f.max_body_mb > 0 && f.max_body_mb <= 4096))
@@ -140,30 +144,38 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--host", f->options.host,
                  "Address to listen on (beyond loopback needs --api-key)")
       ->capture_default_str();
-  app.add_option("--port", f->options.port, "Port (0 = any free port)")->capture_default_str();
+  app.add_option("--port", f->options.port, "Port (0 = any free port)")
+      ->capture_default_str()
+      ->check(int_range(0, 65535, "a TCP port"));
   app.add_option("--api-key", f->options.api_key,
                  "Require 'Authorization: Bearer KEY' on every API request (env DIFFUSE_API_KEY)");
   app.add_option("--queue", f->options.max_waiting,
                  "Jobs that may wait behind the running one (then 503)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(0, 100000, "a queue length"));
   app.add_option("--cors", f->options.cors_origin, "Allow cross-origin requests from this origin");
   app.add_option("--shutdown", f->shutdown, "On SIGINT/SIGTERM: cancel or finish the running job")
       ->capture_default_str();
   app.add_option("--max-steps", f->options.limits.max_steps, "Most steps a request may ask")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1, 10000, "a number of steps"));
   app.add_option("--max-images", f->options.limits.max_images, "Most images per request")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1, 1000, "a number of images"));
   app.add_option("--max-side", f->options.limits.max_side,
                  "Largest width/height of a generated image")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(8, 65536, "an image side in pixels"));
   app.add_option("--max-body-mb", f->max_body_mb, "Largest request body in MB")
       ->capture_default_str();
   app.add_option("--keep-jobs", f->options.keep_finished,
                  "Finished jobs (and images) kept for clients")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(0, 100000, "a number of jobs"));
   app.add_option("--lora-dir", f->options.lora_dir,
                  "Folder of LoRA files that <lora:NAME:SCALE> in a prompt refers to; each job "
-                 "swaps its adapters in without reloading the model");
+                 "swaps its adapters in without reloading the model")
+      ->check(CLI::ExistingDirectory);
   app.add_flag("-q,--quiet", f->quiet, "No log output");
   add_load_flags(app, f->load);
   app.add_option("--transformer", f->hidream.transformer,

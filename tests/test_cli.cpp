@@ -492,11 +492,22 @@ TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
       {{"txt2img", "-m", model, "-p", "x", "-W", "0"}, "a width in pixels"},
       {{"txt2img", "-m", model, "-p", "x", "--num-images", "1000000"}, "images per prompt"},
       {{"bench", "-W", "100000"}, "a width in pixels"},
+      {{"train-demo", "--out", dir.file("m"), "--arch", "flux"}, "--arch"},
+      {{"train-demo", "--out", dir.file("m"), "--vae-batch", "100000000"}, "--vae-batch 1024"},
+      {{"train-demo", "--out", dir.file("m"), "--seed", "-1"}, "--seed"},
+      {{"serve", "-m", model, "--port", "65536"}, "a TCP port"},
+      {{"serve", "-m", model, "--queue", "-1"}, "a queue length"},
+      {{"serve", "-m", model, "--max-steps", "0"}, "a number of steps"},
+      {{"serve", "-m", model, "--max-side", "0"}, "an image side in pixels"},
+      {{"serve", "-m", model, "--max-images", "-1"}, "a number of images"},
+      {{"serve", "-m", model, "--api-key", " "}, "only whitespace"},
+      {{"serve", "-m", model, "--lora-dir", dir.file("no-such-dir")}, "--lora-dir"},
   };
   for (const auto& c : cases) {
     auto args = c.args;
     if (std::find(args.begin(), args.end(), "-o") == args.end() && args[0] != "verify" &&
-        args[0] != "create-demo-model" && args[0] != "train-demo" && args[0] != "bench")
+        args[0] != "create-demo-model" && args[0] != "train-demo" && args[0] != "bench" &&
+        args[0] != "serve")
       args.insert(args.end(), {"-o", dir.file("out.png")});
     auto r = run_cli(args, dir);
     EXPECT_NE(r.exit_code, 0) << c.needle;
@@ -612,6 +623,24 @@ TEST(Cli, InterruptPrintsInterruptedAndExitsWith128PlusTheSignal) {
     EXPECT_EQ(WEXITSTATUS(r.status), 128 + sig);
     EXPECT_NE(r.err.find("interrupted"), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(out));
+  }
+}
+
+// train-demo too: 128 + signal, and neither the model folder nor its staging folder is left.
+TEST(Cli, TrainDemoInterruptExitsWith128PlusTheSignalAndLeavesNoFolder) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig);
+    test::TempDir dir;
+    const std::string out = dir.file("model");
+    auto r = run_and_signal(
+        {"train-demo", "--out", out, "--resolution", "32", "--vae-crop", "16", "--vae-batch", "2",
+         "--vae-steps", "2000", "--unet-steps", "1", "--dataset", "4"},
+        "[vae] step ", sig);
+    ASSERT_TRUE(r.signalled) << r.err;
+    ASSERT_TRUE(WIFEXITED(r.status)) << r.err;
+    EXPECT_EQ(WEXITSTATUS(r.status), 128 + sig) << r.err;
+    EXPECT_NE(r.err.find("interrupted"), std::string::npos) << r.err;
+    EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << r.err;
   }
 }
 

@@ -119,5 +119,39 @@ TEST_F(HiDreamCliFlags, FlagsItCannotHonourAreRefusedWithTheReason) {
   EXPECT_NE(i2i.err.find("not img2img"), std::string::npos) << i2i.err;
 }
 
+// Guidance and LoRA values the server refuses are refused here too, naming the flag (issue 45).
+TEST_F(HiDreamCliFlags, OutOfRangeGuidanceAndLoraRankAreRefused) {
+  for (const auto& [flags, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--cfg-scale", "-5"}, "--cfg-scale"}, {{"--cfg-scale", "1e9"}, "--cfg-scale"}}) {
+    const auto r = txt2img("bad.png", flags);
+    EXPECT_NE(r.exit_code, 0) << needle;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir_.file("bad.png")));
+  }
+  const auto png = dir_.file("src.png");
+  ASSERT_EQ(txt2img("src.png", {}).exit_code, 0);
+  for (const auto& [flags, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--image-guidance", "-1"}, "--image-guidance"},
+           {{"--e1-lora", png, "--lora-rank", "0"}, "--lora-rank"},
+           {{"--e1-lora", png, "--lora-rank", "-4"}, "--lora-rank"}}) {
+    std::vector<std::string> args = {"edit",
+                                     "-m",
+                                     model_,
+                                     "-i",
+                                     png,
+                                     "-p",
+                                     "make it red",
+                                     "--steps",
+                                     "1",
+                                     "-o",
+                                     dir_.file("bad.png")};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const auto r = run_cli(args, dir_);
+    EXPECT_NE(r.exit_code, 0) << needle;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir_.file("bad.png")));
+  }
+}
+
 }  // namespace test_cli_hidream_flags
 }  // namespace diffuse

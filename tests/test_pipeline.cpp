@@ -257,7 +257,7 @@ TEST(PipelinePromptSyntax, WeightsOfExactlyOneGiveThePlainPromptsImage) {
   };
   const std::string plain = "a red circle on the left and a blue square on the right";
   const auto want = run(plain, "blurry", "plain");
-  for (const std::string& spelled :
+  for (const char* spelled :
        {"(a red circle on the left and a blue square on the right:1.0)",
         "(a red circle on the left and a blue square on the right:1)",
         "a red (circle:1.00) on the left and a blue square on the right",

@@ -78,6 +78,7 @@ ModelDefaults HiDreamEngine::defaults() const {
   d.size_multiple = static_cast<int>(pipe_->size_multiple());
   d.steps = variant_.steps;  // the variant's reference settings (pipeline/hidream_variant.h)
   d.guidance_scale = variant_.guidance_scale;
+  d.image_guidance_scale = variant_.image_guidance_scale;
   // I1 + the E1 LoRA is an editing model: its text-to-image would run on E1's weights.
   d.kinds = has_editing_lora_ ? std::vector<JobKind>{JobKind::edit}
                               : std::vector<JobKind>{JobKind::txt2img, JobKind::edit};

@@ -196,7 +196,8 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
                           " (base64 PNG)");
   if (r.kind == JobKind::txt2img && init)
     throw InvalidArgument("init_image: given, but mode is txt2img");
-  r.edit.image_guidance_scale = f.number("image_guidance_scale", 0, 100).value_or(4.0);
+  r.edit.image_guidance_scale =
+      f.number("image_guidance_scale", 0, 100).value_or(model.image_guidance_scale);
   r.edit.clip_cfg_norm = f.boolean("clip_cfg_norm").value_or(true);
   r.edit.refine_strength = f.number("refine_strength", 0, 1).value_or(0.0);
   if (r.kind != JobKind::edit)

@@ -22,6 +22,7 @@ struct ModelDefaults {
   std::string scheduler;  // the model's own
   int steps = 25;
   double guidance_scale = 7.5;
+  double image_guidance_scale = 4.0;  // edit jobs (HiDream-E1's reference value)
   std::vector<JobKind> kinds = {JobKind::txt2img, JobKind::img2img};
   // Scheduler names a request may choose; empty: only the model's own.
   std::vector<std::string> schedulers;

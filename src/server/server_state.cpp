@@ -144,6 +144,7 @@ nlohmann::json status_json(const ServerState& state) {
           {"schedulers", state.defaults.schedulers},
           {"modes", modes},
           {"default_steps", state.defaults.steps},
+          {"default_image_guidance_scale", state.defaults.image_guidance_scale},
           {"default_guidance_scale", state.defaults.guidance_scale},
           {"default_width", info.default_width},
           {"default_height", info.default_height},

@@ -89,6 +89,7 @@ async function refreshStatus() {
       state.defaultsShown = true;
       $('steps').value = s.default_steps;
       $('guidance').value = s.default_guidance_scale;
+      if (s.default_image_guidance_scale !== undefined) $('image-guidance').value = s.default_image_guidance_scale;
     }
     // An editing model (HiDream-E1) edits the uploaded image by the prompt's instruction.
     state.editMode = s.modes.includes('edit') && !s.modes.includes('img2img');
