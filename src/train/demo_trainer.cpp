@@ -77,13 +77,8 @@ TrainReport train_sd_demo(const TrainDemoOptions& o, const TrainCallback& on_pro
   SceneSource source(o.seed, held_out);
 
   // Stage 1: the autoencoder.
-  {
-    const auto t0 = Clock::now();
-    const auto stage = autoencoder_stage(o, 0.3 * budget_s);
-    report.vae_steps =
-        train_autoencoder(vae, source, stage, bf16, gen, on_progress, cancel, &report.vae_loss);
-    report.vae_s = seconds_since(t0);
-  }
+  train_autoencoder(vae, source, autoencoder_stage(o, 0.3 * budget_s), bf16, gen, on_progress,
+                    cancel, report);
 
   // Stage 2: the dataset of latents the UNet learns from.
   const auto t_encode = Clock::now();

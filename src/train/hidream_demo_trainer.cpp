@@ -57,14 +57,28 @@ std::vector<std::string> caption_corpus(uint64_t seed) {
   return corpus;
 }
 
-// The longest prompt of the world in tokens, rounded up to a multiple of 8 with room to spare:
-// the sequence length the model is trained and run with (text padding is not masked in the
-// transformer, so the two must agree).
-int64_t sequence_length_for(const std::vector<std::string>& corpus,
-                            const std::vector<const text::Tokenizer*>& tokenizers) {
+// What the corpus takes of one tokenizer: its longest encoding and the highest id it uses.
+struct CorpusTokens {
   size_t longest = 0;
-  for (const auto* tok : tokenizers)
-    for (const auto& text : corpus) longest = std::max(longest, tok->encode(text).size());
+  int64_t max_id = -1;
+};
+
+CorpusTokens corpus_tokens(const std::vector<std::string>& corpus, const text::Tokenizer& tok) {
+  CorpusTokens t;
+  for (const auto& text : corpus) {
+    const auto ids = tok.encode(text);
+    t.longest = std::max(t.longest, ids.size());
+    for (auto id : ids) t.max_id = std::max(t.max_id, id);
+  }
+  return t;
+}
+
+// The longest prompt in tokens, rounded up to a multiple of 8 with room to spare: the sequence
+// length the model is trained and run with (text padding is not masked in the transformer, so
+// the two must agree).
+int64_t sequence_length_for(std::initializer_list<CorpusTokens> tokens) {
+  size_t longest = 0;
+  for (const auto& t : tokens) longest = std::max(longest, t.longest);
   return static_cast<int64_t>((longest + 4 + 7) / 8 * 8);
 }
 
@@ -108,22 +122,19 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
   parts.clip_g_tok = text::load_tokenizer((root / "tokenizer_2").string());
   parts.t5_tok = text::load_tokenizer((root / "tokenizer_3").string());
   parts.llama_tok = text::load_tokenizer((root / "tokenizer_4").string());
-  const int64_t seq_len = sequence_length_for(
-      corpus, {parts.clip_l_tok.get(), parts.t5_tok.get(), parts.llama_tok.get()});
+  const auto clip_tokens = corpus_tokens(corpus, *parts.clip_l_tok);
+  const auto t5_tokens = corpus_tokens(corpus, *parts.t5_tok);
+  const auto llama_tokens = corpus_tokens(corpus, *parts.llama_tok);
+  const int64_t seq_len = sequence_length_for({clip_tokens, t5_tokens, llama_tokens});
   const auto clip_vocab_size = static_cast<int64_t>(clip_vocab.tokens.size());
   const auto clip_json = hidream_demo_clip_config(clip_vocab_size, clip_vocab_size - 2,
                                                   clip_vocab_size - 1, kClipProjection);
   // The T5 vocabulary: SentencePiece's pieces (no extra ids).
-  int64_t t5_vocab = 0;
-  for (const auto& text : corpus)
-    for (auto id : parts.t5_tok->encode(text)) t5_vocab = std::max(t5_vocab, id + 1);
-  t5_vocab = std::max<int64_t>(t5_vocab, 320);
+  const int64_t t5_vocab = std::max<int64_t>(t5_tokens.max_id + 1, 320);
   const auto t5_json = hidream_demo_t5_config(t5_vocab);
-  int64_t llama_vocab = 0;
-  for (const auto& text : corpus)
-    for (auto id : parts.llama_tok->encode(text)) llama_vocab = std::max(llama_vocab, id + 1);
-  llama_vocab = std::max<int64_t>({llama_vocab, parts.llama_tok->eos_id() + 1,
-                                   parts.llama_tok->bos_id() + 1, parts.llama_tok->pad_id() + 1});
+  const int64_t llama_vocab =
+      std::max<int64_t>({llama_tokens.max_id + 1, parts.llama_tok->eos_id() + 1,
+                         parts.llama_tok->bos_id() + 1, parts.llama_tok->pad_id() + 1});
   const auto llama_json = hidream_demo_llama_config(llama_vocab, parts.llama_tok->bos_id(),
                                                     parts.llama_tok->eos_id(), kLlamaLayers);
 
@@ -157,13 +168,8 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
   SceneSource source(o.seed, held_out);
 
   // Stage 1: the autoencoder.
-  {
-    const auto t0 = Clock::now();
-    const auto stage = autoencoder_stage(o, 0.25 * budget_s);
-    report.vae_steps =
-        train_autoencoder(vae, source, stage, bf16, gen, on_progress, cancel, &report.vae_loss);
-    report.vae_s = seconds_since(t0);
-  }
+  train_autoencoder(vae, source, autoencoder_stage(o, 0.25 * budget_s), bf16, gen, on_progress,
+                    cancel, report);
 
   // Stage 2: edit pairs and their latents (sources and targets), shifted and scaled to zero
   // mean and unit variance as the Flux VAE's shift_factor / scaling_factor do.

@@ -249,10 +249,10 @@ nlohmann::ordered_json training_record(const TrainDemoOptions& o, const TrainRep
       {"held_out_prompts", held_out}};
 }
 
-int64_t train_autoencoder(models::AutoencoderKL& vae, SceneSource& source,
-                          const AutoencoderStage& s, bool bf16, at::Generator& gen,
-                          const TrainCallback& on_progress, const std::atomic<bool>* cancel,
-                          double* final_loss) {
+void train_autoencoder(models::AutoencoderKL& vae, SceneSource& source, const AutoencoderStage& s,
+                       bool bf16, at::Generator& gen, const TrainCallback& on_progress,
+                       const std::atomic<bool>* cancel, TrainReport& report) {
+  const auto t0 = Clock::now();
   vae->train();
   constexpr double kBaseLr = 1e-3, kKlWeight = 1e-4;
   torch::optim::AdamW opt(vae->parameters(),
@@ -287,11 +287,10 @@ int64_t train_autoencoder(models::AutoencoderKL& vae, SceneSource& source,
     opt.step();
     return loss.item<double>();
   };
-  double loss = 0;
-  const int64_t steps = run_stage("vae", s.steps, s.budget_s, step, on_progress, cancel, loss);
+  report.vae_steps =
+      run_stage("vae", s.steps, s.budget_s, step, on_progress, cancel, report.vae_loss);
   vae->eval();
-  if (final_loss) *final_loss = loss;
-  return steps;
+  report.vae_s = seconds_since(t0);
 }
 
 torch::Tensor encode_scenes(models::AutoencoderKL& vae, const std::vector<Scene>& scenes,

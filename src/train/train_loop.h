@@ -155,12 +155,13 @@ nlohmann::ordered_json training_record(const TrainDemoOptions& o, const TrainRep
                                        bool bf16, const char* denoiser, const char* dataset_unit,
                                        const std::vector<std::string>& held_out);
 
-// Trains `vae` on random crops of rendered scenes: L1 + L2 reconstruction and a small KL term.
-// Returns the step count; the running loss in *final_loss. Leaves the model in eval mode.
-int64_t train_autoencoder(models::AutoencoderKL& vae, SceneSource& source,
-                          const AutoencoderStage& stage, bool bf16, at::Generator& gen,
-                          const TrainCallback& on_progress, const std::atomic<bool>* cancel,
-                          double* final_loss);
+// Trains `vae` on random crops of rendered scenes: L1 + L2 reconstruction and a small KL term;
+// records the steps, the running loss and the time in report.vae_*. Leaves the model in eval
+// mode.
+void train_autoencoder(models::AutoencoderKL& vae, SceneSource& source,
+                       const AutoencoderStage& stage, bool bf16, at::Generator& gen,
+                       const TrainCallback& on_progress, const std::atomic<bool>* cancel,
+                       TrainReport& report);
 
 // The VAE's latent means of the scenes (float32, unscaled), in chunks, reporting progress as
 // stage "encode".
