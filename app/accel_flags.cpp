@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "accel/dit_cache.h"
 #include "diffuse/errors.h"
 
 namespace diffuse::app {
@@ -34,6 +35,11 @@ void add_accel_flags(CLI::App& app, AccelFlags& f) {
   app.add_option("--tome-layers", f.tome_layers,
                  "Transformers token merging applies to (e.g. down_blocks.0.attentions.0); "
                  "default: the first two down and last two up at the highest resolution");
+  app.add_option("--cache", f.cache,
+                 "DiT models (HiDream): skip part of the transformer on some steps: off, "
+                 "fbcache[:THRESHOLD] (0.1), taylorseer[:INTERVAL[:ORDER]] (3:1), "
+                 "ditcache[:FIRST:LAST[:INTERVAL]] (the middle half of the single-stream blocks, "
+                 "every 2nd step)");
 }
 
 bool any_accel_flag(const AccelFlags& f) {
@@ -76,6 +82,7 @@ void apply_accel_flags(const AccelFlags& f, GenerationConfig& g) {
     g.token_merging.ratio = ratio;
   }
   g.token_merging.layers = f.tome_layers;
+  if (!f.cache.empty()) g.dit_cache = accel::parse_dit_cache(f.cache);
 }
 
 }  // namespace diffuse::app

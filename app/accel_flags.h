@@ -1,5 +1,5 @@
-// The UNet accelerator flags of txt2img / img2img: --deepcache N[:LAYER:BLOCK],
-// --deepcache-schedule, --tome RATIO, --tome-layers.
+// The accelerator flags of txt2img / img2img: for UNets --deepcache N[:LAYER:BLOCK],
+// --deepcache-schedule, --tome RATIO, --tome-layers; for DiTs --cache SPEC.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
@@ -14,13 +14,14 @@ struct AccelFlags {
   std::string deepcache_schedule = "uniform";
   std::string tome;  // a ratio in [0, 1); empty = off
   std::vector<std::string> tome_layers;
+  std::string cache;  // a DiT cache spec (accel/dit_cache.h); empty = off
 };
 
 void add_accel_flags(CLI::App& app, AccelFlags& flags);
 // Parses the flags into `config`; InvalidArgument naming the flag, the value and what is
 // expected. (The layer and block ids are checked against the model once it is loaded.)
 void apply_accel_flags(const AccelFlags& flags, GenerationConfig& config);
-// Whether any accelerator was asked for (HiDream runs none).
+// Whether any UNet accelerator was asked for (HiDream runs none; --cache is the DiT's).
 bool any_accel_flag(const AccelFlags& flags);
 
 }  // namespace diffuse::app

@@ -4,8 +4,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "accel/dit_cache.h"
 #include "bench/accel_bench.h"
+#include "bench/dit_cache_bench.h"
 #include "commands.h"
+#include "diffuse/errors.h"
+#include "pipeline/hidream.h"
 
 namespace diffuse::app {
 
@@ -15,6 +19,8 @@ std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench) {
     int layer = 0, block = 0;
     bool non_uniform = false;
     bool json = false;
+    int edits = 20;                   // HiDream models
+    std::vector<std::string> caches;  // HiDream models: --cache specs (default: a spread)
   };
   auto f = std::make_shared<Flags>();
   CLI::App* sub = bench.add_subcommand(
@@ -42,8 +48,29 @@ std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench) {
   sub->add_option("--deepcache-block", f->block, "cache_block_id of the DeepCache settings")
       ->capture_default_str();
   sub->add_flag("--non-uniform", f->non_uniform, "DeepCache settings: non-uniform schedule");
+  sub->add_option("--edits", f->edits, "HiDream models: held-out edits")->capture_default_str();
+  sub->add_option("--cache", f->caches,
+                  "HiDream models: DiT cache settings to compare with off (repeat; default: a "
+                  "spread of fbcache, taylorseer and ditcache)");
   sub->add_flag("--json", f->json, "Print one JSON object on stdout");
-  Command run = [f]() {
+  Command run = [f, sub]() {
+    if (f->opts.arch.empty() && pipeline::is_hidream_folder(f->opts.model)) {
+      bench::DitCacheBenchOptions o;
+      o.model = f->opts.model;
+      o.edits = f->edits;
+      o.prompts = f->opts.prompts;
+      o.seeds = f->opts.seeds;
+      if (sub->count("--steps") > 0) o.steps = f->opts.steps;
+      o.device = f->opts.device;
+      o.dtype = f->opts.dtype;
+      if (!f->caches.empty()) {
+        o.settings = {{"off", DitCacheOptions()}};
+        for (const auto& c : f->caches) o.settings.push_back({c, accel::parse_dit_cache(c)});
+      }
+      return run_dit_cache_bench_command(o, f->json);
+    }
+    if (!f->caches.empty())
+      throw InvalidArgument("bench accel --cache: the DiT caches need a HiDream model (-m)");
     auto opts = f->opts;
     for (auto& s : opts.settings) {
       s.deep_cache.layer_id = f->layer;

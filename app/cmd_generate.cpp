@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "accel/dit_cache.h"
 #include "accel_flags.h"
 #include "commands.h"
 #include "device/cpu_load.h"
@@ -212,6 +213,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     h.seed = f.seed;
     h.latents_file = f.latents_file;
     h.vae_tiling = f.vae_tiling;
+    if (!f.accel.cache.empty()) h.cache = f.accel.cache;
     h.out = f.out;
     h.device = f.load.device;
     h.text_encoder_device = f.load.text_encoder_device;
@@ -241,6 +243,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (!fs::exists(f.model)) throw IoError("model '" + f.model + "' does not exist");
   pipeline::validate_generation_config(g, img2img,
                                        pipeline::vae_scale_factor_of(f.model, f.load.config_dir));
+  accel::refuse_dit_cache_on_unet(g.dit_cache);
   LoadOptions lo = to_load_options(f.load);
   // A1111's <lora:NAME:SCALE> tags: out of the prompts, into the load options (one load, one
   // merge for every image of the run).

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <random>
 
+#include "accel/dit_cache.h"
 #include "adapters/lora.h"
 #include "commands.h"
 #include "device/device.h"
@@ -72,6 +73,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     throw InvalidArgument("--lora-rank must be a whole number >= 1, got " + c10::str(*f.lora_rank));
   if (f.lora_alpha && !std::isfinite(*f.lora_alpha))
     throw InvalidArgument("--lora-alpha must be a finite number");
+  const auto cache = accel::parse_dit_cache(f.cache);
   Image source;
   if (edit) {
     if (f.image.empty()) throw InvalidArgument("edit needs a source image (-i/--image)");
@@ -127,6 +129,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   if (!f.latents_file.empty()) s.latents = read_tensor_file(f.latents_file, "latents");
   if (!f.step_noise_file.empty()) s.step_noise = read_step_noise_file(f.step_noise_file);
   s.vae_tiling = f.vae_tiling;
+  s.cache = cache;
   const auto loop_start = std::chrono::steady_clock::now();
   s.on_step = [&](const pipeline::HiDreamStep& st) {
     StepEvent e;
@@ -194,6 +197,10 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     std::cerr << "wrote " << f.out << " (" << params.width << "x" << params.height << ", seed "
               << seed << ", " << pipe.scheduler().class_name() << ")\n";
     summary.print(edit);
+    if (cache.method != DitCacheOptions::Method::kOff)
+      std::cerr << "cache " << accel::dit_cache_spec(cache) << ": " << r.cache.cached_calls
+                << " of " << r.cache.full_calls + r.cache.cached_calls << " steps skipped blocks, "
+                << r.cache.blocks_run << " of " << r.cache.blocks_possible << " blocks ran\n";
   }
   std::cout << f.out << "\n";
   return 0;
@@ -247,6 +254,11 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
       ->capture_default_str()
       ->check(non_empty());
   add_vae_tiling_flags(app, f.vae_tiling);
+  app.add_option("--cache", f.cache,
+                 "Skip part of the transformer on some steps: off, fbcache[:THRESHOLD] (0.1), "
+                 "taylorseer[:INTERVAL[:ORDER]] (3:1), ditcache[:FIRST:LAST[:INTERVAL]] (the "
+                 "middle half of the single-stream blocks, every 2nd step)")
+      ->capture_default_str();
   app.add_option("--scheduler", f.scheduler,
                  "flow_euler|flow_lcm|flash_flow_euler|unipc_flow|flow_unipc (default: the "
                  "folder's scheduler, with its config)");

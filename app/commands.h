@@ -3,6 +3,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "bench/dit_cache_bench.h"
 #include "bench/pipeline_bench.h"
 #include "diffuse/pipeline.h"
 
@@ -48,6 +49,7 @@ struct HiDreamCliFlags {
   std::string text_encoder_device, vae_device;  // empty: --device
   std::string stream_weights = "auto";          // transformer weight streaming: auto|on|off
   VaeTilingOptions vae_tiling;
+  std::string cache = "off";    // --cache: a DiT cache spec (accel/dit_cache.h)
   std::string scheduler;        // a flow-matching scheduler by name; empty: the folder's
   std::vector<LoraSpec> loras;  // on the transformer
   bool lora_lenient = false;
@@ -64,6 +66,8 @@ int run_text_encoder_bench(const bench::PipelineBenchOptions& options, bool as_j
 std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench);
 // `bench accel`: DeepCache and token merging vs the full computation.
 std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench);
+// `bench accel -m <HiDream folder>`: the DiT caches against off (bench/dit_cache_bench.h).
+int run_dit_cache_bench_command(const bench::DitCacheBenchOptions& options, bool as_json);
 std::pair<CLI::App*, Command> add_bench_lora(CLI::App& bench);
 std::pair<CLI::App*, Command> add_bench_hidream_stream(CLI::App& bench);
 std::pair<CLI::App*, Command> add_bench_vae_tiling(CLI::App& bench);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <sstream>
 
 #include "diffuse/errors.h"
 
@@ -32,6 +33,21 @@ CLI::Validator int_range(int64_t lo, int64_t hi, const std::string& what) {
         return "";
       },
       "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+CLI::Validator number_range(double lo, double hi, const std::string& what) {
+  std::ostringstream bounds;
+  bounds << "[" << lo << ", " << hi << "]";
+  return CLI::Validator(
+      [lo, hi, what, range = bounds.str()](std::string& value) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || errno == ERANGE || !(v >= lo && v <= hi))
+          return "expected " + what + ": a number in " + range + ", got '" + value + "'";
+        return "";
+      },
+      "NUMBER in " + bounds.str());
 }
 
 uint64_t parse_seed(const std::string& text, const std::string& flag) {

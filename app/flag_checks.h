@@ -11,6 +11,8 @@ namespace diffuse::app {
 CLI::Validator non_empty();
 // An integer in [lo, hi] (CLI11's own Range prints the bounds but not what they are for).
 CLI::Validator int_range(int64_t lo, int64_t hi, const std::string& what);
+// A finite number in [lo, hi] (CLI11's Range lets NaN through: every comparison with it is false).
+CLI::Validator number_range(double lo, double hi, const std::string& what);
 // A seed: the full uint64 range, as torch's manual_seed takes it; anything else (negative,
 // beyond 2^64-1, not an integer) is an InvalidArgument naming `flag`.
 uint64_t parse_seed(const std::string& text, const std::string& flag);

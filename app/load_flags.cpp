@@ -1,10 +1,12 @@
 #include "load_flags.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include "device/device.h"
 #include "flag_checks.h"
 #include "nn/attention.h"
+#include "text/lora_tags.h"
 
 namespace diffuse::app {
 
@@ -18,11 +20,16 @@ LoraSpec parse_lora_flag(const std::string& value) {
       double scale = std::stod(tail, &used);
       if (used == tail.size()) spec = {value.substr(0, colon), scale};
     } catch (const std::exception&) {
-      // Not a number: part of the path.
+      // Not a number: part of the path, unless only the part before it names a file.
     }
+    std::error_code ec;
+    if (spec.path == value && !std::filesystem::exists(value, ec) &&
+        std::filesystem::exists(value.substr(0, colon), ec))
+      throw InvalidArgument("--lora '" + value + "': the scale '" + tail +
+                            "' after the last ':' is not a number (PATH[:SCALE])");
   }
-  if (!std::isfinite(spec.scale))
-    throw InvalidArgument("--lora '" + value + "': the scale must be a finite number");
+  if (!(std::fabs(spec.scale) <= text::kMaxLoraScale))
+    throw InvalidArgument("--lora '" + value + "': the scale must be a number in [-100, 100]");
   return spec;
 }
 

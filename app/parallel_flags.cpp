@@ -9,6 +9,7 @@
 #include <random>
 
 #include "device/device.h"
+#include "flag_checks.h"
 #include "parallel/branch_split.h"
 #include "parallel/cfg_launch.h"
 #include "parallel/process_group.h"
@@ -35,7 +36,7 @@ void add_parallel_flags(CLI::App& app, ParallelFlags& f) {
   app.add_option("--parallel-timeout", f.timeout_s,
                  "CFG-parallel: seconds a rank waits for the others at each step before failing")
       ->capture_default_str()
-      ->check(CLI::Range(1.0, 86400.0));
+      ->check(number_range(1.0, 86400.0, "seconds"));
   // Hidden (empty group): set by the launcher in the workers it starts.
   app.add_option(parallel::kWorkerRankFlag, f.worker_rank)->group("")->needs(devices);
   app.add_option(parallel::kStoreFlag, f.store)->group("");

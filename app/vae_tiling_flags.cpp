@@ -17,7 +17,7 @@ void add_vae_tiling_flags(CLI::App& app, VaeTilingOptions& o) {
   app.add_option("--vae-tile-overlap", o.overlap,
                  "Fraction of a tile blended with its neighbour, in [0, 0.5]")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 0.5));
+      ->check(number_range(0.0, 0.5, "a fraction of the tile"));
 }
 
 }  // namespace diffuse::app

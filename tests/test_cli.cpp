@@ -502,6 +502,13 @@ TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
       {{"serve", "-m", model, "--max-images", "-1"}, "a number of images"},
       {{"serve", "-m", model, "--api-key", " "}, "only whitespace"},
       {{"serve", "-m", model, "--lora-dir", dir.file("no-such-dir")}, "--lora-dir"},
+      {{"txt2img", "-m", model, "-p", "x", "--devices", "cpu,cpu", "--parallel-timeout", "nan"},
+       "seconds: a number in [1, 86400]"},
+      {{"txt2img", "-m", model, "-p", "x", "--vae-tile-overlap", "nan"}, "a fraction of the tile"},
+      {{"txt2img", "-m", model, "-p", "x", "--cache", "fbcache"}, "UNet"},
+      {{"txt2img", "-m", model, "-p", "x", "--lora", dir.file("notpng.png") + ":abc"},
+       "the scale 'abc' after the last ':' is not a number"},
+      {{"txt2img", "-m", model, "-p", "x", "--cache", "fbcache:7"}, "--cache fbcache:7"},
   };
   for (const auto& c : cases) {
     auto args = c.args;

@@ -313,6 +313,21 @@ TEST_F(LoraBadAdapterTest, ShapeThatFitsNoTarget) {
   expect_rejected(t, "fits no target");
 }
 
+TEST_F(LoraBadAdapterTest, IntegerTensorsRankZeroAndALayerNamedTwice) {
+  auto t = good();
+  t["unet.attn1.to_q.lora_B.weight"] = torch::ones({5, 2}, torch::kInt32);
+  expect_rejected(t, "'unet.attn1.to_q.lora_B.weight' holds Int values");
+  t = good();
+  t["unet.attn1.to_q.lora_A.weight"] = torch::zeros({0, 6});
+  t["unet.attn1.to_q.lora_B.weight"] = torch::zeros({5, 0});
+  expect_rejected(t, "has rank 0");
+  // The same layer once in peft's names and once in kohya's.
+  t = good();
+  t["lora_unet_attn1_to_q.lora_down.weight"] = torch::randn({2, 6});
+  t["lora_unet_attn1_to_q.lora_up.weight"] = torch::randn({5, 2});
+  expect_rejected(t, "the file names one layer twice");
+}
+
 TEST_F(LoraBadAdapterTest, NaNValues) {
   auto t = good();
   t["unet.attn1.to_q.lora_B.weight"][1][1] = std::nan("");

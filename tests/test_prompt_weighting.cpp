@@ -95,6 +95,10 @@ TEST(LoraTags, AreTakenOutOfThePromptWithTheirScales) {
   EXPECT_DOUBLE_EQ(tags[1].scale, 1.0);
   EXPECT_THROW(text::extract_lora_tags("<lora:a:lots>", &tags), InvalidArgument);
   EXPECT_THROW(text::extract_lora_tags("<lora::1>", &tags), InvalidArgument);
+  // A scale that would overflow the weights' update: refused with the prompt, not NaN later.
+  const auto msg = test::expect_throw<InvalidArgument>(
+      [&] { text::extract_lora_tags("<lora:x:1e308>", &tags); });
+  EXPECT_NE(msg.find("not a number in [-100, 100]"), std::string::npos) << msg;
   EXPECT_THROW(text::resolve_lora_tag({"a", 1.0}, ""), InvalidArgument);
   EXPECT_THROW(text::resolve_lora_tag({"/etc/passwd", 1.0}, "/tmp"), InvalidArgument);
 }

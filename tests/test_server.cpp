@@ -2,6 +2,7 @@
 // cancel, queue limit), AUTOMATIC1111's and OpenAI's APIs, auth, CORS, and bad requests that
 // must be answered 4xx while the server stays healthy.
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include "server/base64.h"
 #include "server_test_util.h"
@@ -379,6 +380,42 @@ TEST(Server, NonLoopbackHostNeedsAnApiKey) {
   EXPECT_NE(message.find("API key"), std::string::npos);
 }
 
+// cpp-httplib listens with a backlog of 5: with nobody accepting, the sixth connection of a
+// burst would wait for a SYN retry (or be reset) instead of queueing for its 503.
+TEST(Server, ABurstOfConnectionsQueuesForTheServer) {
+  server::ServerOptions o;
+  o.port = 0;
+  server::HttpServer http(test::demo_engine(), o);
+  const int port = http.bind();  // bound and listening, not yet accepting
+  constexpr int kClients = 40;
+  std::vector<pollfd> fds;
+  for (int i = 0; i < kClients; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    fds.push_back({fd, POLLOUT, 0});
+  }
+  // Loopback handshakes complete at once when the queue has room; 20 s is only a bound.
+  int connected = 0;
+  for (int round = 0; round < 200 && connected < kClients; ++round) {
+    ::poll(fds.data(), fds.size(), 100);
+    connected = 0;
+    for (auto& p : fds) {
+      int error = 0;
+      socklen_t len = sizeof error;
+      if ((p.revents & POLLOUT) && ::getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 &&
+          error == 0)
+        ++connected;
+    }
+  }
+  for (auto& p : fds) ::close(p.fd);
+  EXPECT_EQ(connected, kClients);
+}
+
 TEST(Server, CorsOnlyWhenAsked) {
   {
     TestServer server;
@@ -422,6 +459,9 @@ TEST(Server, BadRequestsAre4xxAndTheServerStaysHealthy) {
   expect_error(post("/v1/jobs", R"({"prompt": "x", "scheduler": "heun"})"), 400, "unknown 'heun'");
   expect_error(post("/v1/jobs", R"({"prompt": "x", "colour": "red"})"), 400,
                "unknown field 'colour'");
+  expect_error(post("/v1/jobs", R"({"prompt": "x", "cache": "fbcache"})"), 400, "UNet");
+  expect_error(post("/v1/jobs", R"({"prompt": "x", "vae_tile_size": 7})"), 400,
+               "vae_tile_size: expected a multiple of 8 of at least 16");
   expect_error(post("/v1/jobs", R"({"prompt": "x", "guidance_scale": 1e400})"), 400,
                "number overflow");
   expect_error(post("/v1/jobs", R"({"prompt": "x", "guidance_scale": -3})"), 400, "guidance_scale");
@@ -457,6 +497,12 @@ TEST(Server, BadRequestsAre4xxAndTheServerStaysHealthy) {
   expect_error(post("/v1/images/generations", R"({"prompt": "x", "response_format": "jpeg"})"), 400,
                "response_format");
   expect_error(post("/v1/images/edits", R"({"prompt": "x"})"), 400, "multipart");
+  expect_error(
+      post("/v1/jobs", json{{"prompt", "x"}, {"init_image", demo_png_base64(1, 1)}}.dump()), 400,
+      "the init image is 1x1 pixels: each side needs at least 8");
+  expect_error(c->Post("/v1/images/edits", "no boundary anywhere in here",
+                       "multipart/form-data; boundary=XYZ"),
+               400, "could not be read");
   expect_error(c->Get("/v1/nothing-here"), 404, "no route");
   expect_error(c->Get("/v1/jobs/0123456789abcdef"), 404, "no job");
   expect_error(c->Get("/v1/jobs/0123456789abcdef/images/0.png"), 404, "no job");

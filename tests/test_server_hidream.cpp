@@ -198,6 +198,13 @@ TEST(ServerHiDream, RefusesWhatAHiDreamModelDoesNotRun) {
   expect_error(c->Post("/v1/jobs", json{{"prompt", "x"}, {"image_guidance_scale", 2.0}}.dump(),
                        "application/json"),
                400, "only for edit jobs");
+  // DiT caches: the spec and the block range against this model, before the queue.
+  expect_error(
+      c->Post("/v1/jobs", json{{"prompt", "x"}, {"cache", "fbcache:2"}}.dump(), "application/json"),
+      400, "cache fbcache:2");
+  expect_error(c->Post("/v1/jobs", json{{"prompt", "x"}, {"cache", "ditcache:0:99"}}.dump(),
+                       "application/json"),
+               400, "not within");
   // Refining needs the E1-Full LoRA: the job fails with the pipeline's reason.
   auto r = c->Post("/v1/jobs",
                    json{{"mode", "edit"},

@@ -86,7 +86,10 @@ TEST(TrainHiDreamDemo, WritesAHiDreamFolderThatBothJobsRunOn) {
 TEST(TrainHiDreamDemo, RefusesBadOptionsBeforeWritingAnything) {
   test::TempDir dir;
   auto o = toy_options(dir.file("model"));
-  o.resolution = 40;  // not a multiple of VAE factor x patch (16)
+  o.resolution = 48;  // not a multiple of VAE factor x patch (32)
+  EXPECT_THROW(train_demo(o), InvalidArgument);
+  o = toy_options(dir.file("model"));
+  o.vae_crop = 24;  // not a multiple of the VAE factor (16)
   EXPECT_THROW(train_demo(o), InvalidArgument);
   o = toy_options(dir.file("model"));
   o.vae_batch = 100000000;

@@ -95,6 +95,35 @@ struct TokenMergingOptions {
   std::vector<std::string> layers;
 };
 
+// Training-free caches for DiT denoisers (HiDream; designed for every DiT): on some steps part
+// of the transformer is not run and what it would add is reused or forecast from full steps.
+// Off by default (bit-identical to running without it).
+struct DitCacheOptions {
+  enum class Method {
+    kOff,
+    // First-Block Cache: run the first block; when its residual on the image tokens changed by
+    // less than `threshold` (relative mean absolute difference) since the last full step, reuse
+    // that step's residual of all the other blocks.
+    kFirstBlock,
+    // TaylorSeer: a full step every `interval` steps; the steps between forecast the final
+    // image features by a Taylor expansion of order `order` (0: plain reuse) from finite
+    // differences of the last full steps.
+    kTaylorSeer,
+    // A static block schedule (MindIE-SD's DiTCache): blocks [first_block, last_block] run on
+    // every `interval`-th step; the steps between add their residual of the last run instead.
+    kBlockSchedule,
+  };
+  Method method = Method::kOff;
+  double threshold = 0.1;  // kFirstBlock, in [0, 1]; 0 reuses nothing
+  int interval = 3;        // kTaylorSeer, kBlockSchedule: in [1, 100]; 1 computes every step
+  int order = 1;           // kTaylorSeer: 0, 1 or 2
+  // kBlockSchedule: indices over all blocks, dual-stream first (HiDream: 0..15 dual, 16..47
+  // single); the range lies within one kind. -1: the middle half of the single-stream blocks
+  // (of the dual-stream ones in a model without single-stream blocks).
+  int first_block = -1, last_block = -1;
+  int warmup = 2;  // the first steps always run in full (the layout forms there)
+};
+
 // The VAE in overlapping tiles blended at their seams (diffusers' enable_vae_tiling), so that
 // large images fit in memory: the VAE then holds one tile's activations, not the image's.
 // Tiles give slightly different pixels than the whole image (GroupNorm sees one tile), so
@@ -131,6 +160,8 @@ struct GenerationConfig {
   // UNet accelerators; both off by default (bit-identical to running without them).
   DeepCacheOptions deep_cache;
   TokenMergingOptions token_merging;
+  // DiT models (HiDream): refused by UNet models.
+  DitCacheOptions dit_cache;
   VaeTilingOptions vae_tiling;
   // LoRA adapters for this generation, on top of LoadOptions::loras. Between generations
   // only the weights of adapters that changed are patched again, from kept originals: a model

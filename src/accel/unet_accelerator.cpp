@@ -1,5 +1,7 @@
 #include "accel/unet_accelerator.h"
 
+#include "accel/dit_cache.h"
+
 #include "accel/deepcache.h"
 #include "nn/token_merge_hook.h"
 
@@ -8,6 +10,7 @@ namespace diffuse::accel {
 void validate_accel_config(const GenerationConfig& c) {
   validate_deep_cache(c.deep_cache);
   validate_token_merging(c.token_merging);
+  validate_dit_cache(c.dit_cache);
 }
 
 void validate_accel_config(const GenerationConfig& c, const models::UNet2DConditionConfig& unet) {

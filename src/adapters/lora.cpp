@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <sstream>
 
 #include "diffuse/errors.h"
@@ -60,9 +61,24 @@ class Checker {
     if (t.numel() && !torch::isfinite(t).all().item<bool>())
       fail("tensor '" + key + "' holds NaN or infinite values");
   }
+  // Integer or boolean tensors would be cast and added to the weights as numbers.
+  void floating(const std::string& key, const torch::Tensor& t) const {
+    if (!t.is_floating_point())
+      fail("tensor '" + key + "' holds " + std::string(c10::toString(t.scalar_type())) +
+           " values; LoRA weights are floating point (F16, BF16, F32 or F64)");
+  }
+  // Two entries of the file (e.g. one named kohya-style, one peft-style) for one weight would
+  // patch it twice.
+  void once(const std::string& key, const std::string& weight) {
+    const auto [it, fresh] = patched_.emplace(weight, key);
+    if (!fresh)
+      fail("'" + it->second + "' and '" + key + "' both patch " + weight +
+           ": the file names one layer twice");
+  }
 
  private:
   std::string source_;
+  std::map<std::string, std::string> patched_;  // weight -> the entry that patches it
 };
 
 std::optional<double> metadata_number(const std::map<std::string, std::string>& metadata,
@@ -126,6 +142,10 @@ LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
     if (!(up.dim() == 2 || (up.dim() == 4 && up.size(2) == 1 && up.size(3) == 1)))
       check.fail("'" + pk.up + "' has shape " + shape_str(up.sizes()) +
                  ", expected [out, rank] or [out, rank, 1, 1]");
+    check.floating(pk.down, down);
+    check.floating(pk.up, up);
+    if (down.size(0) == 0)
+      check.fail("'" + pk.down + "' has rank 0 (shape " + shape_str(down.sizes()) + ")");
     if (up.size(1) != down.size(0))
       check.fail("rank mismatch: '" + pk.down + "' has rank " + std::to_string(down.size(0)) +
                  " (shape " + shape_str(down.sizes()) + ") but '" + pk.up + "' has rank " +
@@ -140,6 +160,7 @@ LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
     }
     check.finite(pk.down, down);
     check.finite(pk.up, up);
+    check.once(pk.prefix, networks[target->network].names.name + "." + target->param);
 
     const double rank = static_cast<double>(down.size(0));
     double alpha = rank;
@@ -178,7 +199,9 @@ LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
       check.fail("full tensor '" + key + "' has shape " + shape_str(value.sizes()) +
                  " but the weight it replaces, " + networks[target->network].names.name + "." +
                  target->param + ", has shape " + shape_str(target->shape));
+    check.floating(key, value);
     check.finite(key, value);
+    check.once(key, networks[target->network].names.name + "." + target->param);
     out.full.push_back({key, target->network, target->param, value.contiguous()});
     out.touched[networks[target->network].names.name]++;
   }

@@ -36,6 +36,15 @@ std::string edit_file_name(const char* kind, size_t index, int seed) {
   return buf;
 }
 
+void add_run(DemoEditQualityResult& r, const pipeline::HiDreamResult& run, bool keep) {
+  r.denoise_s += run.timings.denoise_s;
+  r.cache.full_calls += run.cache.full_calls;
+  r.cache.cached_calls += run.cache.cached_calls;
+  r.cache.blocks_run += run.cache.blocks_run;
+  r.cache.blocks_possible += run.cache.blocks_possible;
+  if (keep) r.images.push_back(run.image);
+}
+
 }  // namespace
 
 void EditTally::add(const train::SceneScore& s) {
@@ -45,16 +54,22 @@ void EditTally::add(const train::SceneScore& s) {
 }
 
 DemoEditQualityResult run_demo_edit_quality(const DemoEditQualityOptions& o) {
-  if (o.edits < 0 || o.prompts < 0 || o.seeds < 1 || (o.edits == 0 && o.prompts == 0))
-    throw InvalidArgument(
-        "bench demo-quality --edit: --edits and --prompts must be >= 0 (not both 0), --seeds >= "
-        "1");
-  const auto t0 = std::chrono::steady_clock::now();
   const auto folder = io::ModelFolder::open(o.model);
   const auto defaults = pipeline::hidream_defaults(folder);
   const auto device = device::resolve_device(o.device);
   const auto dtype = device::resolve_dtype(o.dtype, device, "transformer");
   pipeline::HiDreamPipeline pipe(folder, device, dtype);
+  return run_demo_edit_quality(pipe, defaults, o);
+}
+
+DemoEditQualityResult run_demo_edit_quality(pipeline::HiDreamPipeline& pipe,
+                                            const pipeline::HiDreamDefaults& defaults,
+                                            const DemoEditQualityOptions& o) {
+  if (o.edits < 0 || o.prompts < 0 || o.seeds < 1 || (o.edits == 0 && o.prompts == 0))
+    throw InvalidArgument(
+        "bench demo-quality --edit: --edits and --prompts must be >= 0 (not both 0), --seeds >= "
+        "1");
+  const auto t0 = std::chrono::steady_clock::now();
   DemoEditQualityResult r;
   r.steps = o.steps > 0 ? o.steps : defaults.steps;
   r.guidance_scale = o.guidance_scale >= 0 ? o.guidance_scale : defaults.guidance_scale;
@@ -67,6 +82,7 @@ DemoEditQualityResult run_demo_edit_quality(const DemoEditQualityOptions& o) {
     s.steps = r.steps;
     s.guidance_scale = r.guidance_scale;
     s.seed = static_cast<uint64_t>(seed);
+    s.cache = o.cache;
     return s;
   };
 
@@ -82,7 +98,9 @@ DemoEditQualityResult run_demo_edit_quality(const DemoEditQualityOptions& o) {
       req.image = as_tensor(source);
       req.image_guidance_scale = r.image_guidance_scale;
       req.sampling = sampling(seed);
-      const Image result = to_image(pipe.edit(req).image);
+      const auto run = pipe.edit(req);
+      add_run(r, run, o.keep_images);
+      const Image result = to_image(run.image);
       const auto score = train::score_scene(result, target);
       r.edits.add(score);
       r.kinds[train::edit_kind_name(e.kind)].add(score);
@@ -107,7 +125,9 @@ DemoEditQualityResult run_demo_edit_quality(const DemoEditQualityOptions& o) {
       req.prompt = prompts[i];
       req.width = req.height = side;
       req.sampling = sampling(seed);
-      const Image result = to_image(pipe.text_to_image(req).image);
+      const auto run = pipe.text_to_image(req);
+      add_run(r, run, o.keep_images);
+      const Image result = to_image(run.image);
       r.txt2img.add(train::score_scene(result, *spec));
       if (!o.save_dir.empty())
         write_png((fs::path(o.save_dir) / edit_file_name("txt2img", i, seed)).string(), result,

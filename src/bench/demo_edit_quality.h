@@ -10,7 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "accel/dit_cache.h"
+#include "diffuse/pipeline.h"
 #include "train/scene_scorer.h"
+
+namespace diffuse::pipeline {
+class HiDreamPipeline;
+struct HiDreamDefaults;
+}  // namespace diffuse::pipeline
 
 namespace diffuse::bench {
 
@@ -24,7 +31,9 @@ struct DemoEditQualityOptions {
   double guidance_scale = -1, image_guidance_scale = -1;
   std::string device = "auto";
   std::string dtype = "auto";
-  std::string save_dir;  // when set, every source and result is written there as PNG
+  std::string save_dir;      // when set, every source and result is written there as PNG
+  DitCacheOptions cache;     // off: every transformer block runs
+  bool keep_images = false;  // the results in DemoEditQualityResult::images (edits, then txt2img)
   std::function<void(const std::string&)> log;
 };
 
@@ -49,8 +58,15 @@ struct DemoEditQualityResult {
   int steps = 0;
   double guidance_scale = 0, image_guidance_scale = 0;
   double seconds = 0;
+  double denoise_s = 0;               // the denoising loops' time, summed over every image
+  accel::DitCacheStats cache;         // summed over every image
+  std::vector<torch::Tensor> images;  // with keep_images: [1, H, W, 3] float in [0, 1]
 };
 
 DemoEditQualityResult run_demo_edit_quality(const DemoEditQualityOptions& options);
+// On a pipeline already loaded from options.model, with its folder's defaults.
+DemoEditQualityResult run_demo_edit_quality(pipeline::HiDreamPipeline& pipe,
+                                            const pipeline::HiDreamDefaults& defaults,
+                                            const DemoEditQualityOptions& options);
 
 }  // namespace diffuse::bench

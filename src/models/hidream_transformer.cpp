@@ -6,6 +6,7 @@
 #include <memory>
 #include <tuple>
 
+#include "accel/dit_cache.h"
 #include "diffuse/errors.h"
 #include "models/load_component.h"
 #include "nn/layers.h"
@@ -217,31 +218,70 @@ torch::Tensor HiDreamImageTransformer2DModelImpl::forward(
     run();
     if (stream) stream->after(static_cast<size_t>(block));
   };
-  for (int64_t i = 0; i < c.num_layers; ++i) {
+  // The blocks, unless a cache skips some or all of them (accel/dit_cache.h).
+  accel::DitCache* cache = options.cache;
+  if (cache) cache->begin_call(image);
+  torch::Tensor image_final, after_first;
+  bool done = cache && cache->forecasts();
+  if (done) image_final = cache->forecast();
+  // First-Block Cache: after block 0, whether its residual says the others' can be reused.
+  const auto first_block_reuses = [&](int64_t block, const torch::Tensor& before,
+                                      const torch::Tensor& after) {
+    if (block != 0 || !cache || !cache->first_block_cache()) return false;
+    if (cache->reuse_after_first_block(after - before)) {
+      image_final = after + cache->remaining_residual();
+      return true;
+    }
+    after_first = after;
+    return false;
+  };
+  for (int64_t i = 0; i < c.num_layers && !done; ++i) {
+    if (cache && cache->reuses_range_at(i)) {
+      const auto out = cache->apply_range({image, text});
+      image = out[0];
+      text = out[1];
+      i = cache->range_last();
+      continue;
+    }
+    if (cache) cache->before_block(i, {image, text});
     torch::Tensor img, txt;
     streamed(i, [&] {
       std::tie(img, txt) = double_blocks[i](image, torch::cat({text, llama_proj[i]}, 1), in);
     });
     capture(inter, "double_stream_blocks." + std::to_string(i) + ".image", img);
     capture(inter, "double_stream_blocks." + std::to_string(i) + ".text", txt);
+    done = first_block_reuses(i, image, img);
     image = img;
     text = txt.narrow(1, 0, text_len);
+    if (cache) cache->after_block(i, {image, text});
   }
 
   const int64_t image_len = image.size(1);
-  auto tokens = torch::cat({image, text}, 1);
-  const int64_t joint_len = tokens.size(1);
-  for (int64_t j = 0; j < c.num_single_layers; ++j) {
-    torch::Tensor out;
-    streamed(c.num_layers + j, [&] {
-      out = single_blocks[j](torch::cat({tokens, llama_proj[c.num_layers + j]}, 1), in);
-    });
-    capture(inter, "single_stream_blocks." + std::to_string(j), out);
-    tokens = out.narrow(1, 0, joint_len);
+  if (!done) {
+    auto tokens = torch::cat({image, text}, 1);
+    const int64_t joint_len = tokens.size(1);
+    for (int64_t j = 0; j < c.num_single_layers && !done; ++j) {
+      const int64_t b = c.num_layers + j;
+      if (cache && cache->reuses_range_at(b)) {
+        tokens = cache->apply_range({tokens})[0];
+        j = cache->range_last() - c.num_layers;
+        continue;
+      }
+      if (cache) cache->before_block(b, {tokens});
+      torch::Tensor out;
+      streamed(b, [&] { out = single_blocks[j](torch::cat({tokens, llama_proj[b]}, 1), in); });
+      capture(inter, "single_stream_blocks." + std::to_string(j), out);
+      const auto before = tokens;
+      tokens = out.narrow(1, 0, joint_len);
+      if (cache) cache->after_block(b, {tokens});
+      done = first_block_reuses(b, before.narrow(1, 0, image_len), tokens.narrow(1, 0, image_len));
+    }
+    if (!done) image_final = tokens.narrow(1, 0, image_len);
   }
+  if (cache && (!cache->forecasts())) cache->record_final(image_final, after_first);
 
   auto mod = final_modulation(torch::silu(in.adaln_input)).unsqueeze(1).chunk(2, -1);
-  auto out = final_linear(nn::hidream_modulate(tokens.narrow(1, 0, image_len), mod[0], mod[1]));
+  auto out = final_linear(nn::hidream_modulate(image_final, mod[0], mod[1]));
   capture(inter, "final_layer", out);
   return unpatchify(out, p, pH, pW);
 }

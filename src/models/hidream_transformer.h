@@ -26,6 +26,10 @@
 #include "nn/hidream_blocks.h"
 #include "nn/layers.h"
 
+namespace diffuse::accel {
+class DitCache;
+}
+
 namespace diffuse::models {
 
 struct HiDreamTransformerConfig {
@@ -63,6 +67,9 @@ struct HiDreamForwardOptions {
   // Token count non-square latents are padded to; 0 = the config's max_seq(). HiDream-E1 sets
   // it to the exact token count of its side-by-side input (no padding).
   int64_t max_seq = 0;
+  // A DiT cache (accel/dit_cache.h) this call consults and updates: blocks it skips add the
+  // residual or forecast kept from full steps. Null: every block runs.
+  accel::DitCache* cache = nullptr;
 };
 
 class HiDreamImageTransformer2DModelImpl : public torch::nn::Module {

@@ -181,7 +181,8 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_in,
       (q.scalar_type() != v.scalar_type() || k.scalar_type() != v.scalar_type())) {
     auto narrow = q.scalar_type();
     for (const auto* t : {&k, &v})
-      if (t->element_size() < c10::elementSize(narrow)) narrow = t->scalar_type();
+      if (static_cast<size_t>(t->element_size()) < c10::elementSize(narrow))
+        narrow = t->scalar_type();
     q = q.to(narrow);
     k = k.to(narrow);
     v = v.to(narrow);

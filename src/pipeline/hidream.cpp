@@ -189,8 +189,11 @@ torch::Tensor HiDreamPipeline::run_transformer(const torch::Tensor& input, const
                                                const models::HiDreamForwardOptions& fwd,
                                                HiDreamStep& step) {
   auto ts = t.to(device_, torch::kFloat32).reshape({1}).expand({input.size(0)});
-  auto raw =
-      transformer()->forward(input, ts, text.t5, text.llama, text.pooled, fwd).to(torch::kFloat32);
+  auto options = fwd;
+  options.cache = cache_.get();
+  auto raw = transformer()
+                 ->forward(input, ts, text.t5, text.llama, text.pooled, options)
+                 .to(torch::kFloat32);
   step.transformer_input = input;
   step.transformer_timesteps = ts;
   step.transformer_out = raw;
@@ -206,9 +209,14 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
   auto gen = at::detail::createCPUGenerator(s.seed + 1);
   size_t noise_used = 0;
   device::CpuShareMeter cpu_meter(at::get_num_threads());
+  cache_.reset();
+  if (s.cache.method != DitCacheOptions::Method::kOff)
+    cache_ =
+        std::make_unique<accel::DitCache>(s.cache, tconfig_.num_layers, tconfig_.num_single_layers);
   for (int64_t i = 0; i < timesteps.size(0); ++i) {
     const double step_start = now_s();
     auto t = timesteps[i];
+    if (cache_) cache_->begin_step(static_cast<int>(i), static_cast<int>(timesteps.size(0)));
     HiDreamStep st;
     auto v = velocity(latents, t, st);
     schedulers::StepNoise noise = schedulers::StepNoise::from_generator(gen);
@@ -241,6 +249,8 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
   }
   timings.denoise_s = now_s() - start;
   timings.cpu = cpu_meter.share();
+  if (cache_) out.cache = cache_->stats();
+  cache_.reset();
   check_stage_finite(latents, "denoising (transformer)", device_, dtype_);
   record_stage_memory(&timings, "denoise", device_);
   device::empty_cache(device_);  // the transformer's freed activations, before the decoder's peak
@@ -266,8 +276,15 @@ void HiDreamPipeline::decode(const torch::Tensor& latents, const VaeTilingOption
   out.image = image;
 }
 
+void HiDreamPipeline::check_cache(const DitCacheOptions& cache) const {
+  if (cache.method == DitCacheOptions::Method::kOff) return;
+  const accel::DitCache check(cache, tconfig_.num_layers, tconfig_.num_single_layers);
+  (void)check;  // the constructor checks the block range against this model
+}
+
 HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   require_guidance_inputs(r.sampling.guidance_scale, "guidance_scale");
+  check_cache(r.sampling.cache);
   torch::InferenceMode inference;
   const auto [width, height] =
       normalized_size(r.width, r.height, r.area_side > 0 ? r.area_side : area_side());
@@ -300,6 +317,7 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
 
 HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
   require_guidance_inputs(r.sampling.guidance_scale, "guidance_scale");
+  check_cache(r.sampling.cache);
   require_guidance_inputs(r.image_guidance_scale, "image_guidance_scale");
   if (!(r.refine_strength >= 0.0 && r.refine_strength <= 1.0))
     throw InvalidArgument("refine_strength must be in [0, 1], got " +

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "accel/dit_cache.h"
 #include "adapters/lora_merger.h"
 #include "diffuse/pipeline.h"
 #include "io/model_folder.h"
@@ -54,6 +55,8 @@ struct HiDreamSampling {
   std::vector<torch::Tensor> step_noise;
   HiDreamStepCallback on_step;
   VaeTilingOptions vae_tiling;  // the VAE's encode (E1's source) and decode
+  // Skip part of the transformer on some steps (accel/dit_cache.h); off: every block runs.
+  DitCacheOptions cache;
 };
 
 struct HiDreamTextToImage {
@@ -97,6 +100,8 @@ struct HiDreamResult {
   // `steps_run` steps.
   bool interrupted = false;
   int steps_run = 0;
+  // With HiDreamSampling::cache: what the cache skipped.
+  accel::DitCacheStats cache;
 };
 
 // Where the stages other than the transformer run; unset = the transformer's device (and
@@ -175,6 +180,9 @@ class HiDreamPipeline {
   // What image sides must be multiples of: the VAE factor times the transformer's patch size.
   int64_t size_multiple() const { return vae_scale_factor() * tconfig_.patch_size; }
 
+  // InvalidArgument for a cache this model cannot run (a block range outside its blocks).
+  void check_cache(const DitCacheOptions& cache) const;
+
  private:
   torch::Tensor initial_latents(const HiDreamSampling& s, int64_t h, int64_t w) const;
   void prepare_schedule(int steps);
@@ -214,6 +222,7 @@ class HiDreamPipeline {
   bool keep_text_encoders_ = true;
   std::string weight_streaming_ = "auto";
   std::unique_ptr<HiDreamTextEncoders> text_;
+  std::unique_ptr<accel::DitCache> cache_;  // the running generation's, if it caches
   models::HiDreamImageTransformer2DModel transformer_{nullptr};
   models::AutoencoderKL vae_{nullptr};
   std::unique_ptr<schedulers::Scheduler> scheduler_;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "accel/dit_cache.h"
 #include "accel/unet_accelerator.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_load.h"
@@ -669,6 +670,7 @@ int StableDiffusion::cpu_threads_for(const GenerationConfig& config, int64_t ima
 GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
                                              const StepCallback& on_step) {
   validate_generation_config(config, false, vae_scale_factor());
+  accel::refuse_dit_cache_on_unet(config.dit_cache);
   accel::validate_accel_config(config, c_->unet_config);
   check_memory(config, config.width ? config.width : info_.default_width,
                config.height ? config.height : info_.default_height);
@@ -710,6 +712,7 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
                                               const torch::Tensor& init,
                                               const StepCallback& on_step) {
   validate_generation_config(config, true, vae_scale_factor());
+  accel::refuse_dit_cache_on_unet(config.dit_cache);
   accel::validate_accel_config(config, c_->unet_config);
   torch::InferenceMode guard;
   double t0 = now_s();

@@ -76,6 +76,7 @@ ModelDefaults HiDreamEngine::defaults() const {
   d.width = info_.default_width;
   d.height = info_.default_height;
   d.size_multiple = static_cast<int>(pipe_->size_multiple());
+  d.vae_factor = static_cast<int>(pipe_->vae_scale_factor());
   d.steps = variant_.steps;  // the variant's reference settings (pipeline/hidream_variant.h)
   d.guidance_scale = variant_.guidance_scale;
   d.image_guidance_scale = variant_.image_guidance_scale;
@@ -89,6 +90,7 @@ ModelDefaults HiDreamEngine::defaults() const {
     return std::pair<int, int>(static_cast<int>(ew), static_cast<int>(eh));
   };
   d.unet_accelerators = false;
+  d.check_cache = [pipe](const DitCacheOptions& o) { pipe->check_cache(o); };
   d.prompt_syntaxes = {"plain"};  // four text encoders, not one CLIP: prompts go in as written
   return d;
 }
@@ -102,6 +104,7 @@ pipeline::HiDreamResult HiDreamEngine::run_one(const JobRequest& request, size_t
   s.guidance_scale = c.guidance_scale;
   s.seed = seed;
   s.vae_tiling = c.vae_tiling;
+  s.cache = c.dit_cache;
   s.on_step = [&](const pipeline::HiDreamStep& st) {
     std::string preview;
     if (request.preview) preview = encode_png(preview_.project(st.denoised));

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include "server/listen_backlog.h"
 #include "server/server_state.h"
 
 namespace diffuse::server {
@@ -95,6 +96,15 @@ HttpServer::HttpServer(Engine& engine, ServerOptions options) {
           reply_error(res, 404, "no route " + req.method + " " + req.path);
         else if (res.status == 413)
           reply_error(res, 413, "the request body is larger than this server accepts");
+        else if (res.status == 400 &&
+                 req.get_header_value("Content-Type").rfind("multipart/form-data", 0) == 0)
+          // httplib refuses a multipart body it cannot split before any route sees it.
+          reply_error(res, 400,
+                      "the multipart/form-data body of " + req.method + " " + req.path +
+                          " could not be read: every part must start with the boundary given in "
+                          "Content-Type ('" +
+                          req.get_header_value("Content-Type") +
+                          "') and the body must end with it followed by '--'");
         else
           reply_error(
               res, res.status,
@@ -134,6 +144,7 @@ int HttpServer::bind() {
   if (port_ < 0)
     throw IoError("cannot listen on " + o.host + ":" + std::to_string(o.port) +
                   " (address in use, or not an address of this machine)");
+  widen_listen_backlog(port_);
   return port_;
 }
 

@@ -6,6 +6,7 @@
 #include <random>
 #include <tuple>
 
+#include "accel/dit_cache.h"
 #include "diffuse/errors.h"
 #include "pipeline/prompt_loras.h"
 #include "pipeline/stable_diffusion.h"
@@ -61,6 +62,11 @@ void finish(JobRequest& r, const ModelDefaults& model, const ServerLimits& limit
       c.height = r.init_image.height / m * m;
     }
   } else if (r.kind == JobKind::img2img) {
+    if ((c.width == 0 && r.init_image.width < m) || (c.height == 0 && r.init_image.height < m))
+      throw InvalidArgument("the init image is " + std::to_string(r.init_image.width) + "x" +
+                            std::to_string(r.init_image.height) +
+                            " pixels: each side needs at least " + std::to_string(m) +
+                            " for this model (or give width and height)");
     if (c.width == 0) c.width = r.init_image.width / m * m;
     if (c.height == 0) c.height = r.init_image.height / m * m;
   } else {
@@ -87,6 +93,12 @@ void finish(JobRequest& r, const ModelDefaults& model, const ServerLimits& limit
                           " of at least " + std::to_string(m) + " for this model, got " +
                           std::to_string(c.width) + "x" + std::to_string(c.height) +
                           (r.kind == JobKind::txt2img ? "" : " (from the init image's size)"));
+  const int f = std::max(1, model.vae_factor);
+  if (c.vae_tiling.tile_size != 0 && (c.vae_tiling.tile_size < 2 * f || c.vae_tiling.tile_size % f))
+    throw InvalidArgument("vae_tile_size: expected a multiple of " + std::to_string(f) +
+                          " of at least " + std::to_string(2 * f) +
+                          " pixels for this model's VAE (or 0: its own), got " +
+                          std::to_string(c.vae_tiling.tile_size));
   if (c.steps > limits.max_steps)
     throw InvalidArgument("steps: " + std::to_string(c.steps) +
                           " is above this server's limit of " + std::to_string(limits.max_steps));
@@ -176,6 +188,9 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
                           schedule + "\"");
   c.deep_cache.non_uniform = schedule == "non-uniform";
   c.token_merging.ratio = f.number("tome", 0, 1).value_or(0.0);
+  c.dit_cache = accel::parse_dit_cache(f.string("cache", 64).value_or("off"), "cache");
+  if (model.unet_accelerators) accel::refuse_dit_cache_on_unet(c.dit_cache, "cache");
+  if (model.check_cache) model.check_cache(c.dit_cache);
   c.vae_tiling.mode = f.string("vae_tiling", 8).value_or("auto");
   c.vae_tiling.tile_size = to_int(f.integer("vae_tile_size", 0, limits.max_side).value_or(0));
   pipeline::validate_vae_tiling_options(c.vae_tiling);

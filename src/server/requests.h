@@ -19,6 +19,7 @@ struct ModelDefaults {
   // What image sides must be multiples of: the VAE's scale factor (times the patch size of a
   // transformer), from the model's configs.
   int size_multiple = 8;
+  int vae_factor = 8;     // pixels per latent pixel: what VAE tile sides must be multiples of
   std::string scheduler;  // the model's own
   int steps = 25;
   double guidance_scale = 7.5;
@@ -39,6 +40,8 @@ struct ModelDefaults {
 
   // Whether the model is a UNet that DeepCache and token merging apply to.
   bool unet_accelerators = true;
+  // DiT models: InvalidArgument for a cache the model cannot run (a block range beyond it).
+  std::function<void(const DitCacheOptions&)> check_cache;
 
   bool supports(JobKind kind) const;
   std::string kinds_text() const;  // "txt2img, img2img"

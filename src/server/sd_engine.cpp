@@ -16,6 +16,7 @@ ModelDefaults SdEngine::defaults() const {
   d.width = info().default_width;
   d.height = info().default_height;
   d.size_multiple = t2i_.impl()->vae_scale_factor();
+  d.vae_factor = d.size_multiple;
   d.scheduler = "";  // the model's own, resolved by the pipeline
   d.schedulers = scheduler_names();
   return d;

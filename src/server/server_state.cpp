@@ -144,6 +144,8 @@ nlohmann::json status_json(const ServerState& state) {
           {"schedulers", state.defaults.schedulers},
           {"modes", modes},
           {"default_steps", state.defaults.steps},
+          // The job field "cache" (accel/dit_cache.h): DiT models only.
+          {"dit_cache", !state.defaults.unet_accelerators},
           {"default_image_guidance_scale", state.defaults.image_guidance_scale},
           {"default_guidance_scale", state.defaults.guidance_scale},
           {"default_width", info.default_width},

@@ -25,9 +25,9 @@ std::string extract_lora_tags(const std::string& prompt, std::vector<LoraTag>* t
       const std::string scale = body.substr(colon + 1);
       char* end = nullptr;
       tag.scale = std::strtod(scale.c_str(), &end);
-      if (scale.empty() || *end != '\0' || !std::isfinite(tag.scale))
+      if (scale.empty() || *end != '\0' || !(std::fabs(tag.scale) <= kMaxLoraScale))
         throw InvalidArgument("prompt: <lora:" + body + ">: the scale '" + scale +
-                              "' is not a finite number");
+                              "' is not a number in [-100, 100]");
     }
     if (tag.name.empty()) throw InvalidArgument("prompt: <lora:" + body + ">: no adapter name");
     if (tags) tags->push_back(tag);

@@ -33,7 +33,7 @@ namespace {
 
 TrainReport train_sd_demo(const TrainDemoOptions& o, const TrainCallback& on_progress,
                           const std::atomic<bool>* cancel) {
-  validate_train_options(o, 8);
+  validate_train_options(o, 8, 1);
   const bool bf16 = train_in_bf16(o.precision);
   StagedFolder folder(o.out, o.force);
   device::configure_cpu_threads();

@@ -5,28 +5,32 @@ namespace diffuse::train {
 using nlohmann::ordered_json;
 
 ordered_json hidream_demo_vae_config(int resolution) {
-  return {
-      {"_class_name", "AutoencoderKL"},
-      {"act_fn", "silu"},
-      {"block_out_channels", {16, 32, 64, 64}},
-      {"down_block_types",
-       {"DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"}},
-      {"force_upcast", true},
-      {"in_channels", 3},
-      {"latent_channels", 16},
-      {"latents_mean", nullptr},
-      {"latents_std", nullptr},
-      {"layers_per_block", 1},
-      {"mid_block_add_attention", true},
-      {"norm_num_groups", 8},
-      {"out_channels", 3},
-      {"sample_size", resolution},
-      {"scaling_factor", 1.0},
-      {"shift_factor", 0.0},
-      {"up_block_types",
-       {"UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"}},
-      {"use_post_quant_conv", false},
-      {"use_quant_conv", false}};
+  // One level per halving, plus the first.
+  ordered_json channels = {16, 32}, down = ordered_json::array(), up = ordered_json::array();
+  for (int f = 4; f <= kHiDreamDemoVaeFactor; f *= 2) channels.push_back(64);
+  for (size_t i = 0; i < channels.size(); ++i) {
+    down.push_back("DownEncoderBlock2D");
+    up.push_back("UpDecoderBlock2D");
+  }
+  return {{"_class_name", "AutoencoderKL"},
+          {"act_fn", "silu"},
+          {"block_out_channels", channels},
+          {"down_block_types", down},
+          {"force_upcast", true},
+          {"in_channels", 3},
+          {"latent_channels", 16},
+          {"latents_mean", nullptr},
+          {"latents_std", nullptr},
+          {"layers_per_block", 1},
+          {"mid_block_add_attention", true},
+          {"norm_num_groups", 8},
+          {"out_channels", 3},
+          {"sample_size", resolution},
+          {"scaling_factor", 1.0},
+          {"shift_factor", 0.0},
+          {"up_block_types", up},
+          {"use_post_quant_conv", false},
+          {"use_quant_conv", false}};
 }
 
 ordered_json hidream_demo_transformer_config(int latent_size, int64_t t5_dim, int64_t llama_dim,
@@ -43,7 +47,7 @@ ordered_json hidream_demo_transformer_config(int latent_size, int64_t t5_dim, in
           {"num_layers", kDual},
           {"num_single_layers", kSingle},
           {"attention_head_dim", 32},
-          {"num_attention_heads", 4},
+          {"num_attention_heads", 3},
           {"caption_channels", {t5_dim, llama_dim}},
           {"text_emb_dim", pooled_dim},
           {"num_routed_experts", 4},

@@ -8,10 +8,16 @@
 
 namespace diffuse::train {
 
-// 8x downsampling to 16 latent channels, shift and scale set from the data after training.
+// The VAE's downsampling: 16 rather than the real family's 8, so that a 128-pixel image is 4x4
+// tokens of patch 2 and a training step costs a third (the demo world is flat colours; the
+// pipelines read the factor from the VAE's config).
+constexpr int kHiDreamDemoVaeFactor = 16;
+// kHiDreamDemoVaeFactor downsampling to 16 latent channels, shift and scale set from the data
+// after training.
 nlohmann::ordered_json hidream_demo_vae_config(int resolution);
-// patch 2, dual- and single-stream blocks with a 4-expert (top-2) MoE and the shared expert,
-// one Llama layer per block; max_resolution in latent pixels (the text-to-image area).
+// D = 96 (3 heads of 32), patch 2, dual- and single-stream blocks with a 4-expert (top-2) MoE and
+// the shared expert, one Llama layer per block; max_resolution in latent pixels (the text-to-image
+// area).
 nlohmann::ordered_json hidream_demo_transformer_config(int latent_size, int64_t t5_dim,
                                                        int64_t llama_dim, int64_t pooled_dim,
                                                        int64_t llama_layers);

@@ -169,7 +169,8 @@ int64_t count_parameters(torch::nn::Module& m) {
   return n;
 }
 
-void validate_train_options(const TrainDemoOptions& o, int multiple) {
+void validate_train_options(const TrainDemoOptions& o, int vae_factor, int patch) {
+  const int multiple = vae_factor * patch;
   if (o.resolution < 32 || o.resolution % multiple != 0)
     throw InvalidArgument("train-demo: resolution must be a multiple of " +
                           std::to_string(multiple) + " and at least 32, got " +
@@ -177,8 +178,12 @@ void validate_train_options(const TrainDemoOptions& o, int multiple) {
   if (!(o.minutes > 0) || o.minutes > 7 * 24 * 60)
     throw InvalidArgument("train-demo: --minutes must be in (0, 10080], got " +
                           std::to_string(o.minutes));
-  if (o.vae_crop < 16 || o.vae_crop % 8 != 0 || o.vae_crop > o.resolution)
-    throw InvalidArgument("train-demo: the autoencoder crop must be a multiple of 8 in [16, " +
+  const int crop_multiple = std::max(8, vae_factor);
+  if (o.vae_crop < std::max(16, crop_multiple) || o.vae_crop % crop_multiple != 0 ||
+      o.vae_crop > o.resolution)
+    throw InvalidArgument("train-demo: the autoencoder crop must be a multiple of " +
+                          std::to_string(crop_multiple) + " in [" +
+                          std::to_string(std::max(16, crop_multiple)) + ", " +
                           std::to_string(o.resolution) + "], got " + std::to_string(o.vae_crop));
   if (o.vae_steps < 0 || o.unet_steps < 0 || o.vae_batch < 1 || o.unet_batch < 1 ||
       o.dataset_size < 1)

@@ -131,8 +131,9 @@ class AutocastGuard {
 int64_t count_parameters(torch::nn::Module& m);
 
 // InvalidArgument for options no run can use (before anything is written); the image size must
-// be a multiple of `multiple` (the VAE factor times the denoiser's patch).
-void validate_train_options(const TrainDemoOptions& options, int multiple);
+// be a multiple of the VAE factor times the denoiser's patch, the autoencoder's crop one of the
+// VAE factor.
+void validate_train_options(const TrainDemoOptions& options, int vae_factor, int patch);
 
 // Whether a run with this --precision trains under bf16 autocast (auto: where the engine's
 // dtype policy picks bf16 for the CPU, i.e. native bf16 dot products).

@@ -84,6 +84,7 @@ async function refreshStatus() {
     if (select.options.length === 1)
       for (const name of s.schedulers) select.add(new Option(name, name));
     $('scheduler-box').hidden = s.schedulers.length === 0;
+    $('cache-box').hidden = !s.dit_cache;
     if (!state.defaultsShown) {
       // The model's own defaults, once (later refreshes keep what the user typed).
       state.defaultsShown = true;
@@ -139,6 +140,7 @@ function readForm() {
     scheduler: $('scheduler').value || undefined,
     seed: num('seed'),
     num_images: num('num-images'),
+    cache: $('cache-box').hidden || $('cache').value === 'off' ? undefined : $('cache').value,
   };
   const text = $('prompt').value.trim();
   const prompts = $('batch-lines').checked ? text.split('\n').map((l) => l.trim()).filter(Boolean) : [text];
