@@ -52,6 +52,7 @@ int run_edit_quality(const Flags& f) {
                                 {"image_guidance_scale", r.image_guidance_scale},
                                 {"edits", tally_json(r.edits)},
                                 {"unedited", tally_json(r.unedited)},
+                                {"autoencoder", tally_json(r.autoencoder)},
                                 {"kinds", kinds},
                                 {"txt2img", tally_json(r.txt2img)},
                                 {"seconds", r.seconds}}
@@ -66,6 +67,8 @@ int run_edit_quality(const Flags& f) {
       o.edits, o.seeds);
   print_tally("edited", r.edits);
   print_tally("unedited", r.unedited);
+  std::printf("sources through the VAE and back, scored against themselves (the ceiling):\n");
+  print_tally("autoencoder", r.autoencoder);
   for (const auto& [k, t] : r.kinds) print_tally(k.c_str(), t);
   if (r.txt2img.scores.images > 0) {
     std::printf("txt2img (%d held-out prompts x %d seeds):\n", o.prompts, o.seeds);

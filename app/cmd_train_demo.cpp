@@ -97,6 +97,9 @@ Command add_train_demo_command(CLI::App& app) {
   app.add_option("--precision", t.precision,
                  "auto|fp32|bf16 (auto: bf16 autocast where the CPU has native bf16)")
       ->capture_default_str();
+  app.add_option("--init-from", t.init_from,
+                 "Continue from the folder of an earlier --arch hidream-e1 run (its weights, "
+                 "tokenizers and autoencoder)");
   app.add_flag("-q,--quiet", o->quiet, "No progress output");
   return [o]() {
     g_interrupted.store(false);

@@ -45,6 +45,17 @@ void add_run(DemoEditQualityResult& r, const pipeline::HiDreamResult& run, bool 
   if (keep) r.images.push_back(run.image);
 }
 
+// The source through the VAE and back (the posterior's mean): the best any latent the transformer
+// draws can score, so that a poor edit score can be told apart from a poor autoencoder.
+Image vae_round_trip(pipeline::HiDreamPipeline& pipe, const Image& img) {
+  torch::NoGradGuard no_grad;
+  auto& vae = pipe.vae();
+  const auto x = as_tensor(img).permute({2, 0, 1}).unsqueeze(0).to(torch::kFloat32) / 127.5 - 1;
+  const auto z = vae->encode(x.to(pipe.vae_device())).mean;
+  const auto y = vae->decode(z).to(torch::kFloat32).cpu();
+  return to_image(((y.clamp(-1, 1) + 1) / 2).permute({0, 2, 3, 1}));
+}
+
 }  // namespace
 
 void EditTally::add(const train::SceneScore& s) {
@@ -92,6 +103,8 @@ DemoEditQualityResult run_demo_edit_quality(pipeline::HiDreamPipeline& pipe,
     const auto target = train::spec_of(e.target, false);
     const Image source = train::render_scene(e.source, side, side);
     r.unedited.add(train::score_scene(source, target));
+    r.autoencoder.add(
+        train::score_scene(vae_round_trip(pipe, source), train::spec_of(e.source, false)));
     for (int seed = 0; seed < o.seeds; ++seed) {
       pipeline::HiDreamEdit req;
       req.prompt = train::e1_prompt(e.instruction, train::caption(target));

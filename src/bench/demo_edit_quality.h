@@ -53,6 +53,7 @@ struct EditTally {
 
 struct DemoEditQualityResult {
   EditTally edits, unedited;               // results vs the target; sources vs the target
+  EditTally autoencoder;                   // sources through the VAE and back vs the sources
   std::map<std::string, EditTally> kinds;  // results per kind of edit
   EditTally txt2img;
   int steps = 0;

@@ -181,7 +181,11 @@ TrainReport train_sd_demo(const TrainDemoOptions& o, const TrainCallback& on_pro
 
 TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progress,
                        const std::atomic<bool>* cancel) {
-  if (o.arch == "sd") return train_sd_demo(o, on_progress, cancel);
+  if (o.arch == "sd") {
+    if (!o.init_from.empty())
+      throw InvalidArgument("train-demo: --init-from continues --arch hidream-e1 runs only");
+    return train_sd_demo(o, on_progress, cancel);
+  }
   if (o.arch == "hidream-e1") return train_hidream_demo(o, on_progress, cancel);
   throw InvalidArgument("train-demo: --arch must be sd or hidream-e1, got '" + o.arch + "'");
 }

@@ -31,6 +31,11 @@ struct TrainDemoOptions {
   // dot products), "fp32" or "bf16": bf16 runs the forward and backward passes under
   // autocast (matmuls and convolutions in bf16, weights and optimizer in float32).
   std::string precision = "auto";
+  // hidream-e1 only: a folder an earlier run of the same architecture and resolution wrote, to
+  // continue from: its tokenizers, configs and weights are the start (the autoencoder and its
+  // latents' shift and scale are kept, so the autoencoder stage is skipped), and its training
+  // record is kept inside the new one.
+  std::string init_from;
 };
 
 struct TrainProgress {

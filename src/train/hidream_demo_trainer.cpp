@@ -4,15 +4,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "io/json_config.h"
+#include "io/model_folder.h"
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
 #include "models/hidream_transformer.h"
 #include "models/llama.h"
+#include "models/load_component.h"
 #include "models/t5_encoder.h"
 #include "pipeline/component_writer.h"
 #include "pipeline/hidream_text.h"
@@ -95,11 +99,108 @@ Module build(const ordered_json& json, const char* what) {
   return Module(Config::from_json(io::JsonConfig(json, what)));
 }
 
-// The prompt of an edit example as users write it: E1's format most of the time, sometimes the
-// bare instruction (accepted by the pipeline as the whole prompt).
+// The prompt of an edit example as users write it: E1's format or the bare instruction (accepted
+// by the pipeline as the whole prompt), half and half. The bare instruction says nothing of what
+// stays, so the model must take that from the source: with the target's description every time
+// it learns to draw the description and ignores the source (seen in a run: edits redrawn from
+// the text, the source's objects lost).
 std::string edit_prompt(const SceneEdit& e, std::mt19937_64& rng) {
-  if (rng() % 5 == 0) return e.instruction;
+  if (rng() % 2 == 0) return e.instruction;
   return e1_prompt(e.instruction, caption(e.target, rng));
+}
+
+// Every configuration of the model, and the text sequence length it is trained and run with.
+struct DemoConfigs {
+  ordered_json clip, t5, llama, vae, transformer;
+  int64_t seq_len = 0;
+};
+
+// Trains the four tokenizers into `root` and sizes the model to them.
+DemoConfigs fresh_configs(const Corpus& corpus, const fs::path& root, int resolution) {
+  const auto clip_vocab = text::train_clip_bpe(corpus.texts, 400);
+  for (const char* dir : {"tokenizer", "tokenizer_2"})
+    text::save_clip_tokenizer(clip_vocab, (root / dir).string(), 248);
+  text::train_t5_tokenizer(corpus.texts, 320, (root / "tokenizer_3").string(), 512);
+  text::train_llama_tokenizer(corpus.texts, 400, (root / "tokenizer_4").string(), 2048);
+  const auto clip_tok = text::load_tokenizer((root / "tokenizer").string());
+  const auto t5_tok = text::load_tokenizer((root / "tokenizer_3").string());
+  const auto llama_tok = text::load_tokenizer((root / "tokenizer_4").string());
+  const auto clip_tokens = corpus_tokens(corpus, *clip_tok);
+  const auto t5_tokens = corpus_tokens(corpus, *t5_tok);
+  const auto llama_tokens = corpus_tokens(corpus, *llama_tok);
+  DemoConfigs c;
+  c.seq_len = sequence_length_for({clip_tokens, t5_tokens, llama_tokens});
+  const auto clip_vocab_size = static_cast<int64_t>(clip_vocab.tokens.size());
+  c.clip = hidream_demo_clip_config(clip_vocab_size, clip_vocab_size - 2, clip_vocab_size - 1,
+                                    kClipProjection);
+  // The T5 vocabulary: SentencePiece's pieces (no extra ids).
+  c.t5 = hidream_demo_t5_config(std::max<int64_t>(t5_tokens.max_id + 1, 320));
+  const int64_t llama_vocab = std::max<int64_t>({llama_tokens.max_id + 1, llama_tok->eos_id() + 1,
+                                                 llama_tok->bos_id() + 1, llama_tok->pad_id() + 1});
+  c.llama = hidream_demo_llama_config(llama_vocab, llama_tok->bos_id(), llama_tok->eos_id(),
+                                      kLlamaLayers);
+  c.vae = hidream_demo_vae_config(resolution);
+  c.transformer = hidream_demo_transformer_config(
+      resolution / kVaeFactor, c.t5["d_model"].get<int64_t>(),
+      c.llama["hidden_size"].get<int64_t>(), 2 * kClipProjection, kLlamaLayers);
+  return c;
+}
+
+// The folder of an earlier hidream-e1 run that --init-from continues.
+struct InitFolder {
+  fs::path dir;
+  io::ModelFolder folder;
+  ordered_json record;  // its training.json
+};
+
+ordered_json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw IoError("train-demo --init-from: cannot read " + path.string());
+  try {
+    return ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError("train-demo --init-from: " + path.string() +
+                      " is not valid JSON: " + e.what());
+  }
+}
+
+// Checked before anything is written: a folder `train-demo --arch hidream-e1` made at this
+// resolution, and not the output folder itself.
+std::optional<InitFolder> open_init_folder(const TrainDemoOptions& o) {
+  if (o.init_from.empty()) return std::nullopt;
+  const fs::path dir = o.init_from;
+  std::error_code ec;
+  if (fs::weakly_canonical(dir, ec) == fs::weakly_canonical(o.out, ec))
+    throw InvalidArgument("train-demo: --init-from and --out are the same folder (" + dir.string() +
+                          "); write the continued model elsewhere");
+  auto folder = io::ModelFolder::open(dir.string());
+  auto record = read_json(dir / "training.json");
+  const std::string where = "train-demo --init-from " + dir.string() + ": ";
+  if (record.value("arch", std::string()) != "hidream-e1")
+    throw InvalidArgument(where + "training.json says arch '" +
+                          record.value("arch", std::string("?")) +
+                          "'; expected a folder made by train-demo --arch hidream-e1");
+  if (record.value("resolution", 0) != o.resolution)
+    throw InvalidArgument(where + "trained at resolution " +
+                          std::to_string(record.value("resolution", 0)) + ", this run asks " +
+                          std::to_string(o.resolution));
+  return InitFolder{dir, std::move(folder), std::move(record)};
+}
+
+DemoConfigs configs_of(const InitFolder& init) {
+  DemoConfigs c;
+  c.clip = read_json(init.dir / "text_encoder" / "config.json");
+  c.t5 = read_json(init.dir / "text_encoder_3" / "config.json");
+  c.llama = read_json(init.dir / "text_encoder_4" / "config.json");
+  c.vae = read_json(init.dir / "vae" / "config.json");
+  c.transformer = read_json(init.dir / "transformer" / "config.json");
+  const auto index = read_json(init.dir / "model_index.json");
+  c.seq_len = index.value("_diffuse_defaults", ordered_json::object())
+                  .value("max_sequence_length", int64_t{0});
+  if (c.seq_len <= 0)
+    throw FormatError("train-demo --init-from: " + (init.dir / "model_index.json").string() +
+                      " has no _diffuse_defaults.max_sequence_length");
+  return c;
 }
 
 }  // namespace
@@ -107,6 +208,7 @@ std::string edit_prompt(const SceneEdit& e, std::mt19937_64& rng) {
 TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& on_progress,
                                const std::atomic<bool>* cancel) {
   validate_train_options(o, kVaeFactor, kPatch);
+  const auto init = open_init_folder(o);
   const bool bf16 = train_in_bf16(o.precision);
   StagedFolder folder(o.out, o.force);
   device::configure_cpu_threads();
@@ -118,33 +220,25 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
   auto gen = at::detail::createCPUGenerator(o.seed);
   const auto root = folder.path();
 
-  // Tokenizers of the four kinds, learned from the world's texts.
-  const auto corpus = caption_corpus(o.seed);
-  const auto clip_vocab = text::train_clip_bpe(corpus.texts, 400);
-  for (const char* dir : {"tokenizer", "tokenizer_2"})
-    text::save_clip_tokenizer(clip_vocab, (root / dir).string(), 248);
-  text::train_t5_tokenizer(corpus.texts, 320, (root / "tokenizer_3").string(), 512);
-  text::train_llama_tokenizer(corpus.texts, 400, (root / "tokenizer_4").string(), 2048);
+  // Tokenizers of the four kinds, learned from the world's texts (or the earlier run's), and
+  // the configurations of the text encoders.
+  DemoConfigs cfg;
+  if (init) {
+    for (const char* dir : {"tokenizer", "tokenizer_2", "tokenizer_3", "tokenizer_4"})
+      fs::copy(init->dir / dir, root / dir, fs::copy_options::recursive);
+    cfg = configs_of(*init);
+  } else {
+    cfg = fresh_configs(caption_corpus(o.seed), root, o.resolution);
+  }
   pipeline::HiDreamTextEncoders::Parts parts;
   parts.clip_l_tok = text::load_tokenizer((root / "tokenizer").string());
   parts.clip_g_tok = text::load_tokenizer((root / "tokenizer_2").string());
   parts.t5_tok = text::load_tokenizer((root / "tokenizer_3").string());
   parts.llama_tok = text::load_tokenizer((root / "tokenizer_4").string());
-  const auto clip_tokens = corpus_tokens(corpus, *parts.clip_l_tok);
-  const auto t5_tokens = corpus_tokens(corpus, *parts.t5_tok);
-  const auto llama_tokens = corpus_tokens(corpus, *parts.llama_tok);
-  const int64_t seq_len = sequence_length_for({clip_tokens, t5_tokens, llama_tokens});
-  const auto clip_vocab_size = static_cast<int64_t>(clip_vocab.tokens.size());
-  const auto clip_json = hidream_demo_clip_config(clip_vocab_size, clip_vocab_size - 2,
-                                                  clip_vocab_size - 1, kClipProjection);
-  // The T5 vocabulary: SentencePiece's pieces (no extra ids).
-  const int64_t t5_vocab = std::max<int64_t>(t5_tokens.max_id + 1, 320);
-  const auto t5_json = hidream_demo_t5_config(t5_vocab);
-  const int64_t llama_vocab =
-      std::max<int64_t>({llama_tokens.max_id + 1, parts.llama_tok->eos_id() + 1,
-                         parts.llama_tok->bos_id() + 1, parts.llama_tok->pad_id() + 1});
-  const auto llama_json = hidream_demo_llama_config(llama_vocab, parts.llama_tok->bos_id(),
-                                                    parts.llama_tok->eos_id(), kLlamaLayers);
+  const int64_t seq_len = cfg.seq_len;
+  const auto& clip_json = cfg.clip;
+  const auto& t5_json = cfg.t5;
+  const auto& llama_json = cfg.llama;
 
   auto clip_config = [&](const char* what) {
     auto c = models::ClipTextConfig::from_json(io::JsonConfig(clip_json, what));
@@ -159,11 +253,9 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
       build<models::LlamaForCausalLM, models::LlamaConfig>(llama_json, "demo text_encoder_4");
   std::vector<torch::nn::Module*> encoders = {parts.clip_l.get(), parts.clip_g.get(),
                                               parts.t5.get(), parts.llama.get()};
-  const auto vae_json = hidream_demo_vae_config(o.resolution);
+  const auto& vae_json = cfg.vae;
   const int latent_size = o.resolution / kVaeFactor;
-  const auto transformer_json = hidream_demo_transformer_config(
-      latent_size, t5_json["d_model"].get<int64_t>(), llama_json["hidden_size"].get<int64_t>(),
-      2 * kClipProjection, kLlamaLayers);
+  const auto& transformer_json = cfg.transformer;
   auto vae = build<models::AutoencoderKL, models::AutoencoderKLConfig>(vae_json, "demo vae");
   auto transformer =
       build<models::HiDreamImageTransformer2DModel, models::HiDreamTransformerConfig>(
@@ -172,12 +264,22 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
   report.parameters = count_parameters(*vae) + count_parameters(*transformer);
   for (auto* m : encoders) report.parameters += count_parameters(*m);
 
+  if (init) {
+    const char* components[] = {"text_encoder", "text_encoder_2", "text_encoder_3",
+                                "text_encoder_4"};
+    for (size_t k = 0; k < encoders.size(); ++k)
+      models::load_component_weights(*encoders[k], init->folder, components[k]);
+    models::load_component_weights(*vae, init->folder, "vae");
+    models::load_component_weights(*transformer, init->folder, "transformer");
+  }
+
   const auto held_out = held_out_prompts();
   SceneSource source(o.seed, held_out);
 
-  // Stage 1: the autoencoder.
-  train_autoencoder(vae, source, autoencoder_stage(o, 0.25 * budget_s), bf16, gen, on_progress,
-                    cancel, report);
+  // Stage 1: the autoencoder (kept as it is when continuing an earlier run).
+  if (!init)
+    train_autoencoder(vae, source, autoencoder_stage(o, 0.25 * budget_s), bf16, gen, on_progress,
+                      cancel, report);
 
   // Stage 2: edit pairs and their latents (sources and targets), shifted and scaled to zero
   // mean and unit variance as the Flux VAE's shift_factor / scaling_factor do.
@@ -194,8 +296,12 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
     pairs.push_back(std::move(p));
   }
   torch::Tensor latents = encode_scenes(vae, scenes, o.resolution, bf16, on_progress, cancel);
-  report.shift_factor = latents.mean().item<double>();
-  report.scaling_factor = 1.0 / latents.std().item<double>();
+  // The latents' shift and scale: measured on a new autoencoder, the earlier run's otherwise (its
+  // transformer learned on those).
+  report.shift_factor =
+      init ? vae_json["shift_factor"].get<double>() : latents.mean().item<double>();
+  report.scaling_factor =
+      init ? vae_json["scaling_factor"].get<double>() : 1.0 / latents.std().item<double>();
   latents.sub_(report.shift_factor).mul_(report.scaling_factor);
   report.encode_s = seconds_since(t_encode);
 
@@ -326,6 +432,7 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
   auto record = training_record(o, report, bf16, "transformer", "edit_pairs", held_out);
   record["shift_factor"] = report.shift_factor;
   record["max_sequence_length"] = seq_len;
+  if (init) record["init_from"] = {{"folder", init->dir.string()}, {"training", init->record}};
   pipeline::write_json_file(root / "training.json", record);
   report.record = record.dump(2);
   folder.commit();

@@ -230,7 +230,8 @@ nlohmann::ordered_json training_record(const TrainDemoOptions& o, const TrainRep
                       std::to_string(o.resolution) + " --vae-batch " + std::to_string(o.vae_batch) +
                       " --vae-crop " + std::to_string(o.vae_crop) + " --unet-batch " +
                       std::to_string(o.unet_batch) + " --dataset " +
-                      std::to_string(o.dataset_size) + " --precision " + (bf16 ? "bf16" : "fp32")},
+                      std::to_string(o.dataset_size) + " --precision " + (bf16 ? "bf16" : "fp32") +
+                      (o.init_from.empty() ? "" : " --init-from " + o.init_from)},
       {"arch", o.arch},
       {"seed", o.seed},
       {"precision", bf16 ? "bf16" : "fp32"},
