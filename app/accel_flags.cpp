@@ -6,6 +6,7 @@
 
 #include "accel/dit_cache.h"
 #include "diffuse/errors.h"
+#include "io/string_split.h"
 
 namespace diffuse::app {
 namespace {
@@ -49,12 +50,7 @@ bool any_accel_flag(const AccelFlags& f) {
 void apply_accel_flags(const AccelFlags& f, GenerationConfig& g) {
   if (!f.deepcache.empty()) {
     const std::string flag = "--deepcache '" + f.deepcache + "'";
-    std::vector<std::string> parts;
-    size_t start = 0;
-    for (size_t colon; (colon = f.deepcache.find(':', start)) != std::string::npos;
-         start = colon + 1)
-      parts.push_back(f.deepcache.substr(start, colon - start));
-    parts.push_back(f.deepcache.substr(start));
+    const auto parts = io::split_fields(f.deepcache, ':');
     if (parts.size() != 1 && parts.size() != 3)
       throw InvalidArgument(flag +
                             ": expected N or N:LAYER:BLOCK (interval, cache_layer_id, "

@@ -26,6 +26,7 @@ Command add_bench_command(CLI::App& app);
 Command add_train_demo_command(CLI::App& app);
 Command add_edit_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
+Command add_quantize_command(CLI::App& app);
 
 // HiDream models from the CLI: `diffuse edit` and `diffuse txt2img` on a HiDream folder.
 struct HiDreamCliFlags {

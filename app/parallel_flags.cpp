@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <random>
 
 #include "device/device.h"
@@ -67,7 +68,13 @@ int run_parallel_launcher(const std::vector<torch::Device>& devices,
     const uint64_t seed = (static_cast<uint64_t>(rd()) << 32 | rd()) & ((1ull << 53) - 1);
     launch.extra_args = {"--seed", std::to_string(seed)};
   }
-  parallel::launch_cfg_workers(launch);
+  try {
+    parallel::launch_cfg_workers(launch);
+  } catch (const parallel::WorkersInterrupted& e) {
+    // The workers are reaped and the temporary store is gone: exit as the signal would have.
+    std::cerr << "\ninterrupted\n";
+    return 128 + e.signal();
+  }
   return 0;
 }
 

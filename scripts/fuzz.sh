@@ -11,7 +11,7 @@ if [ ! -f build-fuzz/build.ninja ]; then
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDIFFUSE_FUZZ=ON \
     -DDIFFUSE_BUILD_TESTS=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 fi
-HARNESSES=(png safetensors json_config clip_tokenizer llama_tokenizer lora)
+HARNESSES=(png safetensors json_config clip_tokenizer llama_tokenizer lora gguf)
 cmake --build build-fuzz -- -j"$(nproc)" "${HARNESSES[@]/#/fuzz_}"
 # libtorch is not instrumented and keeps global caches: no leak checking.
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"

@@ -256,11 +256,14 @@ TEST(CfgParallel, CliWorkerThatDiesOrHangsStopsTheRun) {
     EXPECT_NE(r.err.find("CFG-parallel run failed"), std::string::npos) << r.err;
     if (kind == "exit")
       EXPECT_NE(r.err.find("rank 1 on cpu exited with status 3"), std::string::npos) << r.err;
-    else
+    else {
       EXPECT_NE(r.err.find("rank 0: CFG-parallel (gloo, rank 0 of 2): exchanging noise "
                            "predictions failed"),
                 std::string::npos)
           << r.err;
+      // The silent worker is named, not just "a peer".
+      EXPECT_NE(r.err.find("rank 1 never reached exchange"), std::string::npos) << r.err;
+    }
     EXPECT_FALSE(std::filesystem::exists(dir.file("out.png")));
     EXPECT_EQ(processes_mentioning(dir.path().string()), 0);
   }
@@ -284,6 +287,53 @@ std::vector<pid_t> pids_mentioning(const std::string& token, pid_t except) {
   return pids;
 }
 
+// The CLI started with `args` (and TMPDIR, when given), read until both workers are in the
+// denoising loop (rank 0's "step 1/" on stderr).
+struct RunningLauncher {
+  pid_t pid = -1;
+  int err_fd = -1;
+  std::string err;
+};
+
+RunningLauncher start_launcher(std::vector<std::string> args, const std::string& tmpdir = "") {
+  RunningLauncher l;
+  int err_pipe[2];
+  if (::pipe(err_pipe) != 0) return l;
+  std::vector<char*> argv;
+  std::string path = DIFFUSE_CLI_PATH;
+  argv.push_back(path.data());
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  l.pid = ::fork();
+  if (l.pid < 0) return l;
+  if (l.pid == 0) {
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    if (!tmpdir.empty()) ::setenv("TMPDIR", tmpdir.c_str(), 1);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(err_pipe[1]);
+  l.err_fd = err_pipe[0];
+  char buf[4096];
+  for (ssize_t n;
+       l.err.find("step 1/") == std::string::npos && (n = ::read(l.err_fd, buf, sizeof buf)) > 0;)
+    l.err.append(buf, static_cast<size_t>(n));
+  return l;
+}
+
+// The rest of its stderr, then its wait status.
+int finish_launcher(RunningLauncher& l) {
+  char buf[4096];
+  for (ssize_t n; (n = ::read(l.err_fd, buf, sizeof buf)) > 0;)
+    l.err.append(buf, static_cast<size_t>(n));
+  ::close(l.err_fd);
+  int status = 0;
+  ::waitpid(l.pid, &status, 0);
+  return status;
+}
+
 // The launcher killed outright (SIGKILL: no handler runs): its workers die with it
 // (PR_SET_PDEATHSIG). Waits on pidfds, not sleeps.
 TEST(CfgParallel, WorkersDieWithTheLauncher) {
@@ -291,29 +341,10 @@ TEST(CfgParallel, WorkersDieWithTheLauncher) {
   test::TempDir dir;
   auto args = demo_args(dir.file("out.png"), 900);
   args.insert(args.end(), {"--devices", "cpu,cpu"});
-  int err_pipe[2];
-  ASSERT_EQ(::pipe(err_pipe), 0);
-  std::vector<char*> argv;
-  std::string path = DIFFUSE_CLI_PATH;
-  argv.push_back(path.data());
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t launcher = ::fork();
-  ASSERT_GE(launcher, 0);
-  if (launcher == 0) {
-    ::dup2(err_pipe[1], STDERR_FILENO);
-    ::close(err_pipe[0]);
-    ::close(err_pipe[1]);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::close(err_pipe[1]);
-  std::string err;
-  char buf[4096];
-  // Rank 0's progress: both workers are in the denoising loop.
-  for (ssize_t n;
-       err.find("step 1/") == std::string::npos && (n = ::read(err_pipe[0], buf, sizeof buf)) > 0;)
-    err.append(buf, static_cast<size_t>(n));
+  auto l = start_launcher(args);
+  const pid_t launcher = l.pid;
+  ASSERT_GT(launcher, 0);
+  const std::string& err = l.err;
   ASSERT_NE(err.find("step 1/"), std::string::npos) << err;
   const auto workers = pids_mentioning(dir.path().string(), launcher);
   ASSERT_EQ(workers.size(), 2u) << err;
@@ -324,9 +355,7 @@ TEST(CfgParallel, WorkersDieWithTheLauncher) {
     fds.push_back({fd, POLLIN, 0});
   }
   ::kill(launcher, SIGKILL);
-  int status = 0;
-  ::waitpid(launcher, &status, 0);
-  ::close(err_pipe[0]);
+  finish_launcher(l);
   for (auto& p : fds) {
     // Readable once that process has exited; the bound only keeps a failure from hanging.
     EXPECT_EQ(::poll(&p, 1, 120000), 1);
@@ -334,6 +363,30 @@ TEST(CfgParallel, WorkersDieWithTheLauncher) {
   }
   EXPECT_TRUE(pids_mentioning(dir.path().string(), launcher).empty());
   EXPECT_FALSE(std::filesystem::exists(dir.file("out.png")));
+}
+
+// Ctrl-C or a `kill` to the launcher alone: the workers are stopped and reaped, the temporary
+// store folder is removed, and the launcher exits with 128 + the signal, as a one-process run.
+TEST(CfgParallel, InterruptingTheLauncherStopsTheWorkersAndLeavesNothing) {
+  SKIP_WITHOUT_CPU_COLLECTIVES();
+  for (int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig);
+    test::TempDir dir, tmp;
+    auto args = demo_args(dir.file("out.png"), 900);
+    args.insert(args.end(), {"--devices", "cpu,cpu"});
+    auto l = start_launcher(args, tmp.path().string());
+    ASSERT_GT(l.pid, 0);
+    ASSERT_NE(l.err.find("step 1/"), std::string::npos) << l.err;
+    EXPECT_FALSE(std::filesystem::is_empty(tmp.path()));  // the store folder, while running
+    ::kill(l.pid, sig);
+    const int status = finish_launcher(l);
+    ASSERT_TRUE(WIFEXITED(status)) << l.err;
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig) << l.err;
+    EXPECT_NE(l.err.find("interrupted"), std::string::npos) << l.err;
+    EXPECT_TRUE(std::filesystem::is_empty(tmp.path())) << l.err;
+    EXPECT_TRUE(pids_mentioning(dir.path().string(), l.pid).empty());
+    EXPECT_FALSE(std::filesystem::exists(dir.file("out.png")));
+  }
 }
 
 TEST(CfgParallel, CliRefusesBadDeviceListsBeforeLoading) {

@@ -6,8 +6,10 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <set>
 
 #include "diffuse/errors.h"
+#include "io/gguf.h"
 #include "io/ldm_checkpoint.h"
 #include "io/model_folder.h"
 #include "io/safetensors.h"
@@ -111,6 +113,53 @@ TEST_F(LdmCheckpoint, GoldenWeightsEqualTheDiffusersFolder) {
   expect_same_weights("text_encoder", c.text_encoder, f.component_weights("text_encoder"));
   EXPECT_EQ(c.family, has_open_clip() ? "sd2" : "sd1");
   EXPECT_TRUE(io::is_single_file_checkpoint(file_));
+}
+
+// The same checkpoint as a GGUF file, as stable-diffusion.cpp's converter writes one: matrices
+// with whole 32-element rows in q8_0, everything else in f32. It loads through the same path;
+// the f32 tensors are bit-identical and the q8_0 ones within a step of q8_0 (a block's largest
+// magnitude / 127, fp16 scale rounding included).
+TEST_F(LdmCheckpoint, GgufSingleFileLoadsLikeTheSafetensorsOne) {
+  std::vector<io::GgufTensorToWrite> tensors;
+  std::set<std::string> quantized;
+  for (const auto& [name, t] : ldm_tensors()) {
+    const bool q8 = t.dim() == 2 && t.size(1) % 32 == 0;
+    if (q8) quantized.insert(name);
+    tensors.push_back({name, t, q8 ? quant::GgmlType::Q8_0 : quant::GgmlType::F32});
+  }
+  ASSERT_FALSE(quantized.empty());
+  const std::string gguf = tmp_.file("model.gguf");
+  io::write_gguf(gguf, {{"general.architecture", "sd"}}, tensors);
+  EXPECT_TRUE(io::is_gguf_file(gguf));
+  EXPECT_TRUE(io::is_single_file_checkpoint(gguf));
+  const auto from_gguf = io::load_single_file_checkpoint(gguf);
+  const auto from_safetensors = io::load_single_file_checkpoint(file_);
+  EXPECT_EQ(from_gguf.family, from_safetensors.family);
+  EXPECT_EQ(from_gguf.unet_config, from_safetensors.unet_config);
+  int compared = 0, compared_q8 = 0;
+  auto compare = [&](const TensorMap& got, const TensorMap& want, const std::string& prefix) {
+    ASSERT_EQ(got.size(), want.size()) << prefix;
+    for (const auto& [k, w] : want) {
+      const auto& g = got.at(k);
+      ASSERT_EQ(g.sizes(), w.sizes()) << k;
+      const auto want32 = w.to(torch::kFloat32);
+      const auto err = (g.to(torch::kFloat32) - want32).abs();
+      // A q8_0 tensor's rows are blocks of 32: the error bound per element is its block's step.
+      if (w.dim() == 2 && w.size(1) % 32 == 0 && err.max().item<float>() > 0) {
+        const auto step = want32.reshape({-1, 32}).abs().amax(1, true) / 127;
+        EXPECT_TRUE((err.reshape({-1, 32}) <= step * 1.01).all().item<bool>()) << k;
+        ++compared_q8;
+      } else {
+        EXPECT_TRUE(torch::equal(g.to(torch::kFloat32), want32)) << k;
+      }
+      ++compared;
+    }
+  };
+  compare(from_gguf.unet, from_safetensors.unet, "unet");
+  compare(from_gguf.vae, from_safetensors.vae, "vae");
+  compare(from_gguf.text_encoder, from_safetensors.text_encoder, "text_encoder");
+  EXPECT_GT(compared_q8, 0);
+  EXPECT_GT(compared, compared_q8);
 }
 
 TEST_F(LdmCheckpoint, InferredConfigsAgreeOnEveryShapeDeterminedKey) {

@@ -142,6 +142,21 @@ TEST_F(PromptChunks, LongPromptsBreaksAndWeightsMakeChunksOf75) {
   EXPECT_FLOAT_EQ(weighted[0].weights[1], 1.0f);
 }
 
+// A pasted prompt of thousands of BREAKs is refused at the bound, not encoded chunk by chunk.
+TEST_F(PromptChunks, TooManyChunksAreRefusedNamingTheBound) {
+  const auto t = tok();
+  std::string at_bound = "x";
+  for (size_t i = 1; i < text::kMaxPromptChunks; ++i) at_bound += " BREAK x";
+  EXPECT_EQ(text::chunk_prompt(t, parse_prompt_attention(at_bound)).size(), text::kMaxPromptChunks);
+  std::string pasted;
+  for (int i = 0; i < 20000; ++i) pasted += "BREAK ";
+  const auto m = test::expect_throw<InvalidArgument>(
+      [&] { text::chunk_prompt(t, parse_prompt_attention(pasted)); });
+  EXPECT_NE(m.find("more than " + std::to_string(text::kMaxPromptChunks) + " chunks"),
+            std::string::npos)
+      << m;
+}
+
 TEST_F(PromptChunks, AChunkEndingSoonAfterACommaIsCutAfterTheComma) {
   const auto t = tok();
   // 70 words, a comma, then 10 more words: the chunk ends after the comma (5 tokens before the

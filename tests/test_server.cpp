@@ -349,6 +349,36 @@ TEST(Server, OpenAiGenerationsAndEdits) {
   auto e = c->Post("/v1/images/edits", items);
   ASSERT_EQ(e->status, 200) << e->body;
   EXPECT_EQ(json_of(e)["data"].size(), 1u);
+
+  // The formats gpt-image-1 clients ask for, in JSON and in multipart fields.
+  auto jpeg = c->Post("/v1/images/generations",
+                      json{{"prompt", kPrompt},
+                           {"size", "64x64"},
+                           {"output_format", "jpeg"},
+                           {"output_compression", 80}}
+                          .dump(),
+                      "application/json");
+  ASSERT_EQ(jpeg->status, 200) << jpeg->body;
+  EXPECT_EQ(json_of(jpeg)["output_format"], "jpeg");
+  const auto jpeg_bytes =
+      server::base64_decode(json_of(jpeg)["data"][0]["b64_json"].get<std::string>(), "b64_json");
+  EXPECT_EQ(jpeg_bytes.substr(0, 2), "\xFF\xD8");
+  httplib::MultipartFormDataItems webp_items = items;
+  webp_items.push_back({"output_format", "webp", "", ""});
+  webp_items.push_back({"output_compression", "60", "", ""});
+  auto webp = c->Post("/v1/images/edits", webp_items);
+  ASSERT_EQ(webp->status, 200) << webp->body;
+  const auto webp_bytes =
+      server::base64_decode(json_of(webp)["data"][0]["b64_json"].get<std::string>(), "b64_json");
+  EXPECT_EQ(webp_bytes.substr(0, 4), "RIFF");
+  EXPECT_EQ(webp_bytes.substr(8, 4), "WEBP");
+  // A tiny upload is judged by the request rules (an image or a 4xx), never a 500.
+  httplib::MultipartFormDataItems tiny = {
+      {"image", server::base64_decode(demo_png_base64(8, 8), "png"), "in.png", "image/png"},
+      {"prompt", kPrompt, "", ""}};
+  auto t = c->Post("/v1/images/edits", tiny);
+  ASSERT_TRUE(t);
+  EXPECT_TRUE(t->status == 200 || (t->status >= 400 && t->status < 500)) << t->status << t->body;
   httplib::MultipartFormDataItems masked = items;
   masked.push_back({"mask", "x", "mask.png", "image/png"});
   expect_error(c->Post("/v1/images/edits", masked), 400, "inpainting");
@@ -496,6 +526,12 @@ TEST(Server, BadRequestsAre4xxAndTheServerStaysHealthy) {
                "limit");
   expect_error(post("/v1/images/generations", R"({"prompt": "x", "response_format": "jpeg"})"), 400,
                "response_format");
+  expect_error(post("/v1/images/generations", R"({"prompt": "x", "background": "transparent"})"),
+               400, "background");
+  expect_error(post("/v1/images/generations", R"({"prompt": "x", "model": "midjourney"})"), 400,
+               "not served here");
+  expect_error(post("/sdapi/v1/txt2img", R"({"prompt": "x", "denoising_strength": 5})"), 400,
+               "denoising_strength");
   expect_error(post("/v1/images/edits", R"({"prompt": "x"})"), 400, "multipart");
   expect_error(
       post("/v1/jobs", json{{"prompt", "x"}, {"init_image", demo_png_base64(1, 1)}}.dump()), 400,

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
 #include "pipeline/hidream.h"
@@ -81,6 +83,60 @@ TEST(TrainHiDreamDemo, WritesAHiDreamFolderThatBothJobsRunOn) {
   const auto edited = pipe.edit(e);
   EXPECT_EQ(edited.image.sizes(), (std::vector<int64_t>{1, 32, 32, 3}));
   EXPECT_TRUE(torch::isfinite(edited.image).all().item<bool>());
+}
+
+// --init-from: a second run starts from the first one's weights and keeps its tokenizers,
+// autoencoder and latent normalisation (training only the transformer and text encoders), and
+// its record names where it came from.
+TEST(TrainHiDreamDemo, InitFromContinuesAnEarlierRun) {
+  test::TempDir dir;
+  const auto first = toy_options(dir.file("first"));
+  train_demo(first);
+  auto o = toy_options(dir.file("second"));
+  o.init_from = first.out;
+  o.seed = 8;
+  const auto report = train_demo(o);
+  EXPECT_EQ(report.vae_steps, 0);
+  EXPECT_EQ(report.unet_steps, 3);
+  auto read = [](const fs::path& p) { return test::read_file(p.string()); };
+  for (const char* f : {"vae/config.json", "tokenizer/vocab.json", "tokenizer_3/spiece.model",
+                        "tokenizer_4/tokenizer.json", "text_encoder_4/config.json"})
+    EXPECT_EQ(read(fs::path(o.out) / f), read(fs::path(first.out) / f)) << f;
+  // Weights by value (the files' metadata name the run that wrote them).
+  auto same_weights = [&](const char* file) {
+    const auto a = io::load_weights_file((fs::path(o.out) / file).string());
+    const auto b = io::load_weights_file((fs::path(first.out) / file).string());
+    if (a.size() != b.size()) return false;
+    for (const auto& [name, t] : a)
+      if (!b.count(name) || !torch::equal(t, b.at(name))) return false;
+    return true;
+  };
+  EXPECT_TRUE(same_weights("vae/diffusion_pytorch_model.safetensors"));
+  EXPECT_FALSE(same_weights("transformer/diffusion_pytorch_model.safetensors"));
+  const auto record = nlohmann::json::parse(read(fs::path(o.out) / "training.json"));
+  EXPECT_EQ(record["init_from"]["folder"], first.out);
+  EXPECT_EQ(record["init_from"]["training"]["seed"], 7);
+  EXPECT_NE(record["command"].get<std::string>().find("--init-from " + first.out),
+            std::string::npos);
+
+  // Refused before anything is written: the output folder itself, another resolution, a
+  // folder that is not a hidream-e1 run, the SD architecture.
+  auto bad = toy_options(first.out);
+  bad.init_from = first.out;
+  bad.force = true;
+  EXPECT_THROW(train_demo(bad), InvalidArgument);
+  EXPECT_TRUE(fs::exists(fs::path(first.out) / "training.json"));
+  bad = toy_options(dir.file("third"));
+  bad.init_from = first.out;
+  bad.resolution = 64;
+  EXPECT_THROW(train_demo(bad), InvalidArgument);
+  bad.resolution = 32;
+  bad.init_from = dir.file("nothing-here");
+  EXPECT_THROW(train_demo(bad), IoError);
+  bad.init_from = first.out;
+  bad.arch = "sd";
+  EXPECT_THROW(train_demo(bad), InvalidArgument);
+  EXPECT_FALSE(fs::exists(dir.file("third")));
 }
 
 TEST(TrainHiDreamDemo, RefusesBadOptionsBeforeWritingAnything) {

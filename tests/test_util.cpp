@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <random>
 
 namespace diffuse::test {
@@ -17,6 +19,11 @@ const bool kOneThread = [] {
   return true;
 }();
 }  // namespace test_util
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
 
 TempDir::TempDir() {
   static std::atomic<int> counter{0};

@@ -42,6 +42,9 @@ std::string expect_throw(F&& f) {
   return "";
 }
 
+// A whole file's bytes ("" when it cannot be read).
+std::string read_file(const std::string& path);
+
 // A fresh empty folder under the system temp dir, removed by the destructor.
 class TempDir {
  public:

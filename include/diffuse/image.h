@@ -27,6 +27,11 @@ void write_png(const std::string& path, const Image& image,
 // The same PNG file as bytes in memory (HTTP responses).
 std::string encode_png(const Image& image, const std::map<std::string, std::string>& text = {});
 
+// JPEG (libjpeg, 4:2:0) and WebP (libwebp; quality 100 is lossless) files as bytes in memory, for
+// clients that ask for them (OpenAI's output_format). quality: 0..100 (InvalidArgument else).
+std::string encode_jpeg(const Image& image, int quality);
+std::string encode_webp(const Image& image, int quality);
+
 // A PNG held in memory (an upload). `what` names it in errors ("init_images[0]"). Images of
 // more than max_pixels are refused from the header, before any pixel is allocated; text, when
 // given, receives the tEXt chunks.

@@ -6,26 +6,12 @@
 #include <sstream>
 
 #include "diffuse/errors.h"
+#include "io/string_split.h"
 
 namespace diffuse::accel {
 namespace {
 
 using Method = DitCacheOptions::Method;
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  std::string cur;
-  for (char ch : s) {
-    if (ch == sep) {
-      parts.push_back(cur);
-      cur.clear();
-    } else {
-      cur += ch;
-    }
-  }
-  parts.push_back(cur);
-  return parts;
-}
 
 double parse_number(const std::string& text, const std::string& what, const std::string& field) {
   size_t used = 0;
@@ -64,7 +50,7 @@ const char* method_name(Method m) {
 }  // namespace
 
 DitCacheOptions parse_dit_cache(const std::string& spec, const std::string& what) {
-  const auto parts = split(spec, ':');
+  const auto parts = io::split_fields(spec, ':');
   const std::string& name = parts[0];
   const std::string where = what + " " + spec;
   DitCacheOptions o;

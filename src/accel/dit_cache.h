@@ -29,6 +29,13 @@ void refuse_dit_cache_on_unet(const DitCacheOptions& options, const std::string&
 struct DitCacheStats {
   int full_calls = 0, cached_calls = 0;  // denoiser calls that ran every block / skipped some
   int64_t blocks_run = 0, blocks_possible = 0;
+  DitCacheStats& operator+=(const DitCacheStats& o) {
+    full_calls += o.full_calls;
+    cached_calls += o.cached_calls;
+    blocks_run += o.blocks_run;
+    blocks_possible += o.blocks_possible;
+    return *this;
+  }
 };
 
 class DitCache {

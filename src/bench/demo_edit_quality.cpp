@@ -38,10 +38,7 @@ std::string edit_file_name(const char* kind, size_t index, int seed) {
 
 void add_run(DemoEditQualityResult& r, const pipeline::HiDreamResult& run, bool keep) {
   r.denoise_s += run.timings.denoise_s;
-  r.cache.full_calls += run.cache.full_calls;
-  r.cache.cached_calls += run.cache.cached_calls;
-  r.cache.blocks_run += run.cache.blocks_run;
-  r.cache.blocks_possible += run.cache.blocks_possible;
+  r.cache += run.cache;
   if (keep) r.images.push_back(run.image);
 }
 

@@ -3,9 +3,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <set>
 
 #include "diffuse/errors.h"
+#include "io/gguf.h"
 #include "io/ldm_key_map.h"
 #include "io/model_folder.h"
 #include "io/safetensors.h"
@@ -101,13 +104,41 @@ void collect_leftovers(const TensorMap& pool, const std::string& prefix,
   for (const auto& [name, t] : pool) out->push_back(prefix + name);
 }
 
+// The tensors of a single-file checkpoint: safetensors, or GGUF (stable-diffusion.cpp's
+// all-in-one files and others with the same LDM names; quantized tensors come dequantized).
+struct CheckpointTensors {
+  std::vector<std::string> names;
+  std::function<torch::Tensor(const std::string&)> get;
+  std::optional<bool> prediction;  // as recorded by the tool that wrote the file
+};
+
+CheckpointTensors open_checkpoint_tensors(const std::string& path) {
+  CheckpointTensors t;
+  if (is_gguf_file(path)) {
+    auto file = GgufFile::open(path);
+    t.names = file->names();
+    t.get = [file](const std::string& name) { return file->get(name); };
+    return t;
+  }
+  auto file = SafetensorsFile::open(path);
+  t.names = file->names();
+  t.get = [file](const std::string& name) { return file->get(name); };
+  t.prediction = prediction_from_file(*file);
+  return t;
+}
+
 }  // namespace
+
+bool is_gguf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::string(magic, 4) == "GGUF";
+}
 
 bool is_single_file_checkpoint(const std::string& path) {
   try {
     if (!fs::is_regular_file(path) || looks_like_pickle(path)) return false;
-    auto file = SafetensorsFile::open(path);
-    for (const auto& name : file->names())
+    for (const auto& name : open_checkpoint_tensors(path).names)
       if (starts_with(name, ldm::kUnetPrefix)) return true;
   } catch (const std::exception&) {
   }
@@ -125,28 +156,28 @@ SingleFileComponents load_single_file_checkpoint(const std::string& path,
     throw FormatError(path +
                       ": a PyTorch pickle checkpoint (.ckpt/.pt/.bin); pickles can run "
                       "arbitrary code and are not read: convert it to .safetensors first");
-  std::shared_ptr<SafetensorsFile> file;
+  CheckpointTensors file;
   try {
-    file = SafetensorsFile::open(path);
+    file = open_checkpoint_tensors(path);
   } catch (const FormatError& e) {
     throw FormatError(
         std::string(e.what()) +
-        " (expected a single-file Stable Diffusion checkpoint in safetensors format)");
+        " (expected a single-file Stable Diffusion checkpoint in safetensors or GGUF format)");
   }
 
   TensorMap unet, vae, open_clip, clip;
   std::vector<std::string> leftovers;
   bool sdxl = false;
-  for (const auto& name : file->names()) {
+  for (const auto& name : file.names) {
     if (ignored(name)) continue;
     if (starts_with(name, ldm::kUnetPrefix))
-      unet[name.substr(ldm::kUnetPrefix.size())] = file->get(name);
+      unet[name.substr(ldm::kUnetPrefix.size())] = file.get(name);
     else if (starts_with(name, ldm::kVaePrefix))
-      vae[name.substr(ldm::kVaePrefix.size())] = file->get(name);
+      vae[name.substr(ldm::kVaePrefix.size())] = file.get(name);
     else if (starts_with(name, ldm::kOpenClipPrefix))
-      open_clip[name.substr(ldm::kOpenClipPrefix.size())] = file->get(name);
+      open_clip[name.substr(ldm::kOpenClipPrefix.size())] = file.get(name);
     else if (starts_with(name, ldm::kClipPrefix))
-      clip[name.substr(ldm::kClipPrefix.size())] = file->get(name);
+      clip[name.substr(ldm::kClipPrefix.size())] = file.get(name);
     else
       leftovers.push_back(name);
     sdxl = sdxl || starts_with(name, "conditioner.embedders.");
@@ -184,7 +215,7 @@ SingleFileComponents load_single_file_checkpoint(const std::string& path,
     if (v_prediction)
       out.scheduler_config["prediction_type"] = *v_prediction ? "v_prediction" : "epsilon";
   } else {
-    if (!v_prediction) v_prediction = prediction_from_file(*file);
+    if (!v_prediction) v_prediction = file.prediction;
     out.scheduler_config = ldm::default_scheduler_config(v_prediction.value_or(false));
   }
   bool v_pred = out.scheduler_config.value("prediction_type", "epsilon") == "v_prediction";

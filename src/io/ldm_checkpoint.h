@@ -92,7 +92,10 @@ struct SingleFileOptions {
 SingleFileComponents load_single_file_checkpoint(const std::string& path,
                                                  const SingleFileOptions& options = {});
 
-// True if `path` is a readable safetensors file with model.diffusion_model.* keys. Never throws.
+// True if `path` is a readable safetensors or GGUF file with model.diffusion_model.* keys.
+// Never throws.
 bool is_single_file_checkpoint(const std::string& path);
+// Whether the file starts with GGUF's magic. Never throws.
+bool is_gguf_file(const std::string& path);
 
 }  // namespace diffuse::io

@@ -5,7 +5,9 @@
 #include <set>
 
 #include "diffuse/errors.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
+#include "io/string_affixes.h"
 
 namespace fs = std::filesystem;
 
@@ -55,20 +57,22 @@ std::map<std::string, torch::Tensor> ModelFolder::component_weights(
   // Preference order follows diffusers: the canonical names first, then any single file.
   for (const char* name :
        {"diffusion_pytorch_model.safetensors", "model.safetensors",
-        "diffusion_pytorch_model.safetensors.index.json", "model.safetensors.index.json"}) {
+        "diffusion_pytorch_model.safetensors.index.json", "model.safetensors.index.json",
+        "diffusion_pytorch_model.gguf", "model.gguf"}) {
     if (fs::exists(cdir / name)) return load_weights_file((cdir / name).string());
   }
+  // Any single weights file: a GGUF with diffusers names (city96's quantized transformers).
   std::vector<fs::path> candidates;
   for (const auto& e : fs::directory_iterator(cdir)) {
-    auto p = e.path().string();
-    if (p.size() > 12 && p.compare(p.size() - 12, 12, ".safetensors") == 0)
-      candidates.push_back(e.path());
+    const auto p = e.path().string();
+    if (ends_with(p, ".safetensors") || ends_with(p, ".gguf")) candidates.push_back(e.path());
   }
   if (candidates.size() == 1) return load_weights_file(candidates[0].string());
   if (candidates.empty())
-    throw IoError("model folder '" + dir_ + "': no *.safetensors weights in '" + component +
+    throw IoError("model folder '" + dir_ + "': no *.safetensors or *.gguf weights in '" +
+                  component +
                   "/' (.bin/.ckpt pickles are not supported; convert them to safetensors)");
-  throw IoError("model folder '" + dir_ + "': several *.safetensors files in '" + component +
+  throw IoError("model folder '" + dir_ + "': several weight files in '" + component +
                 "/' and no index.json saying which to use");
 }
 
@@ -98,6 +102,13 @@ std::map<std::string, torch::Tensor> load_weights_file(const std::string& path) 
       if (!out.count(it.key()))
         throw FormatError(path + ": tensor '" + it.key() + "' is not in shard '" +
                           it.value().get<std::string>() + "'");
+    return out;
+  }
+  if (ends_with(path, ".gguf")) {
+    // Quantized tensors dequantized to float32, the others in their own dtype.
+    const auto file = GgufFile::open(path);
+    std::map<std::string, torch::Tensor> out;
+    for (const auto& name : file->names()) out.emplace(name, file->get(name));
     return out;
   }
   return SafetensorsFile::open(path)->load_all();

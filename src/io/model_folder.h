@@ -26,7 +26,7 @@ class ModelFolder {
   // `<component>/<file_name>` parsed; IoError naming the path if missing.
   JsonConfig component_config(const std::string& component,
                               const std::string& file_name = "config.json") const;
-  // All weights of a component, from its single safetensors file or its sharded index.
+  // All weights of a component, from its single safetensors file, its sharded index or a GGUF.
   std::map<std::string, torch::Tensor> component_weights(const std::string& component) const;
 
  private:
@@ -34,7 +34,8 @@ class ModelFolder {
   JsonConfig model_index_;
 };
 
-// Loads every tensor from a safetensors file, or from the shards an *.index.json names.
+// Loads every tensor from a safetensors file, from the shards an *.index.json names, or from a
+// GGUF file (*.gguf: quantized tensors dequantized to float32).
 std::map<std::string, torch::Tensor> load_weights_file(const std::string& path);
 
 }  // namespace diffuse::io

@@ -45,8 +45,12 @@ compat::BackendPtr make_backend(const std::string& name,
 
 class ProcessGroupCfg : public CfgGroup {
  public:
-  ProcessGroupCfg(compat::BackendPtr backend, std::string name, const GroupOptions& o)
-      : backend_(std::move(backend)), name_(std::move(name)), options_(o) {}
+  ProcessGroupCfg(compat::BackendPtr backend, c10::intrusive_ptr<c10d::Store> store,
+                  std::string name, const GroupOptions& o)
+      : backend_(std::move(backend)),
+        store_(std::move(store)),
+        name_(std::move(name)),
+        options_(o) {}
 
   int rank() const override { return options_.rank; }
   int size() const override { return options_.world; }
@@ -62,6 +66,14 @@ class ProcessGroupCfg : public CfgGroup {
     std::vector<at::Tensor> in{mine.clone(at::MemoryFormat::Contiguous)};
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < options_.world; ++r) out[0].push_back(torch::empty_like(in[0]));
+    // Each rank marks its arrival at this exchange in the store, so that a timeout can name
+    // the ranks that never came (the collective itself cannot tell).
+    ++exchanges_;
+    try {
+      store_->set(arrival_key(exchanges_, options_.rank), std::vector<uint8_t>{'1'});
+    } catch (const std::exception&) {
+      // Only the report on a failure needs it.
+    }
     try {
       c10d::AllgatherOptions opts;
       opts.timeout = options_.timeout;
@@ -71,15 +83,36 @@ class ProcessGroupCfg : public CfgGroup {
       // c10::Error's what() carries a C++ backtrace; the first line is the message.
       std::string what = e.what();
       what = what.substr(0, what.find('\n'));
-      throw Error(
-          "CFG-parallel (" + describe() + "): exchanging noise predictions failed: " + what +
-          " (a peer process died, or gave no answer within " + seconds(options_.timeout) + ")");
+      throw Error("CFG-parallel (" + describe() +
+                  "): exchanging noise predictions failed: " + what + " (" + missing_ranks() + ")");
     }
     return out[0];
   }
 
  private:
+  static std::string arrival_key(int64_t exchange, int rank) {
+    return "diffuse/exchange/" + std::to_string(exchange) + "/" + std::to_string(rank);
+  }
+
+  // Which peers never reached the current exchange, for the failure report.
+  std::string missing_ranks() const {
+    std::string missing;
+    try {
+      for (int r = 0; r < options_.world; ++r)
+        if (r != options_.rank && !store_->check({arrival_key(exchanges_, r)}))
+          missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(r);
+    } catch (const std::exception&) {
+      missing.clear();
+    }
+    const std::string within = " within " + seconds(options_.timeout);
+    if (missing.empty()) return "a peer process died, or gave no answer" + within;
+    return missing + " never reached exchange " + std::to_string(exchanges_) +
+           " (died, or stuck for longer than" + within + ")";
+  }
+
   compat::BackendPtr backend_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  int64_t exchanges_ = 0;
   std::string name_;
   GroupOptions options_;
 };
@@ -142,7 +175,7 @@ std::shared_ptr<CfgGroup> connect_group(const GroupOptions& o) {
                 seconds(o.startup_timeout) + ": " + what.substr(0, what.find('\n')));
   }
   try {
-    return std::make_shared<ProcessGroupCfg>(make_backend(name, store, o), name, o);
+    return std::make_shared<ProcessGroupCfg>(make_backend(name, store, o), store, name, o);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -109,6 +109,54 @@ void start(Child& c, const pid_t parent) {
   c.life_fd = fds[0];
 }
 
+// While the workers run, SIGINT and SIGTERM to this process stop them in order instead of
+// ending it at once (which would skip the caller's cleanup, e.g. CFG-parallel's temporary
+// store folder): the handler writes the signal into a pipe that the wait loop polls with the
+// workers (no race between a check and the poll), and the loop treats it like a failure.
+int g_interrupt_pipe = -1;
+
+extern "C" void on_worker_interrupt(int sig) {
+  const char byte = static_cast<char>(sig);
+  const ssize_t w = ::write(g_interrupt_pipe, &byte, 1);
+  (void)w;
+}
+
+class InterruptPipe {
+ public:
+  InterruptPipe() {
+    if (::pipe2(fds_, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw Error(std::string("CFG-parallel: cannot create a pipe: ") + std::strerror(errno));
+    g_interrupt_pipe = fds_[1];
+    struct sigaction action {};
+    action.sa_handler = on_worker_interrupt;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGINT, &action, &old_int_);
+    ::sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~InterruptPipe() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    g_interrupt_pipe = -1;
+    ::close(fds_[0]);
+    ::close(fds_[1]);
+  }
+  InterruptPipe(const InterruptPipe&) = delete;
+  InterruptPipe& operator=(const InterruptPipe&) = delete;
+  int read_fd() const { return fds_[0]; }
+  // The signal received (0: none yet).
+  int take() {
+    char byte = 0;
+    int sig = 0;
+    while (::read(fds_[0], &byte, 1) == 1) sig = static_cast<unsigned char>(byte);
+    return sig;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
+
 void signal_all(std::vector<Child>& children, int sig) {
   for (auto& c : children)
     if (!c.done && c.pid > 0) {
@@ -137,6 +185,8 @@ void run_workers(const std::vector<WorkerSpec>& workers, std::chrono::millisecon
       }
     throw;
   }
+  InterruptPipe interrupts;
+  int interrupted = 0;
   bool stopping = false;
   auto kill_at = std::chrono::steady_clock::time_point::max();
   bool killed = false;
@@ -149,6 +199,7 @@ void run_workers(const std::vector<WorkerSpec>& workers, std::chrono::millisecon
         which.push_back(&c);
       }
     if (fds.empty()) break;
+    fds.push_back({interrupts.read_fd(), POLLIN, 0});
     int wait_ms = -1;
     if (stopping && !killed) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -166,6 +217,19 @@ void run_workers(const std::vector<WorkerSpec>& workers, std::chrono::millisecon
       signal_all(children, SIGKILL);
       killed = true;
       continue;
+    }
+    if (fds.back().revents) {
+      fds.pop_back();
+      if (const int sig = interrupts.take(); sig && !interrupted) {
+        interrupted = sig;
+        if (!stopping) {
+          stopping = true;
+          kill_at = std::chrono::steady_clock::now() + grace;
+          signal_all(children, SIGTERM);
+        }
+      }
+    } else {
+      fds.pop_back();
     }
     for (size_t i = 0; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
@@ -186,6 +250,10 @@ void run_workers(const std::vector<WorkerSpec>& workers, std::chrono::millisecon
       signal_all(children, SIGTERM);
     }
   }
+  // A signal whose byte was still in the pipe when the last worker ended (a Ctrl-C reaches the
+  // workers too, and they may all be gone first) still counts.
+  if (!interrupted) interrupted = interrupts.take();
+  if (interrupted) throw WorkersInterrupted(interrupted);
   if (failures.empty()) return;
   std::string message = "CFG-parallel run failed: ";
   bool first = true;

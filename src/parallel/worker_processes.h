@@ -5,7 +5,22 @@
 #include <string>
 #include <vector>
 
+#include "diffuse/errors.h"
+
 namespace diffuse::parallel {
+
+// The run was stopped by SIGINT/SIGTERM: the CLI exits with 128 + signal() after the callers'
+// cleanup has run.
+class WorkersInterrupted : public Cancelled {
+ public:
+  explicit WorkersInterrupted(int sig)
+      : Cancelled("interrupted by signal " + std::to_string(sig) + "; the workers were stopped"),
+        signal_(sig) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
 
 struct WorkerSpec {
   std::string label;              // "rank 1 on cpu", for messages
@@ -19,7 +34,8 @@ struct WorkerSpec {
 // polling of waitpid, no sleeps). When one worker fails (non-zero exit or a signal) the
 // others get SIGTERM, then SIGKILL after `grace`; every child is reaped before returning.
 // Throws diffuse::Error listing each failed worker (the first failure first) unless all
-// exited 0.
+// exited 0. A SIGINT or SIGTERM to this process meanwhile stops the workers the same way and
+// throws WorkersInterrupted once all are reaped (the previous handlers are back by then).
 void run_workers(const std::vector<WorkerSpec>& workers, std::chrono::milliseconds grace);
 
 // This process's command line, argv[0] included (from /proc/self/cmdline), to repeat it in

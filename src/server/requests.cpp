@@ -296,8 +296,10 @@ JobRequest parse_a1111(const nlohmann::json& body, bool img2img, const ModelDefa
         "' noise schedule is not supported (only \"Automatic\", the model's own)");
   if (f.boolean("enable_hr").value_or(false))
     throw InvalidArgument("enable_hr: the hires fix is not supported by this server");
+  // In txt2img it is the hires fix's (refused above), but a value no API takes is still an error.
+  const auto strength = f.number("denoising_strength", 0, 1);
   if (img2img) {
-    c.strength = f.number("denoising_strength", 0, 1).value_or(0.75);
+    c.strength = strength.value_or(0.75);
     const auto* images = body.contains("init_images") ? &body["init_images"] : nullptr;
     f.ignore("init_images");
     if (!images || !images->is_array() || images->empty())
@@ -318,6 +320,19 @@ JobRequest parse_a1111(const nlohmann::json& body, bool img2img, const ModelDefa
 }
 
 namespace {
+
+// A string field that must be one of `allowed` (absent: nullopt).
+std::optional<std::string> one_of(JsonFields& f, const char* name,
+                                  std::initializer_list<const char*> allowed) {
+  auto v = f.string(name, 64);
+  if (!v) return v;
+  std::string names;
+  for (const char* a : allowed) {
+    if (*v == a) return v;
+    names += std::string(names.empty() ? "" : ", ") + "\"" + a + "\"";
+  }
+  throw InvalidArgument(std::string(name) + ": expected one of " + names + ", got \"" + *v + "\"");
+}
 
 // "WxH" or "auto" (the model's size).
 void parse_size(const std::optional<std::string>& size, JobRequest& r) {
@@ -349,14 +364,40 @@ OpenAiRequest parse_openai_common(JsonFields& f, const ModelDefaults& model,
     throw InvalidArgument("response_format: expected \"b64_json\" or \"url\", got \"" +
                           o.response_format + "\"");
   set_seed(r, f.integer("seed", -1, kMaxSeed));
-  // Fields of OpenAI's API that have no meaning for a local model.
-  for (const char* k :
-       {"model", "quality", "style", "user", "background", "moderation", "output_format"})
-    f.ignore(k);
+  o.output_format = one_of(f, "output_format", {"png", "jpeg", "webp"}).value_or("png");
+  o.output_compression =
+      to_int(f.integer("output_compression", 0, 100).value_or(o.output_compression));
+  if (o.output_format != "png" && o.response_format == "url")
+    throw InvalidArgument("output_format: \"" + o.output_format +
+                          "\" is given as b64_json only (image urls serve PNG files)");
+  if (const auto m = f.string("model", 256); m && !m->empty() && *m != model.name) {
+    const auto& aliases = openai_model_aliases();
+    if (std::find(aliases.begin(), aliases.end(), *m) == aliases.end()) {
+      std::string names;
+      for (const auto& a : aliases) names += ", \"" + a + "\"";
+      throw InvalidArgument("model: \"" + *m + "\" is not served here; this server serves \"" +
+                            model.name + "\" (also answering to" + names.substr(1) + ")");
+    }
+  }
+  // Values OpenAI defines that change nothing for a local model, and one it cannot honour.
+  one_of(f, "quality", {"auto", "high", "medium", "low", "standard", "hd"});
+  one_of(f, "style", {"vivid", "natural"});
+  one_of(f, "moderation", {"auto", "low"});
+  if (one_of(f, "background", {"auto", "opaque", "transparent"}).value_or("") == "transparent")
+    throw InvalidArgument(
+        "background: \"transparent\" is not supported: the model draws opaque images (use "
+        "\"opaque\" or \"auto\")");
+  f.string("user", 256);
   return o;
 }
 
 }  // namespace
+
+const std::vector<std::string>& openai_model_aliases() {
+  static const std::vector<std::string> names = {"dall-e-2", "dall-e-3", "gpt-image-1",
+                                                 "gpt-image-1-mini"};
+  return names;
+}
 
 OpenAiRequest parse_openai_generation(const nlohmann::json& body, const ModelDefaults& model,
                                       const ServerLimits& limits) {

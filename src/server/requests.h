@@ -15,6 +15,7 @@ namespace diffuse::server {
 
 // What a request falls back to, and what the loaded model can do.
 struct ModelDefaults {
+  std::string name;  // as clients see it (the folder or file name); OpenAI's "model" may give it
   int width = 512, height = 512;
   // What image sides must be multiples of: the VAE's scale factor (times the patch size of a
   // transformer), from the model's configs.
@@ -77,11 +78,20 @@ std::vector<A1111Sampler> a1111_samplers(const ModelDefaults& model);
 // an edit is an instruction edit on a model that runs those (HiDream-E1), else img2img.
 struct OpenAiRequest {
   JobRequest job;
-  std::string response_format;  // "b64_json" or "url"
+  std::string response_format;        // "b64_json" or "url"
+  std::string output_format = "png";  // "png", "jpeg" or "webp" (b64_json only)
+  int output_compression = 100;       // jpeg/webp quality, 0..100 (100: webp lossless)
 };
+// The model names an OpenAI request may give besides the served model's own: clients written
+// for OpenAI send these, and this server answers them with the one model it serves.
+const std::vector<std::string>& openai_model_aliases();
 OpenAiRequest parse_openai_generation(const nlohmann::json& body, const ModelDefaults& model,
                                       const ServerLimits& limits);
-// fields: the multipart text fields (prompt, n, size, response_format, strength).
+// Both take OpenAI's fields: prompt, n, size, response_format, seed, output_format,
+// output_compression, model (the served model or an alias), quality, style, background (not
+// "transparent": the models draw opaque images), moderation, user; unknown values are errors
+// naming the field and what it takes.
+// fields: the multipart text fields (prompt, n, size, response_format, strength, ...).
 OpenAiRequest parse_openai_edit(const nlohmann::json& fields, Image image,
                                 const ModelDefaults& model, const ServerLimits& limits);
 

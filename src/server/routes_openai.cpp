@@ -3,7 +3,9 @@
 #include <httplib.h>
 
 #include <ctime>
+#include <limits>
 
+#include "diffuse/image.h"
 #include "server/base64.h"
 #include "server/json_fields.h"
 #include "server/server_state.h"
@@ -11,21 +13,31 @@
 namespace diffuse::server {
 namespace {
 
+// The image in the format the request asked for (the job keeps PNG files).
+std::string encoded_image(const std::string& png, const OpenAiRequest& o) {
+  if (o.output_format == "png") return png;
+  const Image image = decode_png(png, "output image", std::numeric_limits<uint64_t>::max());
+  return o.output_format == "jpeg" ? encode_jpeg(image, o.output_compression)
+                                   : encode_webp(image, o.output_compression);
+}
+
 nlohmann::json images_response(const httplib::Request& req, const JobSnapshot& job,
-                               const std::string& format) {
+                               const OpenAiRequest& o) {
   nlohmann::json data = nlohmann::json::array();
   const std::string host = req.get_header_value("Host");
   for (size_t i = 0; i < job.output->images.size(); ++i) {
     const auto& im = job.output->images[i];
-    if (format == "url")
+    if (o.response_format == "url")
       data.push_back({{"url", "http://" + host + "/v1/jobs/" + job.id + "/images/" +
                                   std::to_string(i) + ".png"},
                       {"revised_prompt", im.parameters.prompt}});
     else
-      data.push_back(
-          {{"b64_json", base64_encode(im.png)}, {"revised_prompt", im.parameters.prompt}});
+      data.push_back({{"b64_json", base64_encode(encoded_image(im.png, o))},
+                      {"revised_prompt", im.parameters.prompt}});
   }
-  return {{"created", static_cast<int64_t>(std::time(nullptr))}, {"data", data}};
+  return {{"created", static_cast<int64_t>(std::time(nullptr))},
+          {"data", data},
+          {"output_format", o.output_format}};
 }
 
 // Multipart text fields as JSON; numbers where OpenAI's fields are numbers, so a bad one is
@@ -34,7 +46,7 @@ nlohmann::json multipart_fields(const httplib::Request& req) {
   nlohmann::json fields = nlohmann::json::object();
   for (const auto& [name, part] : req.files) {
     if (!part.filename.empty()) continue;  // files
-    if (name == "n" || name == "seed" || name == "strength") {
+    if (name == "n" || name == "seed" || name == "strength" || name == "output_compression") {
       try {
         size_t used = 0;
         const double v = std::stod(part.content, &used);
@@ -57,14 +69,15 @@ nlohmann::json multipart_fields(const httplib::Request& req) {
 }  // namespace
 
 void add_openai_routes(httplib::Server& server, ServerState& state) {
-  server.Post("/v1/images/generations", [&state](const httplib::Request& req,
-                                                 httplib::Response& res) {
-    guarded(res, [&] {
-      auto o =
-          parse_openai_generation(parse_json_body(req.body), state.defaults, state.options.limits);
-      reply_json(res, images_response(req, run_to_end(state, std::move(o.job)), o.response_format));
-    });
-  });
+  server.Post("/v1/images/generations",
+              [&state](const httplib::Request& req, httplib::Response& res) {
+                guarded(res, [&] {
+                  auto o = parse_openai_generation(parse_json_body(req.body), state.defaults,
+                                                   state.options.limits);
+                  const auto job = run_to_end(state, std::move(o.job));
+                  reply_json(res, images_response(req, job, o));
+                });
+              });
 
   server.Post("/v1/images/edits", [&state](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] {
@@ -85,7 +98,8 @@ void add_openai_routes(httplib::Server& server, ServerState& state) {
       fields.erase("image");
       fields.erase("image[]");
       auto o = parse_openai_edit(fields, std::move(image), state.defaults, state.options.limits);
-      reply_json(res, images_response(req, run_to_end(state, std::move(o.job)), o.response_format));
+      const auto job = run_to_end(state, std::move(o.job));
+      reply_json(res, images_response(req, job, o));
     });
   });
 }

@@ -16,6 +16,7 @@ ServerState::ServerState(Engine& e, ServerOptions o)
       queue([&e](const JobRequest& r, JobContext& c) { return e.run(r, c); }, options.max_waiting,
             options.keep_finished) {
   defaults = e.defaults();
+  defaults.name = e.model_name();
   defaults.lora_dir = options.lora_dir;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "diffuse/errors.h"
 #include "text/clip_tokenizer.h"
 
 namespace diffuse::text {
@@ -177,6 +178,11 @@ std::vector<PromptChunk> chunk_prompt(const ClipTokenizer& tokenizer,
   std::vector<float> weights;
   long last_comma = -1;
   auto next_chunk = [&] {
+    if (chunks.size() == kMaxPromptChunks)
+      throw InvalidArgument("prompt: more than " + std::to_string(kMaxPromptChunks) +
+                            " chunks of " + std::to_string(body) +
+                            " tokens (BREAKs and length together; at most " +
+                            std::to_string(kMaxPromptChunks * body) + " tokens)");
     PromptChunk c;
     c.ids.push_back(tokenizer.bos_id());
     c.weights.push_back(1.0f);

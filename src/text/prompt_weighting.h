@@ -38,8 +38,14 @@ struct PromptChunk {
   bool all_weights_one() const;
 };
 
+// The most chunks a prompt may make (BREAKs and length together): 64 x 75 = 4800 tokens. Each
+// chunk is a text-encoder pass and 77 more tokens every cross-attention layer attends to at
+// every step; 20,000 BREAKs in a pasted prompt took 2.8 GiB before this bound.
+constexpr size_t kMaxPromptChunks = 64;
+
 // The chunks of a parsed prompt (at least one). A chunk that would end within 20 tokens after
 // a comma is cut after the comma instead, as A1111 does (comma_padding_backtrack 20).
+// InvalidArgument beyond kMaxPromptChunks, before the chunk past the bound is built.
 std::vector<PromptChunk> chunk_prompt(const ClipTokenizer& tokenizer,
                                       const std::vector<WeightedText>& parsed);
 

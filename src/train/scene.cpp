@@ -112,17 +112,6 @@ bool covers(const SceneObject& o, double px, double py, double width, double hei
   return false;
 }
 
-std::string object_words(const SceneSpec::Object& o) {
-  std::string words = "a ";
-  if (o.size == SizeWord::kSmall)
-    words += "small ";
-  else if (o.size == SizeWord::kLarge)
-    words += "large ";
-  else if (o.colour == Colour::kOrange)
-    words = "an ";
-  return words + colour_name(o.colour) + " " + shape_name(o.shape);
-}
-
 std::string normalise(const std::string& text) {
   std::string out;
   bool space = false;
@@ -262,6 +251,17 @@ class CaptionReader {
 };
 
 }  // namespace
+
+std::string object_words(const SceneSpec::Object& o) {
+  std::string words = "a ";
+  if (o.size == SizeWord::kSmall)
+    words += "small ";
+  else if (o.size == SizeWord::kLarge)
+    words += "large ";
+  else if (o.colour == Colour::kOrange)
+    words = "an ";
+  return words + colour_name(o.colour) + " " + shape_name(o.shape);
+}
 
 Rgb colour_rgb(Colour c) {
   return kPalette[static_cast<int>(c)];

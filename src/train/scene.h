@@ -78,6 +78,9 @@ void place_object(SceneObject& o, bool alone, std::mt19937_64& rng);
 // The caption of a scene. Size words are optional (`rng` decides whether to say them), so
 // the model learns that an unsized caption allows any size.
 std::string caption(const Scene& scene, std::mt19937_64& rng);
+// One object as captions name it, with its article and size word: "an orange circle",
+// "a small red square".
+std::string object_words(const SceneSpec::Object& object);
 // The caption with every applicable size word, deterministically.
 std::string caption(const SceneSpec& spec);
 SceneSpec spec_of(const Scene& scene, bool with_size_words);

@@ -27,10 +27,6 @@ std::string fill(std::string text, const std::vector<std::pair<std::string, std:
   return text;
 }
 
-std::string with_article(Colour c, Shape s) {
-  return std::string(c == Colour::kOrange ? "an " : "a ") + colour_name(c) + " " + shape_name(s);
-}
-
 const char* position_word(Region r) {
   switch (r) {
     case Region::kLeft:
@@ -229,10 +225,10 @@ SceneEdit make_edit(EditKind kind, const Scene& source, std::mt19937_64& rng) {
       // Captions name the left (top) object first.
       const bool first = added.region == Region::kLeft || added.region == Region::kTop;
       e.target.objects.insert(first ? e.target.objects.begin() : e.target.objects.end(), added);
-      e.instruction = fill(
-          pick(rng, std::vector<std::string>{"add {a} {r}", "put {a} {r}", "draw {a} {r}",
-                                             "insert {a} {r}"}),
-          {{"a", with_article(added.colour, added.shape)}, {"r", region_phrase(added.region)}});
+      e.instruction = fill(pick(rng, std::vector<std::string>{"add {a} {r}", "put {a} {r}",
+                                                              "draw {a} {r}", "insert {a} {r}"}),
+                           {{"a", object_words({added.shape, added.colour, added.region})},
+                            {"r", region_phrase(added.region)}});
       break;
     }
   }
