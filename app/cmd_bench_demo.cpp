@@ -40,6 +40,7 @@ int run_edit_quality(const Flags& f) {
                          : f.opts.guidance_scale;
   o.device = f.opts.device;
   o.dtype = f.opts.dtype;
+  o.weights = f.opts.weights;
   o.save_dir = f.opts.save_dir;
   if (!f.json) o.log = [](const std::string& line) { std::cerr << line << "\n"; };
   const auto r = bench::run_demo_edit_quality(o);
@@ -100,6 +101,10 @@ std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench) {
   sub->add_option("--cfg-scale", f->opts.guidance_scale, "Guidance scale")->capture_default_str();
   sub->add_option("--device", f->opts.device, "Device")->capture_default_str();
   sub->add_option("--dtype", f->opts.dtype, "auto|fp32|bf16|fp16")->capture_default_str();
+  sub->add_option("--weights", f->opts.weights,
+                  "none|q8_0|q4_0: the denoiser's linear weights kept quantized (as txt2img "
+                  "--weights)")
+      ->capture_default_str();
   sub->add_option("--img2img", f->opts.img2img_cases,
                   "Image-to-image cases (blue background -> green)")
       ->capture_default_str();

@@ -34,6 +34,7 @@ int run_hidream_block_bench(const bench::PipelineBenchOptions& p, bool as_json) 
   o.repeat = p.steps;
   o.roofline = p.roofline;
   o.seed = p.seed;
+  o.weights = p.load.weights;
   if (!as_json) o.log = [](const std::string& line) { std::cerr << line << "\n"; };
   const auto r = bench::run_hidream_block_bench(o);
   if (as_json) {
@@ -52,6 +53,26 @@ int run_hidream_block_bench(const bench::PipelineBenchOptions& p, bool as_json) 
               r.num_layers, r.num_single_layers, r.step_estimate_s, r.batch);
   std::printf("  whole transformer: %.2fB parameters = %.1f GiB in %s\n", r.transformer_params_b,
               r.transformer_gib, r.dtype.c_str());
+  if (r.dual_quantized && r.single_quantized) {
+    const std::string w = r.weights;
+    for (const auto* q : {&*r.dual_quantized, &*r.single_quantized}) {
+      const bool dual = q == &*r.dual_quantized;
+      print_block(dual ? "dual-stream block" : "single-stream", q->timing);
+      const auto& plain = dual ? r.dual : r.single;
+      std::printf(
+          "    %s: block weights %.0f -> %.0f MiB (%.1f %%), linear layers %.0f -> %.0f MiB; "
+          "time %.2fx of plain; output relative error %.2e\n",
+          w.c_str(), q->block_plain_mb, q->block_quantized_mb,
+          100 * q->block_quantized_mb / q->block_plain_mb, q->plain_mb, q->quantized_mb,
+          q->timing.best_s / plain.best_s, q->relative_error);
+    }
+    std::printf(
+        "  with %s weights: one step ~%.1f s (%.2fx of plain), whole transformer %.1f GiB "
+        "(%.1f %% of %s)\n",
+        w.c_str(), r.step_estimate_quantized_s, r.step_estimate_quantized_s / r.step_estimate_s,
+        r.transformer_quantized_gib, 100 * r.transformer_quantized_gib / r.transformer_gib,
+        r.dtype.c_str());
+  }
   return 0;
 }
 

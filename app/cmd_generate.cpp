@@ -223,6 +223,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     // Keeping each network in memory only while it runs is what streaming the transformer's
     // blocks does for HiDream (the text encoders are freed before it loads either way).
     if (f.load.offload) h.stream_weights = "on";
+    h.weights = f.load.weights;
     h.scheduler = f.scheduler;
     for (const auto& l : f.load.loras) h.loras.push_back(parse_lora_flag(l));
     h.lora_lenient = f.load.lora_lenient;

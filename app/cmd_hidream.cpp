@@ -26,6 +26,7 @@
 #include "pipeline/image_parameters.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
+#include "quant/quantized_weight.h"
 #include "run_summary.h"
 #include "schedulers/scheduler.h"
 #include "tensor_files.h"
@@ -74,6 +75,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   if (f.lora_alpha && !std::isfinite(*f.lora_alpha))
     throw InvalidArgument("--lora-alpha must be a finite number");
   const auto cache = accel::parse_dit_cache(f.cache);
+  quant::parse_weight_type(f.weights, "--weights");  // refused before the load
   Image source;
   if (edit) {
     if (f.image.empty()) throw InvalidArgument("edit needs a source image (-i/--image)");
@@ -100,9 +102,11 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
     std::cerr << "HiDream " << defaults.variant << ": " << steps << " steps, guidance " << cfg_scale
               << (edit ? ", image guidance " + c10::str(image_guidance) : "")
               << (refine > 0 ? ", refine " + c10::str(refine) : "") << "\n";
-  pipeline::HiDreamPipeline pipe(folder, device, dtype, f.transformer, placement);
+  const auto transformer = pipeline::use_transformer_weights(folder, f.transformer);
+  pipeline::HiDreamPipeline pipe(folder, device, dtype, transformer, placement);
   pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
   pipe.set_weight_streaming(f.stream_weights);
+  pipe.set_weight_type(f.weights);
   if (!f.e1_lora.empty()) {
     adapters::LoraOptions lo;
     lo.alpha = f.lora_alpha;
@@ -201,6 +205,10 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
       std::cerr << "cache " << accel::dit_cache_spec(cache) << ": " << r.cache.cached_calls
                 << " of " << r.cache.full_calls + r.cache.cached_calls << " steps skipped blocks, "
                 << r.cache.blocks_run << " of " << r.cache.blocks_possible << " blocks ran\n";
+    if (const auto& q = pipe.quantized_layers(); q.layers > 0)
+      std::cerr << "weights " << f.weights << ": " << q.layers << " linear layers, "
+                << q.plain_bytes / (1 << 20) << " MiB -> " << q.quantized_bytes / (1 << 20)
+                << " MiB (" << q.kept_plain << " kept plain)\n";
   }
   std::cout << f.out << "\n";
   return 0;
@@ -216,7 +224,10 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
                       : "Prompt")
       ->required();
   app.add_option("-n,--negative-prompt", f.negative_prompt, "Negative prompt");
-  app.add_option("--transformer", f.transformer, "Component folder of the transformer weights")
+  app.add_option("--transformer", f.transformer,
+                 "Component folder of the transformer weights, or a *.gguf/*.safetensors file "
+                 "of its weights (e.g. a quantized GGUF; config.json from the folder's "
+                 "transformer/)")
       ->capture_default_str();
   app.add_option("--variant", f.variant,
                  "auto|i1-full|i1-dev|i1-fast|e1|e1.1: the defaults of steps and guidance "
@@ -250,6 +261,11 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
                  "transformer does not fit in memory), on, off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--weights", f.weights,
+                 "Keep the transformer's linear weights quantized in memory: none, q8_0 (~53 % "
+                 "of bf16's bytes), q4_0 (~28 %); dequantized per layer as it runs")
+      ->capture_default_str()
+      ->check(non_empty());
   app.add_option("--attention", f.attention, "auto|math|sdpa|flash|npu")
       ->capture_default_str()
       ->check(non_empty());

@@ -49,6 +49,7 @@ struct HiDreamCliFlags {
   std::string device = "auto", dtype = "auto", attention = "auto";
   std::string text_encoder_device, vae_device;  // empty: --device
   std::string stream_weights = "auto";          // transformer weight streaming: auto|on|off
+  std::string weights = "none";                 // the transformer's linear weights: none|q8_0|q4_0
   VaeTilingOptions vae_tiling;
   std::string cache = "off";    // --cache: a DiT cache spec (accel/dit_cache.h)
   std::string scheduler;        // a flow-matching scheduler by name; empty: the folder's

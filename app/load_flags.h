@@ -20,6 +20,7 @@ struct LoadFlags {
   std::vector<std::string> loras;
   bool lora_lenient = false;
   std::string lora_mode = "merged";
+  std::string weights = "none";
 };
 
 void add_load_flags(CLI::App& app, LoadFlags& f);

@@ -119,6 +119,25 @@ TEST_F(HiDreamCliFlags, FlagsItCannotHonourAreRefusedWithTheReason) {
   EXPECT_NE(i2i.err.find("not img2img"), std::string::npos) << i2i.err;
 }
 
+// --weights q8_0 keeps the transformer's linear weights in blocks and says so; a type it does
+// not take is refused before the load, naming the flag; with --offload (weight streaming) it is
+// refused too, since streaming reads the plain weights.
+TEST_F(HiDreamCliFlags, WeightsQuantizeTheTransformerOrAreRefused) {
+  const auto q = txt2img("q.png", {"--weights", "q8_0"});
+  ASSERT_EQ(q.exit_code, 0) << q.err;
+  EXPECT_NE(q.err.find("weights q8_0: "), std::string::npos) << q.err;
+  EXPECT_TRUE(std::filesystem::exists(dir_.file("q.png")));
+  for (const auto& [flags, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--weights", "int8"}, "--weights 'int8'"},
+           {{"--weights", "q8_0", "--offload"}, "streaming"}}) {
+    SCOPED_TRACE(flags[1]);
+    const auto r = txt2img("x.png", flags);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir_.file("x.png")));
+  }
+}
+
 // Guidance and LoRA values the server refuses are refused here too, naming the flag (issue 45).
 TEST_F(HiDreamCliFlags, OutOfRangeGuidanceAndLoraRankAreRefused) {
   for (const auto& [flags, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{

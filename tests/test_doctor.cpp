@@ -30,6 +30,8 @@ TEST(Doctor, ReportsTheCpuAndRunsItsSmokeTest) {
             cpu.dtypes.end());               // never probed on CPU
   EXPECT_EQ(cpu.vae_dtype, cpu.unet_dtype);  // one policy for every CPU component
   EXPECT_NE(std::find(cpu.attention.begin(), cpu.attention.end(), "math"), cpu.attention.end());
+  // Both --weights types dequantize on the CPU as ggml's reference does.
+  EXPECT_EQ(cpu.weight_types, (std::vector<std::string>{"q8_0", "q4_0"}));
   EXPECT_GT(cpu.total_memory_bytes, 0);
   EXPECT_TRUE(r.requested_ok);
   EXPECT_EQ(r.requested_device, "cpu");

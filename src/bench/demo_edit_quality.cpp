@@ -67,6 +67,7 @@ DemoEditQualityResult run_demo_edit_quality(const DemoEditQualityOptions& o) {
   const auto device = device::resolve_device(o.device);
   const auto dtype = device::resolve_dtype(o.dtype, device, "transformer");
   pipeline::HiDreamPipeline pipe(folder, device, dtype);
+  pipe.set_weight_type(o.weights);
   return run_demo_edit_quality(pipe, defaults, o);
 }
 

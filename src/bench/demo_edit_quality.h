@@ -31,8 +31,9 @@ struct DemoEditQualityOptions {
   double guidance_scale = -1, image_guidance_scale = -1;
   std::string device = "auto";
   std::string dtype = "auto";
-  std::string save_dir;      // when set, every source and result is written there as PNG
-  DitCacheOptions cache;     // off: every transformer block runs
+  std::string weights = "none";  // the transformer's linear weights: none|q8_0|q4_0
+  std::string save_dir;          // when set, every source and result is written there as PNG
+  DitCacheOptions cache;         // off: every transformer block runs
   bool keep_images = false;  // the results in DemoEditQualityResult::images (edits, then txt2img)
   std::function<void(const std::string&)> log;
 };

@@ -28,6 +28,7 @@ DemoQualityResult run_demo_quality(const DemoQualityOptions& o) {
   lo.device = o.device;
   lo.dtype = o.dtype;
   lo.vae_dtype = o.dtype;
+  lo.weights = o.weights;
   auto txt2img = Text2Image::load(o.model, lo);
   if (!o.save_dir.empty()) std::filesystem::create_directories(o.save_dir);
   DemoQualityResult result;

@@ -19,7 +19,8 @@ struct DemoQualityOptions {
   double guidance_scale = 7.5;
   std::string device = "auto";
   std::string dtype = "auto";
-  int img2img_cases = 20;  // rendered scenes whose background the prompt changes
+  std::string weights = "none";  // the UNet's linear weights: none|q8_0|q4_0 (LoadOptions)
+  int img2img_cases = 20;        // rendered scenes whose background the prompt changes
   double strength = 0.6;
   std::string save_dir;  // when set, every generated image is written there as PNG
   std::function<void(const std::string&)> log;

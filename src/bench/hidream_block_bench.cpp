@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "bench/bench_util.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
@@ -14,6 +16,7 @@
 #include "nn/layers.h"
 #include "nn/random_init.h"
 #include "nn/rope.h"
+#include "quant/quantized_weight.h"
 
 namespace diffuse::bench {
 namespace {
@@ -69,6 +72,39 @@ BlockTiming time_block(torch::nn::Module& block, const torch::Device& device, in
   return t;
 }
 
+double block_weight_mb(const torch::nn::Module& block) {
+  double bytes = static_cast<double>(nn::quantized_weight_bytes(block));
+  for (const auto& p : block.parameters()) {
+    const auto strides = p.strides();
+    if (p.numel() > 1 &&
+        std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 0; }))
+      continue;  // a quantized layer's placeholder
+    bytes += static_cast<double>(p.numel() * p.element_size());
+  }
+  return bytes / (1024.0 * 1024.0);
+}
+
+// Quantizes `block`'s linear layers and times it again; `plain_out` is its plain output.
+template <typename Fn>
+QuantizedBlockTiming time_quantized(torch::nn::Module& block, quant::GgmlType type,
+                                    const torch::Tensor& plain_out, const torch::Device& device,
+                                    int repeat, double matmul_gflops, double* overall_peak,
+                                    const std::string& name,
+                                    const std::function<void(const std::string&)>& log, Fn&& run) {
+  QuantizedBlockTiming q;
+  q.block_plain_mb = block_weight_mb(block);
+  const auto layers = nn::quantize_linear_layers(block, type);
+  q.plain_mb = static_cast<double>(layers.plain_bytes) / (1024.0 * 1024.0);
+  q.quantized_mb = static_cast<double>(layers.quantized_bytes) / (1024.0 * 1024.0);
+  q.block_quantized_mb = block_weight_mb(block);
+  torch::Tensor out;
+  q.timing = time_block(block, device, repeat, matmul_gflops, overall_peak, name, log,
+                        [&] { out = run(); });
+  const auto diff = (out.to(torch::kFloat64) - plain_out.to(torch::kFloat64)).norm();
+  q.relative_error = (diff / plain_out.to(torch::kFloat64).norm()).item<double>();
+  return q;
+}
+
 }  // namespace
 
 nlohmann::json hidream_i1_transformer_config() {
@@ -106,6 +142,7 @@ HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& 
     throw InvalidArgument("--width/--height must be positive multiples of " +
                           std::to_string(patch_px) + ", got " + std::to_string(o.width) + "x" +
                           std::to_string(o.height));
+  const auto weight_type = quant::parse_weight_type(o.weights, "--weights");
   torch::InferenceMode inference;
   device::configure_cpu_threads();
   device::keep_freed_memory();
@@ -152,8 +189,13 @@ HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& 
     }
     nn::init_pooled_random_weights(*block, o.seed);
     block->to(device, dtype);
+    torch::Tensor plain;
     r.dual = time_block(*block, device, o.repeat, roof, &overall_peak, "dual-stream block", o.log,
-                        [&] { block->forward(image, text, in); });
+                        [&] { plain = block->forward(image, text, in).first; });
+    if (weight_type)
+      r.dual_quantized = time_quantized(*block, *weight_type, plain, device, o.repeat, roof,
+                                        &overall_peak, "dual-stream block " + o.weights, o.log,
+                                        [&] { return block->forward(image, text, in).first; });
   }
   {
     nn::HiDreamImageSingleTransformerBlock block{nullptr};
@@ -164,8 +206,13 @@ HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& 
     nn::init_pooled_random_weights(*block, o.seed + 1);
     block->to(device, dtype);
     auto tokens = torch::cat({image, text}, 1);
+    torch::Tensor plain;
     r.single = time_block(*block, device, o.repeat, roof, &overall_peak, "single-stream block",
-                          o.log, [&] { block->forward(tokens, in); });
+                          o.log, [&] { plain = block->forward(tokens, in); });
+    if (weight_type)
+      r.single_quantized = time_quantized(*block, *weight_type, plain, device, o.repeat, roof,
+                                          &overall_peak, "single-stream block " + o.weights, o.log,
+                                          [&] { return block->forward(tokens, in); });
   }
   r.step_estimate_s =
       config.num_layers * r.dual.best_s + config.num_single_layers * r.single.best_s;
@@ -175,6 +222,19 @@ HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& 
   r.transformer_params_b = params / 1e9;
   r.transformer_gib =
       params * static_cast<double>(c10::elementSize(dtype)) / (1024.0 * 1024.0 * 1024.0);
+  r.weights = o.weights;
+  if (r.dual_quantized && r.single_quantized) {
+    const auto& dq = *r.dual_quantized;
+    const auto& sq = *r.single_quantized;
+    r.step_estimate_quantized_s =
+        config.num_layers * dq.timing.best_s + config.num_single_layers * sq.timing.best_s;
+    const double block_mb = config.num_layers * dq.block_quantized_mb +
+                            config.num_single_layers * sq.block_quantized_mb;
+    r.transformer_quantized_gib =
+        block_mb / 1024.0 + non_block_params(config) *
+                                static_cast<double>(c10::elementSize(dtype)) /
+                                (1024.0 * 1024.0 * 1024.0);
+  }
   return r;
 }
 
@@ -207,6 +267,22 @@ nlohmann::json to_json(const HiDreamBlockBenchResult& r) {
                       {"transformer_params_b", r.transformer_params_b},
                       {"transformer_gib", r.transformer_gib}};
   if (r.roofline) j["roofline_matmul_gflops"] = r.roofline->matmul_gflops;
+  if (r.dual_quantized && r.single_quantized) {
+    auto quantized = [&](const QuantizedBlockTiming& q) {
+      auto b = block(q.timing);
+      b["linear_plain_mb"] = q.plain_mb;
+      b["linear_quantized_mb"] = q.quantized_mb;
+      b["block_plain_mb"] = q.block_plain_mb;
+      b["block_quantized_mb"] = q.block_quantized_mb;
+      b["relative_error"] = q.relative_error;
+      return b;
+    };
+    j["weights"] = r.weights;
+    j["dual_block_quantized"] = quantized(*r.dual_quantized);
+    j["single_block_quantized"] = quantized(*r.single_quantized);
+    j["step_estimate_quantized_s"] = r.step_estimate_quantized_s;
+    j["transformer_quantized_gib"] = r.transformer_quantized_gib;
+  }
   return j;
 }
 

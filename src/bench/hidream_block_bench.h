@@ -27,6 +27,9 @@ struct HiDreamBlockBenchOptions {
   int text_tokens = 128;  // T5 tokens = Llama tokens (the pipelines' max_sequence_length)
   int repeat = 2;         // timed runs per block after one warm-up
   bool roofline = true;
+  // "q8_0"/"q4_0": each block is timed again with its linear weights kept quantized
+  // (nn::quantize_linear_layers), on the same inputs, in the same run.
+  std::string weights = "none";
   uint64_t seed = 0;
   std::function<void(const std::string&)> log;
 };
@@ -40,6 +43,14 @@ struct BlockTiming {
   double roofline_fraction = 0;  // (flops / matmul roofline) / best_s
 };
 
+// A block timed with quantized linear weights, against the same block's plain run.
+struct QuantizedBlockTiming {
+  BlockTiming timing;
+  double plain_mb = 0, quantized_mb = 0;  // the quantized layers' weights, before and after
+  double block_plain_mb = 0, block_quantized_mb = 0;  // the whole block's weights
+  double relative_error = 0;  // ||y_q - y|| / ||y|| of the block's image output
+};
+
 struct HiDreamBlockBenchResult {
   std::string device, dtype, attention;
   int width = 0, height = 0, batch = 0, image_tokens = 0, text_tokens = 0, threads = 0;
@@ -48,6 +59,10 @@ struct HiDreamBlockBenchResult {
   double step_estimate_s = 0;       // num_layers * dual + num_single_layers * single
   double transformer_params_b = 0;  // the whole transformer, billions
   double transformer_gib = 0;       // its weights in `dtype`
+  std::string weights = "none";
+  std::optional<QuantizedBlockTiming> dual_quantized, single_quantized;
+  double step_estimate_quantized_s = 0;
+  double transformer_quantized_gib = 0;  // blocks quantized as measured, the rest plain
   std::optional<Roofline> roofline;
 };
 

@@ -29,9 +29,29 @@
 #include "nn/random_init.h"
 #include "nn/resnet.h"
 #include "nn/transformer_2d.h"
+#include "quant/quantized_weight.h"
 
 namespace diffuse::device {
 namespace {
+
+// The --weights types whose blocks dequantize on `d` to what ggml's reference gives.
+std::vector<std::string> quantized_weight_types(const torch::Device& d) {
+  std::vector<std::string> ok;
+  for (auto type : {quant::GgmlType::Q8_0, quant::GgmlType::Q4_0}) {
+    try {
+      torch::NoGradGuard no_grad;
+      const auto w = torch::linspace(-1, 1, 8 * 64).view({8, 64});
+      auto q = quant::quantize_weight(w, type, "probe");
+      const auto on_cpu = quant::dequantize_weight(q, torch::kFloat32);
+      q.blocks = q.blocks.to(d);
+      if (torch::equal(quant::dequantize_weight(q, torch::kFloat32).to(torch::kCPU), on_cpu))
+        ok.push_back(quant::ggml_type_traits(type).name);
+    } catch (const std::exception&) {
+      // not on this device
+    }
+  }
+  return ok;
+}
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -155,6 +175,7 @@ DeviceCheck check_device(const std::string& name, bool smoke, const torch::Tenso
     c.unet_dtype = dtype_name(unet);
     c.vae_dtype = dtype_name(resolve_dtype("auto", d, "vae"));
     c.attention = attention_backends(d, unet);
+    c.weight_types = quantized_weight_types(d);
     if (smoke) {
       c.smoke_dtype = c.unet_dtype;
       auto t0 = std::chrono::steady_clock::now();
@@ -332,6 +353,7 @@ nlohmann::json to_json(const DoctorReport& r) {
          {"auto_dtype",
           {{"unet", d.unet_dtype}, {"text_encoder", d.unet_dtype}, {"vae", d.vae_dtype}}},
          {"attention", d.attention},
+         {"weight_types", d.weight_types},
          {"smoke_test",
           {{"ok", d.smoke_ok},
            {"dtype", d.smoke_dtype},
@@ -466,6 +488,9 @@ std::string to_text(const DoctorReport& r) {
          << (d.bf16_fast ? "fast" : "not native") << "); auto picks unet/text " << d.unet_dtype
          << ", vae " << d.vae_dtype << "\n";
       os << "          attention: " << join_list(d.attention) << "\n";
+      if (!d.weight_types.empty())
+        os << "          --weights: " << join_list(d.weight_types)
+           << " (blocks dequantized per layer into " << d.unet_dtype << ")\n";
     }
     if (!d.smoke_dtype.empty() || !d.error.empty()) {
       os << "          smoke test: " << (d.smoke_ok ? "ok" : "FAILED");

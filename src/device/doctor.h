@@ -28,6 +28,9 @@ struct DeviceCheck {
   bool bf16_fast = false;
   std::string unet_dtype, vae_dtype;   // what --dtype auto / --vae-dtype auto pick
   std::vector<std::string> attention;  // attention backends that run here
+  // --weights types whose blocks dequantize here (checked against ggml's reference); linear
+  // layers then run in unet_dtype (no int8/fp8 matmul kernels are used).
+  std::vector<std::string> weight_types;
   bool smoke_ok = false;
   std::string smoke_dtype;
   double smoke_seconds = 0;

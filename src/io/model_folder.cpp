@@ -49,8 +49,23 @@ JsonConfig ModelFolder::component_config(const std::string& component,
   return JsonConfig::load(path);
 }
 
+void ModelFolder::set_component_weights_file(const std::string& component,
+                                             const std::string& path) {
+  if (!fs::is_regular_file(path))
+    throw IoError("weights file '" + path + "' for " + component + " does not exist");
+  if (!ends_with(path, ".safetensors") && !ends_with(path, ".gguf"))
+    throw IoError("weights file '" + path + "' for " + component +
+                  ": expected a *.safetensors or *.gguf file");
+  weights_files_[component] = path;
+}
+
 std::map<std::string, torch::Tensor> ModelFolder::component_weights(
     const std::string& component) const {
+  return load_weights_file(component_weights_path(component));
+}
+
+std::string ModelFolder::component_weights_path(const std::string& component) const {
+  if (auto it = weights_files_.find(component); it != weights_files_.end()) return it->second;
   fs::path cdir = component_dir(component);
   if (!fs::is_directory(cdir))
     throw IoError("model folder '" + dir_ + "': component folder '" + component + "' is missing");
@@ -59,7 +74,7 @@ std::map<std::string, torch::Tensor> ModelFolder::component_weights(
        {"diffusion_pytorch_model.safetensors", "model.safetensors",
         "diffusion_pytorch_model.safetensors.index.json", "model.safetensors.index.json",
         "diffusion_pytorch_model.gguf", "model.gguf"}) {
-    if (fs::exists(cdir / name)) return load_weights_file((cdir / name).string());
+    if (fs::exists(cdir / name)) return (cdir / name).string();
   }
   // Any single weights file: a GGUF with diffusers names (city96's quantized transformers).
   std::vector<fs::path> candidates;
@@ -67,7 +82,7 @@ std::map<std::string, torch::Tensor> ModelFolder::component_weights(
     const auto p = e.path().string();
     if (ends_with(p, ".safetensors") || ends_with(p, ".gguf")) candidates.push_back(e.path());
   }
-  if (candidates.size() == 1) return load_weights_file(candidates[0].string());
+  if (candidates.size() == 1) return candidates[0].string();
   if (candidates.empty())
     throw IoError("model folder '" + dir_ + "': no *.safetensors or *.gguf weights in '" +
                   component +

@@ -28,10 +28,17 @@ class ModelFolder {
                               const std::string& file_name = "config.json") const;
   // All weights of a component, from its single safetensors file, its sharded index or a GGUF.
   std::map<std::string, torch::Tensor> component_weights(const std::string& component) const;
+  // The file component_weights reads (a safetensors file, a shard index or a GGUF).
+  std::string component_weights_path(const std::string& component) const;
+  // Takes `component`'s weights from `path` (a *.safetensors or *.gguf file, e.g. a quantized
+  // transformer) instead of its folder's; its config.json still comes from the folder. IoError
+  // if the file does not exist.
+  void set_component_weights_file(const std::string& component, const std::string& path);
 
  private:
   std::string dir_;
   JsonConfig model_index_;
+  std::map<std::string, std::string> weights_files_;  // set_component_weights_file
 };
 
 // Loads every tensor from a safetensors file, from the shards an *.index.json names, or from a

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <tuple>
 
@@ -288,7 +289,9 @@ torch::Tensor HiDreamImageTransformer2DModelImpl::forward(
 
 HiDreamImageTransformer2DModel load_hidream_transformer(const io::ModelFolder& folder,
                                                         torch::Device device, torch::Dtype dtype,
-                                                        const std::string& component, bool stream) {
+                                                        const std::string& component, bool stream,
+                                                        std::optional<quant::GgmlType> weight_type,
+                                                        nn::QuantizedLayers* quantized) {
   auto cfg = component_config(folder, component, "HiDreamImageTransformer2DModel");
   HiDreamImageTransformer2DModel model{nullptr};
   {
@@ -296,6 +299,17 @@ HiDreamImageTransformer2DModel load_hidream_transformer(const io::ModelFolder& f
     model = HiDreamImageTransformer2DModel(HiDreamTransformerConfig::from_json(cfg));
   }
   model->eval();
+  if (weight_type || component_is_gguf(folder, component)) {
+    if (stream)
+      throw InvalidArgument(
+          "weight streaming reads plain weights from safetensors files; not with quantized "
+          "weights (--weights or a GGUF transformer)");
+    const auto kept =
+        load_component_weights_quantized(*model, folder, component, weight_type, device);
+    if (quantized) *quantized = kept;
+    model->to(device, dtype);  // the placeholders are on the device already: not copied
+    return model;
+  }
   if (!stream) {
     load_component_weights(*model, folder, component);
     model->to(device, dtype);
@@ -322,6 +336,9 @@ HiDreamImageTransformer2DModel load_hidream_transformer(const io::ModelFolder& f
 
 int64_t hidream_transformer_file_bytes(const io::ModelFolder& folder,
                                        const std::string& component) {
+  if (component_is_gguf(folder, component))
+    return static_cast<int64_t>(
+        std::filesystem::file_size(folder.component_weights_path(component)));
   int64_t bytes = 0;
   for (const auto& [name, t] : folder.component_weights(component))
     bytes += static_cast<int64_t>(t.nbytes());

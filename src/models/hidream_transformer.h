@@ -15,6 +15,7 @@
 #include <torch/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -117,9 +118,14 @@ TORCH_MODULE(HiDreamImageTransformer2DModel);
 // `stream`: the blocks' weights stay in the memory-mapped files and come in block by block as
 // they run (models/block_streaming.h); the rest (embedders, caption projections, final layer)
 // is loaded as usual.
+// `weight_type` (or a GGUF weights file): the linear layers' weights are kept in ggml blocks
+// as they load (models::load_component_weights_quantized; the plain weights are never all in
+// memory), reported in `*quantized`. Not with `stream`.
 HiDreamImageTransformer2DModel load_hidream_transformer(
     const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
-    const std::string& component = "transformer", bool stream = false);
+    const std::string& component = "transformer", bool stream = false,
+    std::optional<quant::GgmlType> weight_type = std::nullopt,
+    nn::QuantizedLayers* quantized = nullptr);
 
 // The bytes of the transformer's weight files (what holding it whole costs, in the file dtype).
 int64_t hidream_transformer_file_bytes(const io::ModelFolder& folder,

@@ -3,7 +3,11 @@
 #include <torch/torch.h>
 
 #include "diffuse/errors.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "io/string_affixes.h"
 #include "nn/load_weights.h"
+#include "quant/quantized_weight.h"
 
 namespace diffuse::models {
 
@@ -16,12 +20,9 @@ io::JsonConfig component_config(const io::ModelFolder& folder, const std::string
   return cfg;
 }
 
-void load_component_weights(torch::nn::Module& module, const io::ModelFolder& folder,
-                            const std::string& component, const std::set<std::string>& ignored,
-                            bool share_mapped) {
-  const std::string source = folder.component_dir(component);
-  auto report = nn::load_state_dict(module, folder.component_weights(component), source, ignored,
-                                    share_mapped);
+namespace {
+
+void refuse_unexpected(const nn::LoadReport& report, const std::string& source) {
   if (report.unexpected.empty()) return;
   std::string list;
   size_t shown = 0;
@@ -34,6 +35,108 @@ void load_component_weights(torch::nn::Module& module, const io::ModelFolder& fo
   throw FormatError(source +
                     ": the weights have tensors the model built from config.json does not have: " +
                     list + " (does config.json match the weights?)");
+}
+
+// A GGUF Q8_0/Q4_0 matrix whose fp16 scales are all finite (a NaN there makes every value of
+// its block NaN); other types are not checked block by block.
+void check_block_scales(const quant::QuantizedWeight& q, const std::string& source,
+                        const std::string& key) {
+  if (!quant::dequantizes_on_device(q.type)) return;
+  const auto& t = quant::ggml_type_traits(q.type);
+  const auto scales =
+      q.blocks.view({-1, t.block_bytes}).narrow(1, 0, 2).contiguous().view(torch::kHalf);
+  if (!torch::isfinite(scales).all().item<bool>())
+    throw FormatError(source + ": tensor '" + key + "' has non-finite block scales (NaN/Inf)");
+}
+
+}  // namespace
+
+void load_component_weights(torch::nn::Module& module, const io::ModelFolder& folder,
+                            const std::string& component, const std::set<std::string>& ignored,
+                            bool share_mapped) {
+  const std::string source = folder.component_dir(component);
+  refuse_unexpected(nn::load_state_dict(module, folder.component_weights(component), source,
+                                        ignored, share_mapped),
+                    source);
+}
+
+bool component_is_gguf(const io::ModelFolder& folder, const std::string& component) {
+  return io::ends_with(folder.component_weights_path(component), ".gguf");
+}
+
+nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
+                                                     const io::ModelFolder& folder,
+                                                     const std::string& component,
+                                                     std::optional<quant::GgmlType> type,
+                                                     const torch::Device& device) {
+  const std::string source = folder.component_weights_path(component);
+  std::shared_ptr<io::GgufFile> gguf;
+  std::map<std::string, torch::Tensor> mapped;  // safetensors: views of the mapped file
+  if (io::ends_with(source, ".gguf"))
+    gguf = io::GgufFile::open(source);
+  else
+    mapped = io::load_weights_file(source);
+  auto has = [&](const std::string& key) {
+    return gguf ? gguf->contains(key) : mapped.count(key) > 0;
+  };
+
+  torch::NoGradGuard no_grad;
+  nn::QuantizedLayers report;
+  std::set<std::string> kept;  // weights loaded as blocks
+  for (const auto& item : module.named_modules()) {
+    auto* lin = dynamic_cast<nn::LinearImpl*>(item.value().get());
+    if (!lin) continue;
+    const std::string key = (item.key().empty() ? "" : item.key() + ".") + "weight";
+    if (!has(key)) continue;  // load_state_dict names what is missing
+    const auto& w = lin->weight;
+    const int64_t rows = w.size(0), cols = w.size(1);
+    auto check_shape = [&](c10::IntArrayRef stored) {
+      if (stored != w.sizes())
+        throw FormatError(source + ": tensor '" + key + "' has shape " + c10::str(stored) +
+                          ", the model expects " + c10::str(w.sizes()));
+    };
+    std::optional<quant::QuantizedWeight> q;
+    if (gguf && quant::ggml_type_traits(gguf->info(key).type).quantized) {
+      const auto& info = gguf->info(key);
+      check_shape(info.shape);
+      if (device.is_cpu() || quant::dequantizes_on_device(info.type)) {
+        const auto bytes = torch::from_blob(const_cast<uint8_t*>(gguf->data(key)),
+                                            {static_cast<int64_t>(info.bytes)}, torch::kByte)
+                               .to(device, /*non_blocking=*/false, /*copy=*/true);
+        q = quant::quantized_from_blocks(bytes, info.type, rows, cols, source + ": " + key);
+        check_block_scales(*q, source, key);
+      }
+    }
+    if (!q && type && quant::can_keep_quantized(*type, cols)) {
+      const auto values = gguf ? gguf->get(key) : mapped.at(key);
+      check_shape(values.sizes());
+      if (!torch::isfinite(values).all().item<bool>())
+        throw FormatError(source + ": tensor '" + key + "' has non-finite values (NaN/Inf)");
+      q = quant::quantize_weight(values.to(device), *type, key);
+      if (!gguf) io::release_mapped_pages(values);
+    }
+    if (!q) {
+      if (gguf || type) ++report.kept_plain;
+      continue;
+    }
+    report.plain_bytes += w.numel() * static_cast<int64_t>(w.element_size());
+    report.quantized_bytes += q->bytes();
+    lin->keep_quantized(std::move(*q));
+    kept.insert(key);
+    ++report.layers;
+  }
+
+  // Everything else, as load_component_weights loads it.
+  std::map<std::string, torch::Tensor> rest;
+  if (gguf) {
+    for (const auto& name : gguf->names())
+      if (!kept.count(name)) rest.emplace(name, gguf->get(name));
+  } else {
+    for (auto& [name, t] : mapped)
+      if (!kept.count(name)) rest.emplace(name, t);
+  }
+  refuse_unexpected(nn::load_state_dict(module, rest, source, kept), source);
+  return report;
 }
 
 }  // namespace diffuse::models

@@ -2,11 +2,13 @@
 #pragma once
 #include <torch/nn/module.h>
 
+#include <optional>
 #include <set>
 #include <string>
 
 #include "io/json_config.h"
 #include "io/model_folder.h"
+#include "nn/layers.h"
 
 namespace diffuse::models {
 
@@ -23,5 +25,22 @@ io::JsonConfig component_config(const io::ModelFolder& folder, const std::string
 void load_component_weights(torch::nn::Module& module, const io::ModelFolder& folder,
                             const std::string& component, const std::set<std::string>& ignored = {},
                             bool share_mapped = false);
+
+// load_component_weights with the linear layers' weights kept in ggml blocks straight from the
+// file, so that the plain weights are never all in memory (the module must have been built
+// under nn::SkipInitGuard: its untouched weights take no memory until loaded): a GGUF file's
+// quantized matrices as stored, and with `type` every other linear weight whose rows are whole
+// blocks quantized from the file's values one at a time. Blocks and placeholders go to
+// `device`; the rest loads as load_component_weights does (call module->to(device, dtype)
+// afterwards). A GGUF block type that `device` cannot dequantize (k-quants off the CPU) is
+// dequantized at load instead. Returns what was kept quantized.
+nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
+                                                     const io::ModelFolder& folder,
+                                                     const std::string& component,
+                                                     std::optional<quant::GgmlType> type,
+                                                     const torch::Device& device);
+
+// Whether the component's weights are a GGUF file.
+bool component_is_gguf(const io::ModelFolder& folder, const std::string& component);
 
 }  // namespace diffuse::models

@@ -111,19 +111,64 @@ void LinearImpl::add_low_rank(torch::Tensor& y, const torch::Tensor& input) cons
            u.scale);
 }
 
+torch::Tensor LinearImpl::weight_for(const torch::Tensor& input) const {
+  if (quantized) return quant::dequantize_weight(*quantized, input.scalar_type());
+  return as_input_dtype(weight, input);
+}
+
+void LinearImpl::keep_quantized(quant::QuantizedWeight q) {
+  if (weight.dim() != 2 || q.rows != weight.size(0) || q.cols != weight.size(1))
+    throw InvalidArgument("keep_quantized: blocks of a " + std::to_string(q.rows) + "x" +
+                          std::to_string(q.cols) + " matrix for a weight of shape " +
+                          c10::str(weight.sizes()));
+  torch::NoGradGuard no_grad;
+  // The placeholder keeps what readers of the weight ask (shape, dtype, and the blocks' device)
+  // and fails any in-place write (its elements share one address).
+  weight.set_data(
+      torch::empty({1}, weight.options().device(q.blocks.device())).expand(weight.sizes()));
+  quantized = std::make_shared<const quant::QuantizedWeight>(std::move(q));
+}
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
-  auto y = weight.scalar_type() == input.scalar_type()
-               ? torch::nn::LinearImpl::forward(input)
-               : torch::nn::functional::linear(input, as_input_dtype(weight, input),
-                                               as_input_dtype(bias, input));
+  auto y =
+      !quantized && weight.scalar_type() == input.scalar_type()
+          ? torch::nn::LinearImpl::forward(input)
+          : torch::nn::functional::linear(input, weight_for(input), as_input_dtype(bias, input));
   add_low_rank(y, input);
   return y;
 }
 
 torch::Tensor LinearImpl::product(const torch::Tensor& input) {
-  auto y = torch::nn::functional::linear(input, as_input_dtype(weight, input));
+  auto y = torch::nn::functional::linear(input, weight_for(input));
   add_low_rank(y, input);
   return y;
+}
+
+QuantizedLayers quantize_linear_layers(torch::nn::Module& module, quant::GgmlType type) {
+  QuantizedLayers r;
+  for (const auto& item : module.named_modules()) {
+    auto* lin = dynamic_cast<LinearImpl*>(item.value().get());
+    if (!lin || lin->quantized) continue;
+    const auto& w = lin->weight;
+    if (!quant::can_keep_quantized(type, w.size(1))) {
+      ++r.kept_plain;
+      continue;
+    }
+    auto q = quant::quantize_weight(w, type, item.key() + ".weight");
+    r.plain_bytes += w.numel() * static_cast<int64_t>(w.element_size());
+    r.quantized_bytes += q.bytes();
+    lin->keep_quantized(std::move(q));
+    ++r.layers;
+  }
+  return r;
+}
+
+int64_t quantized_weight_bytes(const torch::nn::Module& module) {
+  int64_t bytes = 0;
+  for (const auto& m : module.modules())
+    if (const auto* lin = dynamic_cast<const LinearImpl*>(m.get()); lin && lin->quantized)
+      bytes += lin->quantized->bytes();
+  return bytes;
 }
 
 torch::Tensor LinearImpl::forward_add(const torch::Tensor& input, const torch::Tensor& residual) {

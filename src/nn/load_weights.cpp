@@ -53,7 +53,7 @@ LoadReport load_state_dict(torch::nn::Module& module,
   for (auto& item : module.named_parameters(/*recurse=*/true)) {
     auto it = weights.find(item.key());
     if (it == weights.end()) {
-      missing.push_back(item.key());
+      if (!ignored.count(item.key())) missing.push_back(item.key());
       continue;
     }
     auto& param = item.value();

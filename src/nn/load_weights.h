@@ -15,7 +15,8 @@ struct LoadReport {
 // Every parameter of `module` must be present with the right shape (FormatError naming
 // `source`, the key and both shapes otherwise). Buffers are loaded when present. Keys that the
 // module does not know are returned in the report, except those in `ignored` (e.g.
-// text_model.embeddings.position_ids). A NaN/Inf in a loaded value is a FormatError naming the
+// text_model.embeddings.position_ids); a parameter named in `ignored` may be absent (loaded
+// otherwise, e.g. kept quantized). A NaN/Inf in a loaded value is a FormatError naming the
 // tensor (in the file, or from an overflowing dtype conversion). Values are converted to the
 // parameter's dtype/device;
 // the pages of weights that view a mapped safetensors file are released once copied.

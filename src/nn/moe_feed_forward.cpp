@@ -62,12 +62,12 @@ MOEFeedForwardSwiGLUImpl::MOEFeedForwardSwiGLUImpl(int64_t dim, int64_t hidden_d
 
 std::vector<torch::Tensor> MOEFeedForwardSwiGLUImpl::run_experts(
     const std::vector<int64_t>& experts, const std::vector<torch::Tensor>& inputs) {
-  // The grouped kernel reads the weights only: experts with run-time LoRA updates attached
-  // (unmerged adapters) take the per-expert path, which applies them.
+  // The grouped kernel reads the plain weights only: experts with run-time LoRA updates
+  // attached (unmerged adapters) or quantized weights take the per-expert path.
   bool low_rank = false;
   for (auto e : experts)
     for (auto* l : {&expert_list[e]->w1, &expert_list[e]->w2, &expert_list[e]->w3})
-      low_rank = low_rank || !(*l)->low_rank.empty();
+      low_rank = low_rank || !(*l)->low_rank.empty() || (*l)->quantized;
   if (!inputs.empty() && !low_rank && npu_fused_ops_enabled(inputs.front())) {
     // Each GEMM of the SwiGLU chain as one grouped call over the experts (weights as [K, N]).
     auto grouped = [&](nn::Linear FeedForwardSwiGLUImpl::*layer,

@@ -103,19 +103,43 @@ void HiDreamPipeline::set_weight_streaming(const std::string& mode) {
     throw InvalidArgument("weight streaming: expected auto, on or off, got '" + mode + "'");
   if (transformer_ && mode != weight_streaming_)
     throw InvalidArgument("weight streaming is chosen before the transformer loads");
+  if (mode == "on" && weight_type_)
+    throw InvalidArgument(
+        "weight streaming and quantized weights exclude each other: streaming reads the plain "
+        "weights from their files at every step");
   weight_streaming_ = mode;
+}
+
+std::string use_transformer_weights(io::ModelFolder& folder, const std::string& transformer) {
+  const auto ext = std::filesystem::path(transformer).extension();
+  if (ext != ".gguf" && ext != ".safetensors") return transformer;
+  folder.set_component_weights_file("transformer", transformer);
+  return "transformer";
+}
+
+void HiDreamPipeline::set_weight_type(const std::string& type) {
+  const auto parsed = quant::parse_weight_type(type, "weight type");
+  if (transformer_ && parsed != weight_type_)
+    throw InvalidArgument("the weight type is chosen before the transformer loads");
+  if (parsed && weight_streaming_ == "on")
+    throw InvalidArgument("quantized weights (" + type +
+                          ") and weight streaming exclude each other: streaming reads the plain "
+                          "weights from their files at every step");
+  weight_type_ = parsed;
 }
 
 models::HiDreamImageTransformer2DModel& HiDreamPipeline::transformer() {
   if (transformer_) return transformer_;
+  // Streaming reads plain safetensors weights: not for quantized ones (--weights, a GGUF).
+  const bool quantized = weight_type_ || models::component_is_gguf(folder_, transformer_component_);
   bool stream = weight_streaming_ == "on";
-  if (weight_streaming_ == "auto") {
+  if (weight_streaming_ == "auto" && !quantized) {
     const int64_t need = models::hidream_transformer_file_bytes(folder_, transformer_component_);
     const int64_t have = device::available_bytes(device_);
     stream = have > 0 && static_cast<double>(need) > 0.8 * static_cast<double>(have);
   }
-  transformer_ =
-      models::load_hidream_transformer(folder_, device_, dtype_, transformer_component_, stream);
+  transformer_ = models::load_hidream_transformer(folder_, device_, dtype_, transformer_component_,
+                                                  stream, weight_type_, &quantized_);
   return transformer_;
 }
 
@@ -469,6 +493,12 @@ std::string HiDreamPipeline::target_description(const HiDreamEdit& r) {
 
 adapters::LoraMerger& HiDreamPipeline::lora_merger(const char* what) {
   if (lora_) return *lora_;
+  transformer();  // loaded, and with it what was kept quantized
+  if (quantized_.layers > 0)
+    throw InvalidArgument(std::string(what) +
+                          " merges into the transformer's plain weights, which quantized weights "
+                          "(--weights, or a GGUF transformer) give up; run without --weights and "
+                          "with a safetensors transformer");
   if (transformer()->stream && !transformer()->stream->zero_copy())
     throw InvalidArgument(std::string(what) +
                           " with a streamed transformer needs it on the cpu with its weight files "

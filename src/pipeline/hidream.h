@@ -22,6 +22,7 @@
 #include "io/model_folder.h"
 #include "models/autoencoder_kl.h"
 #include "models/hidream_transformer.h"
+#include "nn/layers.h"
 #include "pipeline/hidream_text.h"
 #include "schedulers/scheduler.h"
 
@@ -119,6 +120,12 @@ struct HiDreamPlacement {
 HiDreamPlacement hidream_placement(const std::string& text_encoder_device,
                                    const std::string& vae_device, const std::string& dtype);
 
+// What --transformer names: a component folder of `folder` ("transformer", or E1's
+// "transformer_e1"), returned as it is; or a *.gguf / *.safetensors weights file, which
+// becomes the "transformer" component's weights (its config.json still from the folder) and
+// "transformer" is returned. IoError if such a file does not exist.
+std::string use_transformer_weights(io::ModelFolder& folder, const std::string& transformer);
+
 class HiDreamPipeline {
  public:
   // A HiDream model folder on `device` (transformer and text encoders in `dtype`, the VAE in
@@ -163,6 +170,13 @@ class HiDreamPipeline {
   void set_weight_streaming(const std::string& mode);
   // Whether the loaded transformer streams its blocks.
   bool streams_weights() const { return transformer_ && transformer_->stream != nullptr; }
+  // The transformer's linear weights kept in ggml blocks ("q8_0", "q4_0"; "none": plain), chosen
+  // before it loads: each is quantized right after loading (the load itself still peaks at the
+  // plain model) and dequantized per call into the compute dtype. Streaming is then off (the
+  // point is a model that fits), and LoRAs are refused (they merge into plain weights).
+  void set_weight_type(const std::string& type);
+  // What set_weight_type's quantization kept: layers, bytes before and after.
+  const nn::QuantizedLayers& quantized_layers() const { return quantized_; }
   HiDreamTextEncoders& text_encoders();
   models::HiDreamImageTransformer2DModel& transformer();
   models::AutoencoderKL& vae() { return vae_; }
@@ -221,6 +235,8 @@ class HiDreamPipeline {
   }
   bool keep_text_encoders_ = true;
   std::string weight_streaming_ = "auto";
+  std::optional<quant::GgmlType> weight_type_;  // set_weight_type; none: plain weights
+  nn::QuantizedLayers quantized_;
   std::unique_ptr<HiDreamTextEncoders> text_;
   std::unique_ptr<accel::DitCache> cache_;  // the running generation's, if it caches
   models::HiDreamImageTransformer2DModel transformer_{nullptr};

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -29,6 +30,7 @@
 #include "pipeline/model_source.h"
 #include "pipeline/step_work.h"
 #include "pipeline/vae_tiling_policy.h"
+#include "quant/quantized_weight.h"
 #include "schedulers/scheduler.h"
 #include "text/clip_tokenizer.h"
 #include "text/prompt_weighting.h"
@@ -37,9 +39,16 @@ namespace diffuse::pipeline {
 namespace {
 
 // Bytes of a module's parameters as stored (16-bit layer weights count 2 bytes each).
+// Resident bytes: a quantized layer's blocks instead of its weight's placeholder (one element
+// broadcast to the weight's shape).
 int64_t parameter_bytes(const torch::nn::Module& m) {
-  int64_t bytes = 0;
-  for (const auto& p : m.parameters()) bytes += p.numel() * p.element_size();
+  int64_t bytes = nn::quantized_weight_bytes(m);
+  for (const auto& p : m.parameters()) {
+    const auto strides = p.strides();
+    const bool placeholder = p.numel() > 1 && std::all_of(strides.begin(), strides.end(),
+                                                          [](int64_t s) { return s == 0; });
+    if (!placeholder) bytes += p.numel() * p.element_size();
+  }
   return bytes;
 }
 
@@ -85,8 +94,9 @@ struct StableDiffusion::Components {
   std::unique_ptr<text::ClipTokenizer> tokenizer;
   ModelSource source;  // weights (file mappings) stay here only with offload
   bool offload = false;
-  bool keep_16bit_weights = true;  // LoadOptions::keep_16bit_weights
-  bool pack_conv_weights = true;   // LoadOptions::pack_conv_weights
+  bool keep_16bit_weights = true;                   // LoadOptions::keep_16bit_weights
+  bool pack_conv_weights = true;                    // LoadOptions::pack_conv_weights
+  std::optional<quant::GgmlType> unet_weight_type;  // LoadOptions::weights
   models::ClipTextConfig text_config;
   models::UNet2DConditionConfig unet_config;
   models::AutoencoderKLConfig vae_config;
@@ -116,6 +126,8 @@ struct StableDiffusion::Components {
     slot->eval();
     if (pack_conv_weights && !offload) nn::set_weight_packing(*slot, true);
     bind_loras(component, *slot);
+    if (unet_weight_type && std::string(component) == "unet")
+      nn::quantize_linear_layers(*slot, *unet_weight_type);
     return slot;
   }
 
@@ -235,7 +247,9 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   if (options.lora_mode != "merged" && options.lora_mode != "unmerged")
     throw InvalidArgument("lora_mode: expected \"merged\" or \"unmerged\", got \"" +
                           options.lora_mode + "\"");
-  c_->loras.set_unmerged(options.lora_mode == "unmerged");
+  c_->unet_weight_type = quant::parse_weight_type(options.weights, "weights");
+  // Quantized layers have no plain weight to merge into: their adapters run unmerged.
+  c_->loras.set_unmerged(options.lora_mode == "unmerged" || c_->unet_weight_type);
   c_->load_loras = options.loras;
   c_->lora_lenient = options.lora_lenient;
   if (!options.loras.empty()) apply_loras({});  // a bad adapter fails the load, not a run
@@ -257,6 +271,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   info_.text_encoder_device = device::device_name(c_->text_device);
   info_.vae_device = device::device_name(c_->vae_device);
   info_.unet_dtype = device::dtype_name(c_->unet_dtype);
+  info_.weights = options.weights;
   info_.text_encoder_dtype = device::dtype_name(c_->text_dtype);
   info_.vae_dtype = device::dtype_name(c_->vae_dtype);
   info_.offload = c_->offload;

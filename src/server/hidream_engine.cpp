@@ -40,9 +40,11 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
       nn::attention_backend_from_flag_or_env(options.attention, device));
   auto folder = io::ModelFolder::open(this->model_path());
   variant_ = pipeline::hidream_defaults(folder);
+  const auto transformer = pipeline::use_transformer_weights(folder, hidream.transformer);
   pipe_ = std::make_unique<pipeline::HiDreamPipeline>(
-      folder, device, dtype, hidream.transformer,
+      folder, device, dtype, transformer,
       pipeline::hidream_placement(options.text_encoder_device, options.vae_device, options.dtype));
+  pipe_->set_weight_type(options.weights);
   if (!hidream.e1_lora.empty()) {
     adapters::LoraOptions lo;
     lo.alpha = hidream.lora_alpha;
@@ -62,6 +64,7 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
   info_.text_encoder_device = device::device_name(pipe_->text_device());
   info_.vae_device = device::device_name(pipe_->vae_device());
   info_.unet_dtype = device::dtype_name(dtype);
+  info_.weights = options.weights;
   info_.text_encoder_dtype = device::dtype_name(pipe_->text_dtype());
   info_.vae_dtype = device::dtype_name(torch::kFloat32);  // the Flux VAE's force_upcast
   info_.attention = nn::attention_backend_name(nn::default_attention_backend());

@@ -138,6 +138,7 @@ nlohmann::json status_json(const ServerState& state) {
           {"text_encoder_device", info.text_encoder_device},
           {"vae_device", info.vae_device},
           {"dtype", info.unet_dtype},
+          {"weights", info.weights},
           {"text_encoder_dtype", info.text_encoder_dtype},
           {"vae_dtype", info.vae_dtype},
           {"attention", info.attention},

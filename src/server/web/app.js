@@ -70,7 +70,8 @@ async function refreshStatus() {
     state.status = s;
     $('model-name').textContent = `${s.model} · ${s.default_width}×${s.default_height}`;
     $('status-device').textContent = s.device + (s.vae_device !== s.device ? ` (vae ${s.vae_device})` : '');
-    $('status-dtype').textContent = `${s.dtype} (vae ${s.vae_dtype})`;
+    $('status-dtype').textContent =
+      `${s.dtype} (vae ${s.vae_dtype})` + (s.weights && s.weights !== 'none' ? `, weights ${s.weights}` : '');
     $('status-attention').textContent = s.attention;
     const dev = s.memory.device ? `, device ${bytes(s.memory.device.allocated_bytes)}` : '';
     $('status-memory').textContent = `${bytes(s.memory.rss_bytes)} now, ${bytes(s.memory.peak_rss_bytes)} peak${dev}`;
