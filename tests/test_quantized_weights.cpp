@@ -14,6 +14,7 @@
 #include "nn/layers.h"
 #include "pipeline/hidream.h"
 #include "pipeline_test_util.h"
+#include "quant/dequantize_ops.h"
 #include "quant/ggml_blocks.h"
 #include "quant/quantize_model.h"
 #include "quant/quantized_weight.h"
@@ -51,9 +52,13 @@ TEST(QuantizedWeights, DequantizeBitForBitAsGgmlsReference) {
     EXPECT_EQ(q.bytes(), 6 * quant::ggml_row_bytes(type, 96));
     EXPECT_TRUE(same_bits(quant::dequantize_weight(q, torch::kFloat32), reference_dequantized(q)))
         << quant::ggml_type_traits(type).name;
-    // Another dtype is the float32 values rounded once.
-    EXPECT_TRUE(torch::equal(quant::dequantize_weight(q, torch::kBFloat16),
-                             reference_dequantized(q).to(torch::kBFloat16)));
+    // Another dtype is the float32 values rounded once; the accelerators' path (tensor
+    // operations) gives the CPU kernel's bits.
+    for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+      const auto cpu = quant::dequantize_weight(q, dtype);
+      EXPECT_TRUE(torch::equal(cpu, reference_dequantized(q).to(dtype))) << dtype;
+      EXPECT_TRUE(torch::equal(cpu, quant::dequantize_by_tensor_ops(q, dtype))) << dtype;
+    }
   }
 }
 

@@ -100,6 +100,15 @@ QuantizedBlockTiming time_quantized(torch::nn::Module& block, quant::GgmlType ty
   torch::Tensor out;
   q.timing = time_block(block, device, repeat, matmul_gflops, overall_peak, name, log,
                         [&] { out = run(); });
+  q.dequantize_s = 1e30;
+  for (int i = 0; i < repeat; ++i) {
+    const double t0 = now_s();
+    for (const auto& m : block.modules())
+      if (const auto* lin = dynamic_cast<const nn::LinearImpl*>(m.get()); lin && lin->quantized)
+        quant::dequantize_weight(*lin->quantized, lin->weight.scalar_type());
+    sync_device(device);
+    q.dequantize_s = std::min(q.dequantize_s, now_s() - t0);
+  }
   const auto diff = (out.to(torch::kFloat64) - plain_out.to(torch::kFloat64)).norm();
   q.relative_error = (diff / plain_out.to(torch::kFloat64).norm()).item<double>();
   return q;
@@ -275,6 +284,7 @@ nlohmann::json to_json(const HiDreamBlockBenchResult& r) {
       b["block_plain_mb"] = q.block_plain_mb;
       b["block_quantized_mb"] = q.block_quantized_mb;
       b["relative_error"] = q.relative_error;
+      b["dequantize_s"] = q.dequantize_s;
       return b;
     };
     j["weights"] = r.weights;

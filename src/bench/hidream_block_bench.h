@@ -49,6 +49,9 @@ struct QuantizedBlockTiming {
   double plain_mb = 0, quantized_mb = 0;  // the quantized layers' weights, before and after
   double block_plain_mb = 0, block_quantized_mb = 0;  // the whole block's weights
   double relative_error = 0;  // ||y_q - y|| / ||y|| of the block's image output
+  // Dequantizing every quantized layer of the block once (what each forward adds to the same
+  // products), best of the runs: steadier than the difference of two noisy block times.
+  double dequantize_s = 0;
 };
 
 struct HiDreamBlockBenchResult {
