@@ -165,6 +165,16 @@ TEST(QuantizedWeights, DemoModelAtQ8DrawsTheAskedScene) {
   }
 }
 
+// A 2-step text-to-image run's pixels as float64.
+torch::Tensor two_step_image(pipeline::HiDreamPipeline& pipe, const std::string& prompt,
+                             uint64_t seed) {
+  pipeline::HiDreamTextToImage t;
+  t.prompt = prompt;
+  t.sampling.steps = 2;
+  t.sampling.seed = seed;
+  return pipe.text_to_image(t).image.to(torch::kFloat64);
+}
+
 // HiDream's transformer at q8_0 (the golden set's tiny model): the layers whose rows are whole
 // blocks are quantized, the image stays close to the plain one, and what cannot work with
 // quantized weights (merging a LoRA, streaming the plain weights) is refused by name.
@@ -175,11 +185,7 @@ TEST(QuantizedWeights, HiDreamTransformerRunsQuantized) {
   auto image = [&](const std::string& weights) {
     pipeline::HiDreamPipeline pipe(folder, torch::kCPU, torch::kFloat32);
     pipe.set_weight_type(weights);
-    pipeline::HiDreamTextToImage t;
-    t.prompt = "a red circle";
-    t.sampling.steps = 2;
-    t.sampling.seed = 3;
-    auto out = pipe.text_to_image(t).image.to(torch::kFloat64);
+    auto out = two_step_image(pipe, "a red circle", 3);
     if (weights != "none") {
       const auto& q = pipe.quantized_layers();
       EXPECT_EQ(q.layers + q.kept_plain, [&] {
@@ -229,11 +235,7 @@ TEST(QuantizedWeights, HiDreamLoadsAQuantizedGgufTransformerAsBlocks) {
     const auto component = pipeline::use_transformer_weights(folder, transformer);
     pipeline::HiDreamPipeline pipe(folder, torch::kCPU, torch::kFloat32, component);
     pipe.set_weight_type(weights);
-    pipeline::HiDreamTextToImage t;
-    t.prompt = "a blue square";
-    t.sampling.steps = 2;
-    t.sampling.seed = 4;
-    auto out = pipe.text_to_image(t).image.to(torch::kFloat64);
+    auto out = two_step_image(pipe, "a blue square", 4);
     *kept = pipe.quantized_layers();
     return out;
   };
