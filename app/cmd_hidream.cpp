@@ -92,6 +92,15 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
   if (talk) std::cerr << "loading " << f.model << " ...\n";
   const auto t0 = std::chrono::steady_clock::now();
   auto folder = io::ModelFolder::open(f.model);
+  // The folder's own "transformer" of an I1 folder is I1's: it does not edit.
+  if (edit && f.e1_lora.empty() && f.transformer == "transformer" &&
+      !pipeline::is_hidream_editing_folder(folder))
+    throw InvalidArgument(
+        f.model + " is a HiDream-I1 folder (model_index.json: " +
+        folder.model_index().get<std::string>("_class_name", "?") +
+        "), whose transformer was not trained to edit: use a HiDream-E1 folder "
+        "(HiDreamImageEditingPipeline), or give E1's weights with --e1-lora FILE (E1-Full) or "
+        "--transformer");
   // What the flags leave open comes from the variant's reference settings.
   const auto defaults = pipeline::hidream_defaults(folder, f.variant);
   const int steps = f.steps.value_or(defaults.steps);

@@ -338,10 +338,11 @@ int finish_launcher(RunningLauncher& l) {
 // (PR_SET_PDEATHSIG). Waits on pidfds, not sleeps.
 TEST(CfgParallel, WorkersDieWithTheLauncher) {
   SKIP_WITHOUT_CPU_COLLECTIVES();
-  test::TempDir dir;
+  // No handler of the launcher runs, so its store folder stays: in a folder of the test's own.
+  test::TempDir dir, tmp;
   auto args = demo_args(dir.file("out.png"), 900);
   args.insert(args.end(), {"--devices", "cpu,cpu"});
-  auto l = start_launcher(args);
+  auto l = start_launcher(args, tmp.path().string());
   const pid_t launcher = l.pid;
   ASSERT_GT(launcher, 0);
   const std::string& err = l.err;

@@ -405,6 +405,14 @@ TEST(Cli, HiDreamTxt2ImgAndEditWriteOnePng) {
     EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(dir.file("bad.png")));
   }
+  // An I1 folder without E1 weights does not edit: refused, naming what would.
+  auto plain = run_cli({"edit", "-m", model, "-i", dir.file("fox.png"), "-p", "make it blue",
+                        "--steps", "1", "-o", dir.file("plain.png")},
+                       dir);
+  EXPECT_NE(plain.exit_code, 0);
+  EXPECT_NE(plain.err.find("HiDream-I1 folder"), std::string::npos) << plain.err;
+  EXPECT_NE(plain.err.find("--e1-lora"), std::string::npos) << plain.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("plain.png")));
   // A folder missing one of the four text encoders is refused before anything loads.
   const auto partial = dir.path() / "partial";
   std::filesystem::copy(model, partial, std::filesystem::copy_options::recursive);

@@ -255,6 +255,10 @@ TEST(FlowScheduler, FactoryNames) {
   // Only UniPC's flow mode exists: a Stable Diffusion style UniPC config is refused.
   expect_config_error(config("UniPCMultistepScheduler", {{"prediction_type", "flow_prediction"}}),
                       {"flow_config.json", "use_flow_sigmas"});
+  expect_config_error(config("UniPCMultistepScheduler", {{"use_flow_sigmas", true},
+                                                         {"prediction_type", "flow_prediction"},
+                                                         {"flow_shift", 1e308}}),
+                      {"flow_config.json", "flow_shift", "1000"});
 }
 
 // With exact flow data (x = (1 - sigma) x0 + sigma noise, v = noise - x0) every deterministic
@@ -283,6 +287,8 @@ TEST(FlowScheduler, BadConfigValuesAreConfigErrors) {
     SCOPED_TRACE(cls);
     expect_config_error(config(cls, {{"shift", 0.0}}), {"flow_config.json", "shift", "0"});
     expect_config_error(config(cls, {{"shift", "big"}}), {"flow_config.json", "shift"});
+    // Finite but past what float32 sigmas can take (NaN timesteps mid-run otherwise).
+    expect_config_error(config(cls, {{"shift", 1e308}}), {"flow_config.json", "shift", "1000"});
     expect_config_error(config(cls, {{"num_train_timesteps", 0}}), {"num_train_timesteps"});
     expect_config_error(
         config(cls, {{"use_karras_sigmas", true}, {"use_exponential_sigmas", true}}),

@@ -11,13 +11,13 @@
 
 #include "adapters/lora.h"
 #include "adapters/lora_merger.h"
-#include "bench/arch_configs.h"
 #include "diffuse/errors.h"
 #include "golden_case_check.h"
 #include "io/json_config.h"
 #include "io/lora_key_map.h"
 #include "io/safetensors.h"
 #include "lora_toy_network.h"
+#include "models/builtin_configs.h"
 #include "models/unet2d_condition.h"
 #include "test_util.h"
 #include "verify/verify.h"
@@ -216,7 +216,7 @@ TEST(LoraKeys, KohyaTextEncoderNamesMapOntoModules) {
 // the numbering of input_blocks / output_blocks comes from the model's own block structure
 // (here SD2.1's, at small width).
 TEST(LoraKeys, KohyaOriginalLayoutNamesMapOntoUNetModules) {
-  auto config = bench::builtin_arch("tiny").unet;
+  auto config = models::builtin_arch("tiny").unet;
   config["layers_per_block"] = 2;  // as SD2.1 has
   models::UNet2DConditionModel unet(
       models::UNet2DConditionConfig::from_json(io::JsonConfig(config, "tiny unet")));
@@ -326,6 +326,18 @@ TEST_F(LoraBadAdapterTest, IntegerTensorsRankZeroAndALayerNamedTwice) {
   t["lora_unet_attn1_to_q.lora_down.weight"] = torch::randn({2, 6});
   t["lora_unet_attn1_to_q.lora_up.weight"] = torch::randn({5, 2});
   expect_rejected(t, "the file names one layer twice");
+}
+
+TEST_F(LoraBadAdapterTest, AnAlphaThatWouldOverflowTheWeights) {
+  TensorMap t = {{"lora_unet_attn1_to_q.lora_down.weight", torch::randn({2, 6})},
+                 {"lora_unet_attn1_to_q.lora_up.weight", torch::randn({5, 2})},
+                 {"lora_unet_attn1_to_q.alpha", torch::tensor(1e30)}};
+  expect_rejected(t, "(from tensor 'lora_unet_attn1_to_q.alpha') over rank 2 scales the update");
+  t["lora_unet_attn1_to_q.alpha"] = torch::tensor(16.0);  // 8x: a strong but real adapter
+  LoraMerger merger(nets());
+  const std::string path = (fs::path(tmp.path()) / "strong.safetensors").string();
+  io::save_safetensors(path, {t.begin(), t.end()});
+  EXPECT_NO_THROW(merger.add(path, 1.0, LoraOptions{}));
 }
 
 TEST_F(LoraBadAdapterTest, NaNValues) {

@@ -164,15 +164,30 @@ LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
 
     const double rank = static_cast<double>(down.size(0));
     double alpha = rank;
+    std::string alpha_from = "the rank (no alpha given)";
     if (!pk.alpha.empty()) {
       const torch::Tensor& a = tensors.at(pk.alpha);
       if (a.numel() != 1) check.fail("alpha '" + pk.alpha + "' is not a scalar");
       check.finite(pk.alpha, a);
       alpha = a.to(torch::kFloat64).item<double>();
+      alpha_from = "tensor '" + pk.alpha + "'";
     } else if (options.alpha) {
       alpha = *options.alpha * rank / options.rank.value_or(rank);
+      alpha_from = "--lora-alpha";
     } else if (meta_alpha) {
       alpha = *meta_alpha * rank / meta_rank.value_or(rank);
+      alpha_from = "the file's lora_alpha metadata";
+    }
+    // alpha / rank scales the update (trained adapters: about 0.5-16). Far outside that the
+    // patched weights overflow into Inf/NaN and the run would end in a NaN stage error that
+    // names neither the adapter nor its alpha.
+    constexpr double kMaxFactor = 1000.0;
+    if (!(std::abs(alpha / rank) <= kMaxFactor)) {
+      std::ostringstream msg;
+      msg << "'" << pk.prefix << "': alpha " << alpha << " (from " << alpha_from << ") over rank "
+          << rank << " scales the update by " << alpha / rank << ", outside [-" << kMaxFactor
+          << ", " << kMaxFactor << "]";
+      check.fail(msg.str());
     }
     LoraPair pair;
     pair.key = pk.prefix;

@@ -55,11 +55,14 @@ std::vector<std::string> hidream_variant_names() {
   return {"auto", "i1-full", "i1-dev", "i1-fast", "e1", "e1.1"};
 }
 
+bool is_hidream_editing_folder(const io::ModelFolder& folder) {
+  return folder.model_index().get<std::string>("_class_name", "") == "HiDreamImageEditingPipeline";
+}
+
 HiDreamDefaults hidream_defaults(const io::ModelFolder& folder, const std::string& variant) {
   if (variant != "auto") return named(variant);
   if (auto own = folder_defaults(folder)) return *own;
-  if (folder.model_index().get<std::string>("_class_name", "") == "HiDreamImageEditingPipeline")
-    return named("e1");
+  if (is_hidream_editing_folder(folder)) return named("e1");
   const auto scheduler = folder.component_config("scheduler", "scheduler_config.json");
   if (scheduler.get<std::string>("_class_name", "").find("Flash") != std::string::npos)
     return named(scheduler.get<double>("shift", 3.0) >= 4.5 ? "i1-dev" : "i1-fast");

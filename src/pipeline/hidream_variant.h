@@ -36,4 +36,8 @@ HiDreamDefaults hidream_defaults(const io::ModelFolder& folder,
                                  const std::string& variant = "auto");
 std::vector<std::string> hidream_variant_names();  // "auto", then the variants
 
+// model_index.json names HiDream-E1's pipeline (HiDreamImageEditingPipeline): the folder's own
+// transformer edits. An I1 folder edits only with E1 weights given (an E1 transformer or LoRA).
+bool is_hidream_editing_folder(const io::ModelFolder& folder);
+
 }  // namespace diffuse::pipeline

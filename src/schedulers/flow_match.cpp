@@ -83,9 +83,7 @@ FlowSchedule make_flow_schedule(const FlowScheduleOptions& o, int n, std::option
 FlowMatchScheduler::FlowMatchScheduler(const SchedulerConfig& config, bool terminal_and_type)
     : Scheduler(config.source(), config.num_train_timesteps()) {
   options_.num_train_timesteps = num_train_timesteps_;
-  options_.shift = config.number("shift", 1.0);
-  if (!(options_.shift > 0.0) || !std::isfinite(options_.shift))
-    config.fail("shift", "must be a finite number > 0, got " + io::number_text(options_.shift));
+  options_.shift = config.shift("shift", 1.0);
   options_.dynamic_shifting = config.flag("use_dynamic_shifting", false);
   if (terminal_and_type) {
     options_.time_shift =

@@ -56,13 +56,6 @@ float to_f32(double v) {
   return static_cast<float>(v);
 }
 
-double positive(const SchedulerConfig& config, const std::string& key, double fallback) {
-  const double v = config.number(key, fallback);
-  if (!(v > 0.0) || !std::isfinite(v))
-    config.fail(key, "must be a finite number > 0, got " + io::number_text(v));
-  return v;
-}
-
 }  // namespace
 
 FlowUniPCScheduler::FlowUniPCScheduler(const SchedulerConfig& config,
@@ -198,7 +191,7 @@ UniPCMultistepScheduler::UniPCMultistepScheduler(const SchedulerConfig& config)
     config.fail("use_flow_sigmas", "only the flow-matching mode (true) is implemented");
   for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas"})
     if (config.flag(key, false)) config.fail(key, "true is not supported with use_flow_sigmas");
-  flow_shift_ = positive(config, "flow_shift", 1.0);
+  flow_shift_ = config.shift("flow_shift", 1.0);
   final_sigma_min_ =
       config.choice("final_sigmas_type", "zero", {"zero", "sigma_min"}) == "sigma_min";
 }
@@ -218,7 +211,7 @@ void UniPCMultistepScheduler::set_timesteps(int n) {
 
 FlowUniPCMultistepScheduler::FlowUniPCMultistepScheduler(const SchedulerConfig& config)
     : FlowUniPCScheduler(config, "flow_prediction") {
-  shift_ = positive(config, "shift", 1.0);
+  shift_ = config.shift("shift", 1.0);
   dynamic_shifting_ = config.flag("use_dynamic_shifting", false);
   config.choice("final_sigmas_type", "zero", {"zero"});
   // hi_diffusers bounds the schedule by its float32 training sigmas 1 - linspace(1, 1/N, N),

@@ -70,6 +70,15 @@ int64_t SchedulerConfig::integer(const std::string& key, int64_t fallback) const
   fail(key, "expected an integer, got " + v.dump());
 }
 
+double SchedulerConfig::shift(const std::string& key, double fallback) const {
+  constexpr double kMaxShift = 1000.0;
+  const double v = number(key, fallback);
+  if (!(v > 0.0 && v <= kMaxShift))
+    fail(key,
+         "must be a number in (0, " + io::number_text(kMaxShift) + "], got " + io::number_text(v));
+  return v;
+}
+
 std::optional<double> SchedulerConfig::optional_number(const std::string& key) const {
   if (!json_.has(key)) return std::nullopt;
   return number(key, 0.0);

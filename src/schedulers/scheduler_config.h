@@ -36,6 +36,10 @@ class SchedulerConfig {
     return v;
   }
   std::optional<double> optional_number(const std::string& key) const;
+  // A flow-matching timestep shift (shift, flow_shift): finite, in (0, 1000]. Real models use
+  // 1-12; far larger values overflow the float32 sigma arithmetic (shift * sigma) into NaN
+  // timesteps, so they are refused here, naming the key, instead of failing mid-run.
+  double shift(const std::string& key, double fallback) const;
   // A string that must be one of `allowed`; ConfigError naming the key and the choices.
   std::string choice(const std::string& key, const std::string& fallback,
                      std::initializer_list<const char*> allowed) const;
