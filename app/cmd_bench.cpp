@@ -10,7 +10,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "bench/arch_configs.h"
 #include "bench/attention_bench.h"
 #include "bench/bench_util.h"
 #include "bench/hidream_block_bench.h"
@@ -23,6 +22,7 @@
 #include "device/device.h"
 #include "diffuse/errors.h"
 #include "flag_checks.h"
+#include "models/builtin_configs.h"
 #include "nn/attention.h"
 
 namespace diffuse::app {
@@ -313,7 +313,7 @@ Command add_bench_command(CLI::App& app) {
   auto o = std::make_shared<bench::PipelineBenchOptions>();
   auto as_json = std::make_shared<bool>(false);
   std::string archs;
-  for (const auto& n : bench::builtin_arch_names()) archs += (archs.empty() ? "" : "|") + n;
+  for (const auto& n : models::builtin_arch_names()) archs += (archs.empty() ? "" : "|") + n;
   app.add_option("--arch", o->arch,
                  "Built-in architecture with random weights: " + archs +
                      "|hidream-i1 (one dual- and one single-stream block at full size)"
@@ -539,13 +539,13 @@ Command add_bench_command(CLI::App& app) {
         std::cout << json{{"threads", at::get_num_threads()}, {"rooflines", all}}.dump(2) << "\n";
       return 0;
     }
-    if (*fail_above && (bench::is_hidream_arch(o->arch) || bench::is_text_encoder_arch(o->arch)))
+    if (*fail_above && (models::is_hidream_arch(o->arch) || bench::is_text_encoder_arch(o->arch)))
       throw InvalidArgument("--fail-above checks a UNet step: not with --arch " + o->arch);
     if (o->whole_image_steps > 0 && o->model.empty())
       throw InvalidArgument(
           "--whole-image runs the real pipeline: it needs a model folder (-m), e.g. one written by "
           "diffuse create-demo-model --arch sd2.1-base");
-    if (bench::is_hidream_arch(o->arch)) return run_hidream_block_bench(*o, *as_json);
+    if (models::is_hidream_arch(o->arch)) return run_hidream_block_bench(*o, *as_json);
     if (bench::is_text_encoder_arch(o->arch)) return run_text_encoder_bench(*o, *as_json);
     return run_pipeline(*o, *as_json, *fail_above);
   };

@@ -17,11 +17,11 @@
 #include "accel/deepcache.h"
 #include "accel/token_merging.h"
 #include "accel/unet_accelerator.h"
-#include "bench/arch_configs.h"
 #include "cli_run.h"
 #include "diffuse/pipeline.h"
 #include "io/json_config.h"
 #include "io/model_folder.h"
+#include "models/builtin_configs.h"
 #include "models/unet2d_condition.h"
 #include "pipeline/stable_diffusion.h"
 #include "pipeline_test_util.h"
@@ -300,7 +300,7 @@ TEST(TokenMerging, DestinationsFollowTheGenerator) {
 }
 
 TEST(TokenMerging, DefaultLayersAreTheHighestResolutionSelfAttentions) {
-  const auto& sd = bench::builtin_arch("sd2.1-base");
+  const auto& sd = models::builtin_arch("sd2.1-base");
   auto cfg = models::UNet2DConditionConfig::from_json(io::JsonConfig(sd.unet, "sd2.1-base"));
   EXPECT_EQ(accel::token_merging_sites({}, cfg),
             (std::set<std::string>{"down_blocks.0.attentions.0", "down_blocks.0.attentions.1",

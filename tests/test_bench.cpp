@@ -9,7 +9,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "bench/arch_configs.h"
 #include "bench/bench_util.h"
 #include "bench/flop_counter.h"
 #include "bench/hidream_block_bench.h"
@@ -21,6 +20,7 @@
 #include "device/cpu_load.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
+#include "models/builtin_configs.h"
 #include "models/hidream_transformer.h"
 #include "models/llama.h"
 #include "models/t5_encoder.h"
@@ -134,7 +134,7 @@ HandCount unet_flops_by_hand(const models::UNet2DConditionConfig& c, double B, d
 
 models::UNet2DConditionConfig arch_unet(const std::string& arch) {
   return models::UNet2DConditionConfig::from_json(
-      io::JsonConfig(bench::builtin_arch(arch).unet, arch));
+      io::JsonConfig(models::builtin_arch(arch).unet, arch));
 }
 
 // Runs the UNet at its sample size under a FlopCounter and compares with the hand count.
@@ -278,8 +278,8 @@ TEST(FlopCounter, StableDiffusion21BaseStepIs1608GFlop) {
 }
 
 TEST(BenchArch, BuiltInConfigsParse) {
-  for (const auto& name : bench::builtin_arch_names()) {
-    const auto& a = bench::builtin_arch(name);
+  for (const auto& name : models::builtin_arch_names()) {
+    const auto& a = models::builtin_arch(name);
     auto unet = models::UNet2DConditionConfig::from_json(io::JsonConfig(a.unet, name));
     EXPECT_EQ(unet.block_out_channels.size(), 4u) << name;
     EXPECT_EQ(unet.cross_attention_dim[0], a.text_encoder.at("hidden_size").get<int64_t>()) << name;
@@ -287,16 +287,16 @@ TEST(BenchArch, BuiltInConfigsParse) {
   auto sd21 = arch_unet("sd2.1");
   EXPECT_TRUE(sd21.upcast_attention);
   EXPECT_EQ(sd21.sample_size[0], 96);
-  EXPECT_EQ(bench::builtin_arch("sd2.1").scheduler.at("prediction_type"), "v_prediction");
+  EXPECT_EQ(models::builtin_arch("sd2.1").scheduler.at("prediction_type"), "v_prediction");
   auto sd15 = arch_unet("sd1.5");
   EXPECT_EQ(sd15.num_attention_heads[0], 8);
   EXPECT_FALSE(sd15.use_linear_projection);
-  EXPECT_THROW(bench::builtin_arch("sdxl"), InvalidArgument);
+  EXPECT_THROW(models::builtin_arch("sdxl"), InvalidArgument);
 }
 
 TEST(BenchArch, HiDreamConfigsParse) {
   auto hidream = models::HiDreamTransformerConfig::from_json(
-      io::JsonConfig(bench::hidream_i1_transformer_config(), "hidream-i1"));
+      io::JsonConfig(models::hidream_i1_transformer_config(), "hidream-i1"));
   EXPECT_EQ(hidream.num_layers + hidream.num_single_layers, 48);
   EXPECT_EQ(hidream.inner_dim(), 2560);
   EXPECT_EQ(hidream.max_seq(), 4096);

@@ -8,13 +8,13 @@
 
 #include "accel/deepcache.h"
 #include "accel/unet_accelerator.h"
-#include "bench/arch_configs.h"
 #include "bench/bench_util.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
 #include "diffuse/errors.h"
 #include "models/autoencoder_kl.h"
+#include "models/builtin_configs.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
@@ -128,7 +128,7 @@ AccelBenchResult run_speed(const AccelBenchOptions& o) {
   torch::InferenceMode inference;
   device::configure_cpu_threads();
   device::keep_freed_memory();
-  const ArchConfigs& a = builtin_arch(o.arch);
+  const models::ArchConfigs& a = models::builtin_arch(o.arch);
   const auto unet_cfg =
       models::UNet2DConditionConfig::from_json(io::JsonConfig(a.unet, "built-in " + a.name));
   const auto vae_cfg =

@@ -10,6 +10,7 @@
 #include "device/device.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
+#include "models/builtin_configs.h"
 #include "models/hidream_transformer.h"
 #include "nn/attention.h"
 #include "nn/hidream_blocks.h"
@@ -73,15 +74,7 @@ BlockTiming time_block(torch::nn::Module& block, const torch::Device& device, in
 }
 
 double block_weight_mb(const torch::nn::Module& block) {
-  double bytes = static_cast<double>(nn::quantized_weight_bytes(block));
-  for (const auto& p : block.parameters()) {
-    const auto strides = p.strides();
-    if (p.numel() > 1 &&
-        std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 0; }))
-      continue;  // a quantized layer's placeholder
-    bytes += static_cast<double>(p.numel() * p.element_size());
-  }
-  return bytes / (1024.0 * 1024.0);
+  return static_cast<double>(nn::resident_parameter_bytes(block)) / (1024.0 * 1024.0);
 }
 
 // Quantizes `block`'s linear layers and times it again; `plain_out` is its plain output.
@@ -116,36 +109,11 @@ QuantizedBlockTiming time_quantized(torch::nn::Module& block, quant::GgmlType ty
 
 }  // namespace
 
-nlohmann::json hidream_i1_transformer_config() {
-  std::vector<int> llama_layers;
-  for (int i = 0; i < 32; ++i) llama_layers.push_back(i);
-  for (int i = 0; i < 16; ++i) llama_layers.push_back(31);
-  return {{"_class_name", "HiDreamImageTransformer2DModel"},
-          {"patch_size", 2},
-          {"in_channels", 16},
-          {"out_channels", 16},
-          {"num_layers", 16},
-          {"num_single_layers", 32},
-          {"attention_head_dim", 128},
-          {"num_attention_heads", 20},
-          {"caption_channels", {4096, 4096}},
-          {"text_emb_dim", 2048},
-          {"num_routed_experts", 4},
-          {"num_activated_experts", 2},
-          {"axes_dims_rope", {64, 32, 32}},
-          {"max_resolution", {128, 128}},
-          {"llama_layers", llama_layers}};
-}
-
-bool is_hidream_arch(const std::string& name) {
-  return name == "hidream-i1";
-}
-
 HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& o) {
   if (o.batch < 1) throw InvalidArgument("--batch must be >= 1, got " + std::to_string(o.batch));
   if (o.repeat < 1) throw InvalidArgument("--steps must be >= 1, got " + std::to_string(o.repeat));
-  const auto config = models::HiDreamTransformerConfig::from_json(
-      io::JsonConfig(hidream_i1_transformer_config(), "hidream-i1 transformer/config.json"));
+  const auto config = models::HiDreamTransformerConfig::from_json(io::JsonConfig(
+      models::hidream_i1_transformer_config(), "hidream-i1 transformer/config.json"));
   const int64_t patch_px = kVaeScale * config.patch_size;
   if (o.width <= 0 || o.height <= 0 || o.width % patch_px != 0 || o.height % patch_px != 0)
     throw InvalidArgument("--width/--height must be positive multiples of " +

@@ -16,10 +16,6 @@
 
 namespace diffuse::bench {
 
-// HiDream-ai/HiDream-I1-Full transformer/config.json (as on the hub).
-nlohmann::json hidream_i1_transformer_config();
-bool is_hidream_arch(const std::string& name);  // "hidream-i1"
-
 struct HiDreamBlockBenchOptions {
   std::string device = "auto", dtype = "auto", attention = "auto";
   int width = 1024, height = 1024;

@@ -10,7 +10,6 @@
 #include "adapters/lora.h"
 #include "adapters/lora_merger.h"
 #include "adapters/lora_runtime.h"
-#include "bench/arch_configs.h"
 #include "bench/bench_util.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
@@ -18,6 +17,7 @@
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "io/lora_key_map.h"
+#include "models/builtin_configs.h"
 #include "models/clip_text_model.h"
 #include "models/unet2d_condition.h"
 #include "nn/layers.h"
@@ -84,7 +84,7 @@ LoraBenchResult run_lora_bench(const LoraBenchOptions& o) {
   torch::InferenceMode guard;
   device::configure_cpu_threads();
   device::keep_freed_memory();  // the pipelines' heap policy, so steps cost what they cost there
-  const auto& arch = builtin_arch(o.arch);
+  const auto& arch = models::builtin_arch(o.arch);
   const torch::Device cpu(torch::kCPU);
   const auto dtype = device::resolve_dtype(o.dtype, cpu, "unet");
   LoraBenchResult r;

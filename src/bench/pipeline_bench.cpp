@@ -7,7 +7,6 @@
 #include <cmath>
 #include <sstream>
 
-#include "bench/arch_configs.h"
 #include "bench/bench_util.h"
 #include "bench/memory_probe.h"
 #include "device/cpu_allocator.h"
@@ -17,6 +16,7 @@
 #include "device/memory.h"
 #include "diffuse/errors.h"
 #include "models/autoencoder_kl.h"
+#include "models/builtin_configs.h"
 #include "models/clip_text_model.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
@@ -45,7 +45,7 @@ Source open_source(const PipelineBenchOptions& o) {
     s.text_encoder = s.model->text_encoder_config;
     return s;
   }
-  const ArchConfigs& a = builtin_arch(o.arch);
+  const models::ArchConfigs& a = models::builtin_arch(o.arch);
   s.unet = io::JsonConfig(a.unet, "built-in " + a.name + " unet config");
   s.vae = io::JsonConfig(a.vae, "built-in " + a.name + " vae config");
   s.text_encoder = io::JsonConfig(a.text_encoder, "built-in " + a.name + " text_encoder config");

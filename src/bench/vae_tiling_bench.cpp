@@ -4,7 +4,6 @@
 
 #include <cmath>
 
-#include "bench/arch_configs.h"
 #include "bench/bench_util.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
@@ -13,6 +12,7 @@
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/autoencoder_kl.h"
+#include "models/builtin_configs.h"
 #include "models/vae_tiling.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
@@ -28,7 +28,7 @@ models::AutoencoderKL build_vae(const VaeTilingBenchOptions& o, torch::Device de
     *name = o.model + " (vae)";
     return models::load_vae(io::ModelFolder::open(o.model), device, dtype);
   }
-  const auto& arch = builtin_arch(o.arch);
+  const auto& arch = models::builtin_arch(o.arch);
   *name = arch.name + " vae, random weights";
   models::AutoencoderKL vae{nullptr};
   {

@@ -1,10 +1,10 @@
-#include "bench/arch_configs.h"
+#include "models/builtin_configs.h"
 
 #include <map>
 
 #include "diffuse/errors.h"
 
-namespace diffuse::bench {
+namespace diffuse::models {
 namespace {
 
 using nlohmann::json;
@@ -206,4 +206,29 @@ std::vector<std::string> builtin_arch_names() {
   return {"sd2.1-base", "sd2.1", "sd1.5", "tiny"};
 }
 
-}  // namespace diffuse::bench
+nlohmann::json hidream_i1_transformer_config() {
+  std::vector<int> llama_layers;
+  for (int i = 0; i < 32; ++i) llama_layers.push_back(i);
+  for (int i = 0; i < 16; ++i) llama_layers.push_back(31);
+  return {{"_class_name", "HiDreamImageTransformer2DModel"},
+          {"patch_size", 2},
+          {"in_channels", 16},
+          {"out_channels", 16},
+          {"num_layers", 16},
+          {"num_single_layers", 32},
+          {"attention_head_dim", 128},
+          {"num_attention_heads", 20},
+          {"caption_channels", {4096, 4096}},
+          {"text_emb_dim", 2048},
+          {"num_routed_experts", 4},
+          {"num_activated_experts", 2},
+          {"axes_dims_rope", {64, 32, 32}},
+          {"max_resolution", {128, 128}},
+          {"llama_layers", llama_layers}};
+}
+
+bool is_hidream_arch(const std::string& name) {
+  return name == "hidream-i1";
+}
+
+}  // namespace diffuse::models

@@ -1,13 +1,14 @@
-// Built-in model architectures for benchmarks: the real diffusers config.json files of
-// Stable Diffusion 2.1-base, 2.1 (768-v) and 1.5, and a tiny one for smoke tests. The bench
-// builds models from these with random weights, so it runs at real sizes without downloads.
+// Built-in model architectures: the real diffusers config.json files of Stable Diffusion
+// 2.1-base, 2.1 (768-v) and 1.5, a tiny one for smoke tests, and HiDream-I1's transformer. The
+// benchmarks and create-demo-model build models from these with random weights, so they run at
+// real sizes without downloads.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <string>
 #include <vector>
 
-namespace diffuse::bench {
+namespace diffuse::models {
 
 struct ArchConfigs {
   std::string name;
@@ -19,4 +20,8 @@ struct ArchConfigs {
 const ArchConfigs& builtin_arch(const std::string& name);
 std::vector<std::string> builtin_arch_names();
 
-}  // namespace diffuse::bench
+// HiDream-I1's transformer/config.json (17B: 16 dual-stream and 32 single-stream blocks).
+nlohmann::json hidream_i1_transformer_config();
+bool is_hidream_arch(const std::string& name);  // "hidream-i1"
+
+}  // namespace diffuse::models

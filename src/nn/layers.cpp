@@ -3,6 +3,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -168,6 +169,17 @@ int64_t quantized_weight_bytes(const torch::nn::Module& module) {
   for (const auto& m : module.modules())
     if (const auto* lin = dynamic_cast<const LinearImpl*>(m.get()); lin && lin->quantized)
       bytes += lin->quantized->bytes();
+  return bytes;
+}
+
+int64_t resident_parameter_bytes(const torch::nn::Module& module) {
+  int64_t bytes = quantized_weight_bytes(module);
+  for (const auto& p : module.parameters()) {
+    const auto strides = p.strides();
+    const bool placeholder = p.numel() > 1 && std::all_of(strides.begin(), strides.end(),
+                                                          [](int64_t s) { return s == 0; });
+    if (!placeholder) bytes += p.numel() * p.element_size();
+  }
   return bytes;
 }
 

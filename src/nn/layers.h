@@ -68,6 +68,10 @@ struct QuantizedLayers {
 QuantizedLayers quantize_linear_layers(torch::nn::Module& module, quant::GgmlType type);
 // Bytes held by the quantized blocks of `module`'s linear layers.
 int64_t quantized_weight_bytes(const torch::nn::Module& module);
+// Bytes `module`'s parameters hold in memory: each as stored (16-bit weights 2 bytes an
+// element), a quantized layer's blocks instead of its weight's placeholder (one element
+// broadcast to the weight's shape).
+int64_t resident_parameter_bytes(const torch::nn::Module& module);
 
 class Conv2dImpl : public torch::nn::Conv2dImpl {
  public:

@@ -5,15 +5,15 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "bench/arch_configs.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
-#include "pipeline/component_writer.h"
 #include "models/autoencoder_kl.h"
+#include "models/builtin_configs.h"
 #include "models/clip_text_model.h"
 #include "models/unet2d_condition.h"
 #include "nn/layers.h"
 #include "nn/random_init.h"
+#include "pipeline/component_writer.h"
 #include "text/bpe_trainer.h"
 
 namespace fs = std::filesystem;
@@ -85,9 +85,10 @@ void create_demo_model(const std::string& dir, const DemoModelOptions& options) 
   torch::NoGradGuard no_grad;
   // Unknown names fail here, before anything is written.
   if (options.arch.empty())
-    throw InvalidArgument("create-demo-model needs --arch (sd2.1-base|sd2.1|sd1.5); the trained "
-                          "demo model is made by `diffuse train-demo`");
-  const bench::ArchConfigs& a = bench::builtin_arch(options.arch);
+    throw InvalidArgument(
+        "create-demo-model needs --arch (sd2.1-base|sd2.1|sd1.5); the trained "
+        "demo model is made by `diffuse train-demo`");
+  const models::ArchConfigs& a = models::builtin_arch(options.arch);
   fs::path root(dir);
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -112,11 +113,11 @@ void create_demo_model(const std::string& dir, const DemoModelOptions& options) 
   write_component<models::AutoencoderKL, models::AutoencoderKLConfig>(
       root, "vae", vae_json, "diffusion_pytorch_model.safetensors", options.seed + 2, options);
   write_json_file(root / "scheduler" / "scheduler_config.json", sched_json);
-  write_json_file(root / "model_index.json",
-                  stable_diffusion_model_index(
-                      sched_json.value("_class_name", "PNDMScheduler"),
-                      "random weights made by `diffuse create-demo-model --arch`; for "
-                      "benchmarks, not a trained model"));
+  write_json_file(
+      root / "model_index.json",
+      stable_diffusion_model_index(sched_json.value("_class_name", "PNDMScheduler"),
+                                   "random weights made by `diffuse create-demo-model --arch`; for "
+                                   "benchmarks, not a trained model"));
 }
 
 }  // namespace diffuse::pipeline

@@ -7,10 +7,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "bench/hidream_block_bench.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "io/safetensors.h"
+#include "models/builtin_configs.h"
 #include "models/hidream_transformer.h"
 #include "nn/layers.h"
 #include "nn/random_init.h"
@@ -24,7 +24,7 @@ int64_t create_random_hidream_i1(const std::string& dir, const RandomHiDreamOpti
   auto log = [&](const std::string& s) {
     if (o.log) o.log(s);
   };
-  const auto config_json = o.config.is_null() ? bench::hidream_i1_transformer_config() : o.config;
+  const auto config_json = o.config.is_null() ? models::hidream_i1_transformer_config() : o.config;
   const auto config =
       models::HiDreamTransformerConfig::from_json(io::JsonConfig(config_json, "hidream-i1"));
   torch::InferenceMode guard;

@@ -38,20 +38,6 @@
 namespace diffuse::pipeline {
 namespace {
 
-// Bytes of a module's parameters as stored (16-bit layer weights count 2 bytes each).
-// Resident bytes: a quantized layer's blocks instead of its weight's placeholder (one element
-// broadcast to the weight's shape).
-int64_t parameter_bytes(const torch::nn::Module& m) {
-  int64_t bytes = nn::quantized_weight_bytes(m);
-  for (const auto& p : m.parameters()) {
-    const auto strides = p.strides();
-    const bool placeholder = p.numel() > 1 && std::all_of(strides.begin(), strides.end(),
-                                                          [](int64_t s) { return s == 0; });
-    if (!placeholder) bytes += p.numel() * p.element_size();
-  }
-  return bytes;
-}
-
 double now_s() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
@@ -258,8 +244,9 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
     c_->text_encoder();
     c_->unet();
     c_->vae();
-    info_.weight_bytes = parameter_bytes(*c_->text_encoder_module) +
-                         parameter_bytes(*c_->unet_module) + parameter_bytes(*c_->vae_module);
+    info_.weight_bytes = nn::resident_parameter_bytes(*c_->text_encoder_module) +
+                         nn::resident_parameter_bytes(*c_->unet_module) +
+                         nn::resident_parameter_bytes(*c_->vae_module);
     // Weights now live in the modules; drop the file mappings.
     src.unet_weights.clear();
     src.vae_weights.clear();
