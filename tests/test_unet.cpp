@@ -13,6 +13,7 @@
 #include "models/unet2d_condition.h"
 #include "nn/embeddings.h"
 #include "test_util.h"
+#include "verify/verify.h"
 
 namespace diffuse {
 namespace test_unet {
@@ -66,8 +67,12 @@ TEST(UNetConfig, RejectsUnsupportedAndInconsistentSettings) {
   EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("num_class_embeds"),
             std::string::npos);
   j = tiny_config();
-  j["addition_embed_type"] = "text_time";
+  j["addition_embed_type"] = "image";  // Kandinsky's; SDXL's text_time is supported
   EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("addition_embed_type"),
+            std::string::npos);
+  j = tiny_config();
+  j["addition_embed_type"] = "text_time";  // without its sizes
+  EXPECT_NE(test::expect_throw<ConfigError>([&] { parse(j); }).find("addition_time_embed_dim"),
             std::string::npos);
   j = tiny_config();
   j["layers_per_block"] = {1, 2, 3};  // 3 values for 2 blocks
@@ -296,6 +301,53 @@ TEST(TimestepEmbedding, MatchesTheSinusoidFormula) {
   auto unflipped = nn::get_timestep_embedding(t, dim, false, 1.0);
   EXPECT_TRUE(torch::equal(unflipped.slice(1, 0, half), emb.slice(1, half)));
   EXPECT_EQ(nn::get_timestep_embedding(t, 7, true, 0.0).size(1), 7);  // odd dims are zero-padded
+}
+
+// SDXL's networks against diffusers: the UNet (addition_embed_type text_time: pooled text
+// embedding + time ids added to the time embedding, several transformer layers per block) with
+// its intermediates (add_embedding included), both CLIP encoders' penultimate states, the
+// tokenizers, the VAE and the Euler schedule: every case of the SDXL golden set but the
+// pipelines (the SDXL pipeline is not written yet).
+TEST(UNetSdxl, GoldenComponentCasesPass) {
+  const std::string dir = test::sdxl_golden_dir();
+  if (!fs::exists(dir + "/cases.json")) GTEST_SKIP() << "no set at " << dir;
+  verify::VerifyOptions o;
+  o.components = {"unet", "text_encoder", "tokenizer", "vae", "scheduler"};
+  const auto results = verify::run_all(verify::GoldenSet::load(dir), o);
+  ASSERT_FALSE(results.empty());
+  for (const auto& r : results) EXPECT_TRUE(r.passed) << r.name << ": " << r.reason;
+}
+
+// The added conditioning is checked: missing on an SDXL UNet, or given to a plain one.
+TEST(UNetSdxl, AddedConditionsAreRequiredExactlyWhereTheConfigSaysSo) {
+  auto j = tiny_config();
+  j["addition_embed_type"] = "text_time";
+  j["addition_time_embed_dim"] = 4;
+  j["projection_class_embeddings_input_dim"] = 6 * 4 + 5;
+  models::UNet2DConditionModel sdxl(parse(j));
+  models::UNet2DConditionModel plain(parse(tiny_config()));
+  const int64_t in = sdxl->config().in_channels, ctx = sdxl->config().cross_attention_dim[0];
+  const auto x = torch::randn({2, in, 8, 8}), t = torch::tensor({10.0f, 500.0f});
+  const auto ehs = torch::randn({2, 3, ctx});
+  models::UNetAddedConditions added{torch::randn({2, 5}), torch::rand({2, 6}) * 512};
+  EXPECT_EQ(sdxl->forward(x, t, ehs, nullptr, &added).sizes(), x.sizes());
+  EXPECT_NE(test::expect_throw<InvalidArgument>([&] {
+              sdxl->forward(x, t, ehs);
+            }).find("text_embeds and the time_ids"),
+            std::string::npos);
+  models::UNetAddedConditions wrong{torch::randn({2, 7}), torch::rand({2, 6})};
+  EXPECT_NE(test::expect_throw<InvalidArgument>([&] {
+              sdxl->forward(x, t, ehs, nullptr, &wrong);
+            }).find("projection_class_embeddings_input_dim (29)"),
+            std::string::npos);
+  EXPECT_NE(test::expect_throw<InvalidArgument>([&] {
+              plain->forward(x, t, ehs, nullptr, &added);
+            }).find("no added conditioning"),
+            std::string::npos);
+  // The time ids change the result (they are not ignored).
+  models::UNetAddedConditions other{added.text_embeds, added.time_ids + 64};
+  EXPECT_FALSE(torch::equal(sdxl->forward(x, t, ehs, nullptr, &added),
+                            sdxl->forward(x, t, ehs, nullptr, &other)));
 }
 
 }  // namespace test_unet

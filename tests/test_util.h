@@ -24,6 +24,15 @@ inline std::string hidream_golden_dir() {
   return (p.parent_path() / "hidream-tiny").string();
 }
 
+// The SDXL golden set: $DIFFUSE_SDXL_GOLDEN_DIR, else the sdxl-tiny set next to the default
+// golden set.
+inline std::string sdxl_golden_dir() {
+  if (const char* env = std::getenv("DIFFUSE_SDXL_GOLDEN_DIR"); env && *env) return env;
+  std::filesystem::path p(DIFFUSE_DEFAULT_GOLDEN_DIR);
+  if (!p.has_filename()) p = p.parent_path();
+  return (p.parent_path() / "sdxl-tiny").string();
+}
+
 // The golden set's diffusers model folder.
 inline std::string golden_model_dir() {
   return verify::GoldenSet::load(golden_dir()).model_dir();

@@ -38,6 +38,13 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
   time_proj = register_module("time_proj", nn::Timesteps(boc[0], c.flip_sin_to_cos, c.freq_shift));
   time_embedding = register_module(
       "time_embedding", nn::TimestepEmbedding(boc[0], c.time_embedding_dim, act_, post_act));
+  if (c.text_time) {
+    add_time_proj = register_module(
+        "add_time_proj", nn::Timesteps(c.addition_time_embed_dim, c.flip_sin_to_cos, c.freq_shift));
+    add_embedding = register_module(
+        "add_embedding", nn::TimestepEmbedding(c.projection_class_embeddings_input_dim,
+                                               c.time_embedding_dim, act_, std::nullopt));
+  }
 
   nn::UNetBlockOptions base;
   base.temb_channels = c.time_embedding_dim;
@@ -156,9 +163,45 @@ void UNet2DConditionModelImpl::check_inputs(const torch::Tensor& sample,
                           ", sample has batch " + std::to_string(B));
 }
 
+torch::Tensor UNet2DConditionModelImpl::added_embedding(const UNetAddedConditions* added,
+                                                        int64_t batch, const torch::Tensor& like) {
+  const auto& c = config_;
+  const std::string who = "UNet2DConditionModel (" + c.source + "): ";
+  if (!c.text_time) {
+    if (added && (added->text_embeds.defined() || added->time_ids.defined()))
+      throw InvalidArgument(who +
+                            "text_embeds / time_ids given, but this UNet has no added "
+                            "conditioning (addition_embed_type unset)");
+    return {};
+  }
+  if (!added || !added->text_embeds.defined() || !added->time_ids.defined())
+    throw InvalidArgument(who +
+                          "this UNet (addition_embed_type \"text_time\", SDXL) needs the "
+                          "pooled text_embeds and the time_ids");
+  const auto& te = added->text_embeds;
+  const auto& ids = added->time_ids;
+  if (te.dim() != 2 || ids.dim() != 2 || te.size(0) != batch || ids.size(0) != batch ||
+      te.size(1) + ids.size(1) * c.addition_time_embed_dim !=
+          c.projection_class_embeddings_input_dim)
+    throw InvalidArgument(
+        who + "text_embeds " + c10::str(te.sizes()) + " and time_ids " + c10::str(ids.sizes()) +
+        " do not fit: expected [" + std::to_string(batch) + ", P] and [" + std::to_string(batch) +
+        ", K] with P + K x addition_time_embed_dim (" + std::to_string(c.addition_time_embed_dim) +
+        ") = projection_class_embeddings_input_dim (" +
+        std::to_string(c.projection_class_embeddings_input_dim) + ")");
+  // As diffusers: the ids' sinusoids in float32, concatenated after the pooled embedding, then
+  // in the model's dtype.
+  const auto time_embeds = add_time_proj(ids.to(like.device()).flatten()).reshape({batch, -1});
+  const auto add_embeds =
+      torch::cat({te.to(like.device(), time_embeds.scalar_type()), time_embeds}, -1)
+          .to(like.scalar_type());
+  return add_embedding(add_embeds);
+}
+
 UNet2DConditionModelImpl::Prepared UNet2DConditionModelImpl::prepare(
     const torch::Tensor& sample_in, const torch::Tensor& timestep,
-    const torch::Tensor& encoder_hidden_states, Intermediates* intermediates) {
+    const torch::Tensor& encoder_hidden_states, Intermediates* intermediates,
+    const UNetAddedConditions* added) {
   check_inputs(sample_in, timestep, encoder_hidden_states);
   const int64_t B = sample_in.size(0);
   // Inputs follow the model's device and compute dtype (a no-op when they already match).
@@ -173,6 +216,10 @@ UNet2DConditionModelImpl::Prepared UNet2DConditionModelImpl::prepare(
   capture(intermediates, "time_proj", t_emb);
   auto emb = time_embedding(t_emb);
   capture(intermediates, "time_embedding", emb);
+  if (const auto aug = added_embedding(added, B, t_emb); aug.defined()) {
+    capture(intermediates, "add_embedding", aug);
+    emb = emb + aug;
+  }
   if (time_embed_act_) emb = nn::apply_activation(emb, *time_embed_act_);
 
   const auto ctx = encoder_hidden_states.to(w.device(), w.scalar_type());
@@ -192,8 +239,10 @@ torch::Tensor UNet2DConditionModelImpl::output_head(torch::Tensor sample,
 torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
                                                 const torch::Tensor& timestep,
                                                 const torch::Tensor& encoder_hidden_states,
-                                                Intermediates* intermediates) {
-  auto [sample, emb, ctx] = prepare(sample_in, timestep, encoder_hidden_states, intermediates);
+                                                Intermediates* intermediates,
+                                                const UNetAddedConditions* added) {
+  auto [sample, emb, ctx] =
+      prepare(sample_in, timestep, encoder_hidden_states, intermediates, added);
   nn::ResidualStack residuals{sample};
   for (size_t i = 0; i < down_list.size(); ++i) {
     sample = down_list[i](sample, emb, ctx, residuals);

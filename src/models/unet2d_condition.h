@@ -1,8 +1,9 @@
 // UNet2DConditionModel (diffusers unets/unet_2d_condition.py), built from its config.json.
-// Supports the SD 1.x / 2.x family: positional timestep embedding, CrossAttnDownBlock2D /
-// DownBlock2D / UNetMidBlock2DCrossAttn / UpBlock2D / CrossAttnUpBlock2D, linear or conv
-// transformer projections. Features outside that family (class / added embeddings, ...) are
-// rejected with a ConfigError instead of being silently ignored.
+// Supports the SD 1.x / 2.x and SDXL families: positional timestep embedding, CrossAttnDownBlock2D
+// / DownBlock2D / UNetMidBlock2DCrossAttn / UpBlock2D / CrossAttnUpBlock2D, linear or conv
+// transformer projections, several transformer layers per block, and SDXL's added "text_time"
+// conditioning. Features outside those families (class embeddings, other added embeddings, ...)
+// are rejected with a ConfigError instead of being silently ignored.
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -57,6 +58,14 @@ struct UNet2DConditionConfig {
   std::optional<std::string> timestep_post_act;
   int64_t conv_in_kernel = 3;
   int64_t conv_out_kernel = 3;
+  // SDXL (addition_embed_type "text_time"): the pooled text embedding and the time ids (sizes
+  // and crop in pixels, or the refiner's aesthetic score), each id embedded sinusoidally in
+  // addition_time_embed_dim channels, go through add_embedding and are added to the time
+  // embedding. projection_class_embeddings_input_dim = ids x addition_time_embed_dim + the
+  // pooled embedding's width.
+  bool text_time = false;
+  int64_t addition_time_embed_dim = 0;
+  int64_t projection_class_embeddings_input_dim = 0;
 
   // Parses and validates; ConfigError naming the file, key and value on any problem.
   static UNet2DConditionConfig from_json(const io::JsonConfig& cfg);
@@ -72,6 +81,12 @@ struct UNetDeepCache {
   torch::Tensor feature;  // input of the up resnet that consumes that skip connection
 };
 
+// SDXL's added conditioning, for a UNet whose config has addition_embed_type "text_time".
+struct UNetAddedConditions {
+  torch::Tensor text_embeds;  // [B, pooled width]: the second text encoder's projected output
+  torch::Tensor time_ids;     // [B, ids]: (orig h, orig w, crop top, crop left, target h, target w)
+};
+
 class UNet2DConditionModelImpl : public torch::nn::Module {
  public:
   explicit UNet2DConditionModelImpl(UNet2DConditionConfig config);
@@ -79,11 +94,13 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
   // sample [B, in_channels, H, W]; timestep 0-d or [1] or [B], integer or floating;
   // encoder_hidden_states [B, N, cross_attention_dim]. Returns [B, out_channels, H, W].
   // With `intermediates`, records time_proj, time_embedding, conv_in, down_blocks.i,
-  // mid_block, up_blocks.i and conv_norm_out. InvalidArgument on malformed inputs. Inputs
-  // are converted to the weights' device and dtype; the result has that dtype.
+  // mid_block, up_blocks.i and conv_norm_out (and add_embedding for SDXL). InvalidArgument on
+  // malformed inputs, and when `added` is missing for a text_time UNet or given to another.
+  // Inputs are converted to the weights' device and dtype; the result has that dtype.
   torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep,
                         const torch::Tensor& encoder_hidden_states,
-                        Intermediates* intermediates = nullptr);
+                        Intermediates* intermediates = nullptr,
+                        const UNetAddedConditions* added = nullptr);
 
   // DeepCache: with `full`, the whole network (the same result as forward()), recording the
   // deep feature in `cache`; otherwise only the shallow branch (conv_in, the down path to the
@@ -91,13 +108,16 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
   // out of range or a shallow step has no feature of the right shape.
   torch::Tensor forward_deep_cache(const torch::Tensor& sample, const torch::Tensor& timestep,
                                    const torch::Tensor& encoder_hidden_states, bool full,
-                                   UNetDeepCache& cache);
+                                   UNetDeepCache& cache,
+                                   const UNetAddedConditions* added = nullptr);
 
   const UNet2DConditionConfig& config() const { return config_; }
 
   nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
   nn::Timesteps time_proj{nullptr};
   nn::TimestepEmbedding time_embedding{nullptr};
+  nn::Timesteps add_time_proj{nullptr};          // SDXL only
+  nn::TimestepEmbedding add_embedding{nullptr};  // SDXL only
   torch::nn::ModuleList down_blocks{nullptr}, up_blocks{nullptr};
   std::vector<nn::DownBlock2D> down_list;
   nn::UNetMidBlock2DCrossAttn mid_block{nullptr};
@@ -113,7 +133,11 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
     torch::Tensor sample, emb, ctx;
   };
   Prepared prepare(const torch::Tensor& sample, const torch::Tensor& timestep,
-                   const torch::Tensor& encoder_hidden_states, Intermediates* intermediates);
+                   const torch::Tensor& encoder_hidden_states, Intermediates* intermediates,
+                   const UNetAddedConditions* added);
+  // SDXL's aug_emb: add_embedding(cat(text_embeds, sinusoidal(time_ids))), [B, temb channels].
+  torch::Tensor added_embedding(const UNetAddedConditions* added, int64_t batch,
+                                const torch::Tensor& like);
   torch::Tensor output_head(torch::Tensor sample, Intermediates* intermediates);
 
   UNet2DConditionConfig config_;

@@ -43,7 +43,6 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
   // Features of other UNet2DConditionModel variants (SDXL, Kandinsky, LCM, GLIGEN, ...).
   reject_if_set(cfg, "num_class_embeds", "class embedding");
   reject_if_set(cfg, "class_embed_type", "class embedding");
-  reject_if_set(cfg, "addition_embed_type", "added conditioning embedding");
   reject_if_set(cfg, "encoder_hid_dim", "encoder hidden-state projection");
   reject_if_set(cfg, "encoder_hid_dim_type", "encoder hidden-state projection");
   reject_if_set(cfg, "time_cond_proj_dim", "timestep condition projection");
@@ -134,6 +133,18 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
   c.timestep_post_act = cfg.get_optional<std::string>("timestep_post_act");
   if (c.timestep_post_act)
     nn::parse_activation(*c.timestep_post_act, c.source + ": key 'timestep_post_act'");
+  if (cfg.has("addition_embed_type")) {
+    const auto type = cfg.get<std::string>("addition_embed_type", "");
+    if (type != "text_time")
+      cfg.fail("addition_embed_type",
+               "only \"text_time\" (SDXL) is supported, got \"" + type + "\"");
+    c.text_time = true;
+    for (const char* key : {"addition_time_embed_dim", "projection_class_embeddings_input_dim"})
+      if (!cfg.has(key)) cfg.fail(key, "required with addition_embed_type \"text_time\"");
+    c.addition_time_embed_dim = read_int_in(cfg, "addition_time_embed_dim", 0, 2, kMaxConfigDim);
+    c.projection_class_embeddings_input_dim =
+        read_int_in(cfg, "projection_class_embeddings_input_dim", 0, 1, kMaxConfigDim);
+  }
   c.conv_in_kernel = read_int_in(cfg, "conv_in_kernel", 3, 1, 15);
   c.conv_out_kernel = read_int_in(cfg, "conv_out_kernel", 3, 1, 15);
   if (c.conv_in_kernel % 2 == 0)

@@ -21,7 +21,8 @@ struct Entry {
 torch::Tensor UNet2DConditionModelImpl::forward_deep_cache(const torch::Tensor& sample_in,
                                                            const torch::Tensor& timestep,
                                                            const torch::Tensor& ehs, bool full,
-                                                           UNetDeepCache& cache) {
+                                                           UNetDeepCache& cache,
+                                                           const UNetAddedConditions* added) {
   const std::string who = "UNet2DConditionModel (" + config_.source + "): DeepCache ";
   const auto layers = static_cast<int64_t>(down_list.size());
   if (cache.layer_id < 0 || cache.layer_id >= layers)
@@ -51,7 +52,7 @@ torch::Tensor UNet2DConditionModelImpl::forward_deep_cache(const torch::Tensor& 
                           std::to_string(skip));
   entry.resnet = pops;
 
-  auto [sample, emb, ctx] = prepare(sample_in, timestep, ehs, nullptr);
+  auto [sample, emb, ctx] = prepare(sample_in, timestep, ehs, nullptr, added);
   nn::ResidualStack residuals{sample};
   auto& up = up_list[entry.up_block];
   if (full) {

@@ -11,6 +11,7 @@
 
 #include "diffuse/errors.h"
 #include "io/json_config.h"
+#include "io/model_folder.h"
 #include "schedulers/scheduler.h"
 #include "verify/runners.h"
 
@@ -80,6 +81,15 @@ CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c,
     throw FormatError(c.where + ": params.config (the scheduler config) is missing");
   io::JsonConfig config(c.param("config", nlohmann::json()), c.name + " params.config");
   std::string cls = c.param("class", std::string());
+  // A config without its class is the model folder's scheduler's (the SDXL set states it there).
+  if (cls.empty() && !config.has("_class_name")) {
+    const auto folder = io::ModelFolder::open(set.model_dir());
+    cls = folder.component_config("scheduler", "scheduler_config.json")
+              .get<std::string>("_class_name", "");
+    if (cls.empty())
+      throw FormatError(c.where + ": params.config names no _class_name, and neither does " +
+                        set.model_dir() + "/scheduler/scheduler_config.json");
+  }
   auto scheduler =
       cls.empty() ? schedulers::make_scheduler(config) : schedulers::make_scheduler(cls, config);
   const double atol = c.tol("atol", 1e-5);
@@ -134,10 +144,8 @@ CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c,
     }
     const auto t = timesteps[i];
     auto scaled = scheduler->scale_model_input(sample, t);
-    if (tensors.has("scaled_model_input" + idx))
-      result.add("scaled_model_input" + idx,
-                 compare("scaled_model_input" + idx, scaled,
-                         tensors.get("scaled_model_input" + idx), atol, rtol));
+    for (const std::string& name : {"scaled_model_input" + idx, "scaled_input" + idx})
+      if (tensors.has(name)) result.add(name, compare(name, scaled, tensors.get(name), atol, rtol));
     schedulers::StepNoise noise;
     if (tensors.has("noise" + idx)) noise.noise = tensors.get("noise" + idx).to(device);
     auto out = scheduler->step(tensors.get("model_output" + idx).to(device), t, sample, noise);

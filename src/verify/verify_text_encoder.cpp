@@ -49,6 +49,14 @@ CaseResult run_clip(const io::ModelFolder& folder, const std::string& component,
                         ": the case expects text_embeds but the model has no text_projection");
     r.add("text_embeds", compare("text_embeds", out.text_embeds, t.get("text_embeds"), atol, rtol));
   }
+  // SDXL's prompt embeddings: the penultimate layer's output, before the final layer norm.
+  if (t.has("penultimate")) {
+    if (out.hidden_states.size() < 2)
+      throw FormatError(folder.component_dir(component) +
+                        ": the case expects a penultimate hidden state, the model has one layer");
+    r.add("penultimate", compare("penultimate", out.hidden_states[out.hidden_states.size() - 2],
+                                 t.get("penultimate"), atol, rtol));
+  }
   compare_hidden_states(r, t, out.hidden_states, atol, rtol);
   return r;
 }

@@ -1,5 +1,6 @@
 // Golden runner for component "unet": UNet2DConditionModel forward on the case's sample,
-// timestep and encoder_hidden_states; compares "out" and every captured "inter.*".
+// timestep and encoder_hidden_states (named x / enc in some sets), with SDXL's text_embeds and
+// time_ids when the case has them; compares "out" and every captured "inter.*".
 #include <torch/torch.h>
 
 #include "io/model_folder.h"
@@ -13,10 +14,18 @@ CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOp
   auto folder = io::ModelFolder::open(set.model_dir());
   auto unet = models::load_unet(folder, options.device, torch::kFloat32);
   CaseTensors tensors(c);
-  auto sample = tensors.get("sample").to(options.device);
-  auto ehs = tensors.get("encoder_hidden_states").to(options.device);
+  auto input = [&](const char* name, const char* other) {
+    return tensors.get(tensors.has(name) ? name : other).to(options.device);
+  };
+  auto sample = input("sample", "x");
+  auto ehs = input("encoder_hidden_states", "enc");
+  models::UNetAddedConditions added;
+  if (tensors.has("text_embeds")) added.text_embeds = tensors.get("text_embeds");
+  if (tensors.has("time_ids")) added.time_ids = tensors.get("time_ids");
   models::Intermediates captured;
-  auto out = unet->forward(sample, tensors.get("timestep"), ehs, &captured);
+  auto out =
+      unet->forward(sample, tensors.get("timestep"), ehs, &captured,
+                    added.text_embeds.defined() || added.time_ids.defined() ? &added : nullptr);
 
   const double atol = c.tol("atol", 1e-4), rtol = c.tol("rtol", 0.0);
   CaseResult result;
