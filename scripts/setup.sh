@@ -10,6 +10,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libpng-dev libjpeg-dev libwebp-dev libcpp-httplib-dev libssl-dev libgtest-dev
   chromium chromium-driver
   clang libclang-rt-14-dev
+  python3-numpy python3-pytest python3-pil
 )
 # Node.js + npm drive the browser test (tests/browser); a Node.js from elsewhere is kept.
 if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi

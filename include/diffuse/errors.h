@@ -54,4 +54,10 @@ class Cancelled : public Error {
   using Error::Error;
 };
 
+// A job the loaded model does not run (an instruction edit on Stable Diffusion).
+class Unsupported : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace diffuse

@@ -1,38 +1,24 @@
-// The C API (include/diffuse/diffuse.h) over the C++ pipelines: every entry point catches
+// The C API (include/diffuse/diffuse.h) over diffuse::Engine: every entry point catches
 // everything, maps the exception to a status and keeps its message per thread; handles are
 // checked against the set of live ones, so a freed or foreign pointer is an error, not a crash.
 #include "diffuse/diffuse.h"
 
-#include <torch/torch.h>
-
-#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 
-#include "device/device.h"
+#include "diffuse/engine.h"
 #include "diffuse/errors.h"
 #include "diffuse/image.h"
-#include "diffuse/pipeline.h"
-#include "io/model_folder.h"
-#include "pipeline/hidream.h"
-#include "pipeline/hidream_variant.h"
-#include "pipeline/stable_diffusion.h"
-#include "text/unicode.h"
 
 struct diffuse_pipeline {
-  // Stable Diffusion: text-to-image and image-to-image sharing one loaded model.
-  std::optional<diffuse::Text2Image> text2image;
-  std::optional<diffuse::Image2Image> image2image;
-  // HiDream: text-to-image (I1) and instruction edits (E1).
-  std::unique_ptr<diffuse::pipeline::HiDreamPipeline> hidream;
-  diffuse::pipeline::HiDreamDefaults hidream_defaults;
+  diffuse::Engine engine;
 };
 
 namespace {
@@ -40,12 +26,6 @@ namespace {
 using diffuse::InvalidArgument;
 
 thread_local std::string g_error;
-
-// A job the loaded model does not run (an instruction edit on Stable Diffusion).
-class Unsupported : public diffuse::Error {
- public:
-  using diffuse::Error::Error;
-};
 
 std::mutex& live_mutex() {
   static std::mutex m;
@@ -67,19 +47,13 @@ diffuse_pipeline* checked(const diffuse_pipeline* p, const char* call) {
   return const_cast<diffuse_pipeline*>(p);
 }
 
-// A required or optional UTF-8 string; InvalidArgument naming the field otherwise.
+// A required or optional string; NULL is "absent" (the engine checks the text itself).
 std::string text_field(const char* s, const char* field, bool required) {
   if (!s) {
     if (required) throw InvalidArgument(std::string(field) + ": required, got NULL");
     return {};
   }
-  std::string v(s);
-  try {
-    diffuse::text::utf8_decode(v);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(std::string(field) + ": " + e.what());
-  }
-  return v;
+  return s;
 }
 
 diffuse_status fail(diffuse_status status, const std::string& message) {
@@ -94,7 +68,7 @@ diffuse_status guarded(F&& f) {
     f();
     g_error.clear();
     return DIFFUSE_OK;
-  } catch (const Unsupported& e) {
+  } catch (const diffuse::Unsupported& e) {
     return fail(DIFFUSE_ERROR_UNSUPPORTED, e.what());
   } catch (const diffuse::Cancelled& e) {
     return fail(DIFFUSE_ERROR_CANCELLED, e.what());
@@ -119,17 +93,37 @@ diffuse_status guarded(F&& f) {
   }
 }
 
-uint64_t pick_seed(int64_t seed) {
-  if (seed >= 0) return static_cast<uint64_t>(seed);
-  if (seed != -1) throw InvalidArgument("seed: expected >= 0, or -1 for a random one");
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32 | rd()) & ((1ull << 53) - 1);
-}
-
 void check_request(const diffuse_request* r, const char* call) {
   if (!r) throw InvalidArgument(std::string(call) + ": the request is NULL");
-  if (r->width < 0 || r->height < 0 || r->steps < 0)
-    throw InvalidArgument(std::string(call) + ": width, height and steps must be >= 0");
+}
+
+// The request in the engine's terms: negative numbers mean "the model's default".
+diffuse::JobRequest job_request(const diffuse_request* r) {
+  diffuse::JobRequest j;
+  j.prompt = text_field(r->prompt, "prompt", true);
+  j.negative_prompt = text_field(r->negative_prompt, "negative_prompt", false);
+  j.scheduler = text_field(r->scheduler, "scheduler", false);
+  j.width = r->width;
+  j.height = r->height;
+  j.steps = r->steps;
+  if (std::isnan(r->guidance_scale) || std::isnan(r->strength) ||
+      std::isnan(r->image_guidance_scale))
+    throw InvalidArgument(
+        "guidance_scale, strength, image_guidance_scale: NaN (use -1 for the "
+        "model's default)");
+  if (r->guidance_scale >= 0) j.guidance_scale = r->guidance_scale;
+  if (r->strength >= 0) j.strength = r->strength;
+  if (r->image_guidance_scale >= 0) j.image_guidance_scale = r->image_guidance_scale;
+  if (r->seed >= 0)
+    j.seed = static_cast<uint64_t>(r->seed);
+  else if (r->seed != -1)
+    throw InvalidArgument("seed: expected >= 0, or -1 for a random one");
+  if (r->progress) {
+    const auto fn = r->progress;
+    void* user = r->user_data;
+    j.progress = [fn, user](int step, int total) { return fn(step, total, user) != 0; };
+  }
+  return j;
 }
 
 diffuse::Image input_image(const diffuse_image* in, const char* call) {
@@ -158,71 +152,8 @@ void set_output(const diffuse::Image& img, uint64_t seed, double seconds, diffus
   out->seconds = seconds;
 }
 
-// The request as a Stable Diffusion generation config.
-diffuse::GenerationConfig sd_config(const diffuse_request* r) {
-  diffuse::GenerationConfig c;
-  c.prompts = {text_field(r->prompt, "prompt", true)};
-  if (r->negative_prompt)
-    c.negative_prompts = {text_field(r->negative_prompt, "negative_prompt", false)};
-  c.width = r->width;
-  c.height = r->height;
-  if (r->steps > 0) c.steps = r->steps;
-  if (r->guidance_scale >= 0) c.guidance_scale = r->guidance_scale;
-  if (r->strength >= 0) c.strength = r->strength;
-  c.seed = pick_seed(r->seed);
-  c.scheduler = text_field(r->scheduler, "scheduler", false);
-  return c;
-}
-
-diffuse::StepCallback sd_progress(const diffuse_request* r) {
-  if (!r->progress) return {};
-  const auto fn = r->progress;
-  void* user = r->user_data;
-  return [fn, user](const diffuse::StepEvent& e) -> diffuse::StepAction {
-    return fn(e.step + 1, e.num_steps, user) != 0;
-  };
-}
-
-diffuse::pipeline::HiDreamSampling hidream_sampling(const diffuse_pipeline* p,
-                                                    const diffuse_request* r) {
-  diffuse::pipeline::HiDreamSampling s;
-  s.steps = r->steps > 0 ? r->steps : p->hidream_defaults.steps;
-  s.guidance_scale =
-      r->guidance_scale >= 0 ? r->guidance_scale : p->hidream_defaults.guidance_scale;
-  s.seed = pick_seed(r->seed);
-  if (r->scheduler && *r->scheduler)
-    throw InvalidArgument("scheduler: HiDream models run their own flow-matching scheduler here");
-  if (r->progress) {
-    const auto fn = r->progress;
-    void* user = r->user_data;
-    const int total = s.steps;
-    s.on_step = [fn, user, total](const diffuse::pipeline::HiDreamStep& st) -> diffuse::StepAction {
-      return fn(st.index + 1, total, user) != 0;
-    };
-  }
-  return s;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-void run_edit(diffuse_pipeline* p, const diffuse_request* r, const diffuse_image* input,
-              diffuse_image* out, const char* call) {
-  const auto t0 = std::chrono::steady_clock::now();
-  diffuse::pipeline::HiDreamEdit e;
-  e.prompt = text_field(r->prompt, "prompt", true);
-  e.negative_prompt = text_field(r->negative_prompt, "negative_prompt", false);
-  const auto img = input_image(input, call);
-  e.image = torch::from_blob(const_cast<uint8_t*>(img.rgb.data()), {img.height, img.width, 3},
-                             torch::kUInt8)
-                .clone();
-  e.image_guidance_scale = r->image_guidance_scale >= 0 ? r->image_guidance_scale
-                                                        : p->hidream_defaults.image_guidance_scale;
-  e.sampling = hidream_sampling(p, r);
-  const auto result = p->hidream->edit(e);
-  set_output(diffuse::pipeline::to_images(result.image)[0], e.sampling.seed, seconds_since(t0),
-             out);
+void set_output(const diffuse::JobResult& r, diffuse_image* out) {
+  set_output(r.image, r.seed, r.seconds, out);
 }
 
 void check_out(diffuse_image* out, const char* call) {
@@ -259,20 +190,8 @@ diffuse_status diffuse_pipeline_open(const char* model, const char* device, cons
     const std::string path = text_field(model, "model", true);
     const std::string dev = device ? text_field(device, "device", false) : "auto";
     const std::string type = dtype ? text_field(dtype, "dtype", false) : "auto";
-    auto p = std::make_unique<diffuse_pipeline>();
-    if (diffuse::pipeline::is_hidream_folder(path)) {
-      const auto folder = diffuse::io::ModelFolder::open(path);
-      const auto d = diffuse::device::resolve_device(dev);
-      p->hidream = std::make_unique<diffuse::pipeline::HiDreamPipeline>(
-          folder, d, diffuse::device::resolve_dtype(type, d, "transformer"));
-      p->hidream_defaults = diffuse::pipeline::hidream_defaults(folder);
-    } else {
-      diffuse::LoadOptions o;
-      o.device = dev;
-      o.dtype = type;
-      p->text2image = diffuse::Text2Image::load(path, o);
-      p->image2image = diffuse::Image2Image::sharing(*p->text2image);
-    }
+    auto p = std::make_unique<diffuse_pipeline>(
+        diffuse_pipeline{diffuse::Engine::open(path, dev, type)});
     std::lock_guard<std::mutex> lock(live_mutex());
     live().insert(p.get());
     *out = p.release();
@@ -294,7 +213,7 @@ void diffuse_pipeline_free(diffuse_pipeline* pipeline) {
 int diffuse_pipeline_can_edit(const diffuse_pipeline* pipeline) {
   std::lock_guard<std::mutex> lock(live_mutex());
   if (!pipeline || !live().count(pipeline)) return -1;
-  return pipeline->hidream ? 1 : 0;
+  return pipeline->engine.can_edit() ? 1 : 0;
 }
 
 void diffuse_request_init(diffuse_request* r) {
@@ -310,22 +229,7 @@ diffuse_status diffuse_txt2img(diffuse_pipeline* pipeline, const diffuse_request
                                diffuse_image* out) {
   return guarded([&] {
     auto* p = begin_job(pipeline, request, out, "diffuse_txt2img");
-    const auto t0 = std::chrono::steady_clock::now();
-    if (p->hidream) {
-      diffuse::pipeline::HiDreamTextToImage t;
-      t.prompt = text_field(request->prompt, "prompt", true);
-      t.negative_prompt = text_field(request->negative_prompt, "negative_prompt", false);
-      t.width = request->width > 0 ? request->width : p->hidream->area_side();
-      t.height = request->height > 0 ? request->height : p->hidream->area_side();
-      t.sampling = hidream_sampling(p, request);
-      const auto result = p->hidream->text_to_image(t);
-      set_output(diffuse::pipeline::to_images(result.image)[0], t.sampling.seed, seconds_since(t0),
-                 out);
-      return;
-    }
-    const auto config = sd_config(request);
-    const auto result = p->text2image->generate(config, sd_progress(request));
-    set_output(result.images.at(0), result.seed, seconds_since(t0), out);
+    set_output(p->engine.txt2img(job_request(request)), out);
   });
 }
 
@@ -333,12 +237,8 @@ diffuse_status diffuse_img2img(diffuse_pipeline* pipeline, const diffuse_request
                                const diffuse_image* input, diffuse_image* out) {
   return guarded([&] {
     auto* p = begin_job(pipeline, request, out, "diffuse_img2img");
-    if (p->hidream) return run_edit(p, request, input, out, "diffuse_img2img");
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto config = sd_config(request);
     const auto img = input_image(input, "diffuse_img2img");
-    const auto result = p->image2image->generate(config, img, sd_progress(request));
-    set_output(result.images.at(0), result.seed, seconds_since(t0), out);
+    set_output(p->engine.img2img(job_request(request), img), out);
   });
 }
 
@@ -346,11 +246,8 @@ diffuse_status diffuse_edit(diffuse_pipeline* pipeline, const diffuse_request* r
                             const diffuse_image* input, diffuse_image* out) {
   return guarded([&] {
     auto* p = begin_job(pipeline, request, out, "diffuse_edit");
-    if (!p->hidream)
-      throw Unsupported(
-          "diffuse_edit: this model does not edit by instruction (a HiDream-E1 model does); "
-          "use diffuse_img2img");
-    run_edit(p, request, input, out, "diffuse_edit");
+    const auto img = input_image(input, "diffuse_edit");
+    set_output(p->engine.edit(job_request(request), img), out);
   });
 }
 

@@ -35,6 +35,11 @@ std::vector<std::string> shim_candidates() {
   std::vector<std::string> out;
   if (const char* env = std::getenv("DIFFUSE_SENTENCEPIECE_SHIM"); env && *env)
     out.emplace_back(env);
+  // Beside the file this code was linked into: libdiffuse.so for a program (or Python) using
+  // the shared library, else the executable.
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&shim_candidates), &info) != 0 && info.dli_fname)
+    out.push_back((fs::path(info.dli_fname).parent_path() / kShimName).string());
   char exe[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n > 0) {
@@ -42,6 +47,9 @@ std::vector<std::string> shim_candidates() {
     out.push_back((dir / kShimName).string());
     out.push_back((dir.parent_path() / "lib" / kShimName).string());
   }
+#ifdef DIFFUSE_INSTALLED_SHIM_PATH
+  out.emplace_back(DIFFUSE_INSTALLED_SHIM_PATH);
+#endif
 #ifdef DIFFUSE_SENTENCEPIECE_SHIM_PATH
   out.emplace_back(DIFFUSE_SENTENCEPIECE_SHIM_PATH);
 #endif
