@@ -97,6 +97,11 @@ Command add_train_demo_command(CLI::App& app) {
   app.add_option("--precision", t.precision,
                  "auto|fp32|bf16 (auto: bf16 autocast where the CPU has native bf16)")
       ->capture_default_str();
+  app.add_option("--learning-rate", t.learning_rate,
+                 "Peak learning rate of the denoiser stage (0 = the architecture's default; "
+                 "lower it to continue a trained model with --init-from)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--init-from", t.init_from,
                  "Continue from the folder of an earlier --arch hidream-e1 run (its weights, "
                  "tokenizers and autoencoder)");

@@ -96,16 +96,16 @@ TrainReport train_sd_demo(const TrainDemoOptions& o, const TrainCallback& on_pro
     text_encoder->train();
     std::vector<torch::Tensor> params = unet->parameters();
     for (const auto& p : text_encoder->parameters()) params.push_back(p);
-    constexpr double kBaseLr = 4e-4;
+    const double peak_lr = o.learning_rate > 0 ? o.learning_rate : 4e-4;
     torch::optim::AdamW opt(
-        params, torch::optim::AdamWOptions(kBaseLr).betas({0.9, 0.99}).weight_decay(0.01));
+        params, torch::optim::AdamWOptions(peak_lr).betas({0.9, 0.99}).weight_decay(0.01));
     schedulers::SchedulerConfig sched(io::JsonConfig(sched_json, "demo scheduler"));
     const auto alphas_cumprod =
         schedulers::alphas_cumprod_from_betas(sched.betas("linear", 0.0001, 0.02, false));
     const int64_t T = alphas_cumprod.size(0), N = latents.size(0);
     Ema ema(params);
     auto step = [&](int64_t i, int64_t total) {
-      set_learning_rate(opt, learning_rate(i, total, kBaseLr));
+      set_learning_rate(opt, learning_rate(i, total, peak_lr));
       const auto idx = at::randint(N, {o.unet_batch}, gen, torch::kLong);
       const auto x0 = latents.index_select(0, idx);
       std::vector<std::string> captions;

@@ -31,6 +31,10 @@ struct TrainDemoOptions {
   // dot products), "fp32" or "bf16": bf16 runs the forward and backward passes under
   // autocast (matmuls and convolutions in bf16, weights and optimizer in float32).
   std::string precision = "auto";
+  // Peak learning rate of the denoiser stage's warm-up + cosine schedule; 0 = the architecture's
+  // own (4e-4 SD, 5e-4 HiDream). A continuation (--init-from) does better with a lower peak: a
+  // short run restarted at the full peak undid part of what the earlier run had learned.
+  double learning_rate = 0;
   // hidream-e1 only: a folder an earlier run of the same architecture and resolution wrote, to
   // continue from: its tokenizers, configs and weights are the start (the autoencoder and its
   // latents' shift and scale are kept, so the autoencoder stage is skipped), and its training

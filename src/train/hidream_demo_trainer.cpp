@@ -321,9 +321,9 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
       m->train();
       for (const auto& p : m->parameters()) params.push_back(p);
     }
-    constexpr double kBaseLr = 5e-4;
+    const double peak_lr = o.learning_rate > 0 ? o.learning_rate : 5e-4;
     torch::optim::AdamW opt(
-        params, torch::optim::AdamWOptions(kBaseLr).betas({0.9, 0.99}).weight_decay(0.01));
+        params, torch::optim::AdamWOptions(peak_lr).betas({0.9, 0.99}).weight_decay(0.01));
     Ema ema(params);
     const int64_t N = static_cast<int64_t>(pairs.size());
     const int edit_batch = std::max(1, o.unet_batch * 2 / 3);
@@ -341,7 +341,7 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
       return kShift * s / (1 + (kShift - 1) * s);
     };
     auto step = [&](int64_t i, int64_t total) {
-      set_learning_rate(opt, learning_rate(i, total, kBaseLr));
+      set_learning_rate(opt, learning_rate(i, total, peak_lr));
       std::vector<std::string> prompts;
       std::vector<torch::Tensor> t2i_x0, edit_x0, edit_src;
       for (int b = 0; b < t2i_batch; ++b) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <sstream>
 
 #include "device/device.h"
 
@@ -219,6 +220,14 @@ AutoencoderStage autoencoder_stage(const TrainDemoOptions& o, double budget_s) {
   return stage;
 }
 
+namespace {
+std::string format_lr(double lr) {
+  std::ostringstream os;
+  os << lr;  // six significant digits: 0.00025, 1e-05
+  return os.str();
+}
+}  // namespace
+
 nlohmann::ordered_json training_record(const TrainDemoOptions& o, const TrainReport& report,
                                        bool bf16, const char* denoiser, const char* dataset_unit,
                                        const std::vector<std::string>& held_out) {
@@ -231,6 +240,8 @@ nlohmann::ordered_json training_record(const TrainDemoOptions& o, const TrainRep
                       " --vae-crop " + std::to_string(o.vae_crop) + " --unet-batch " +
                       std::to_string(o.unet_batch) + " --dataset " +
                       std::to_string(o.dataset_size) + " --precision " + (bf16 ? "bf16" : "fp32") +
+                      (o.learning_rate > 0 ? " --learning-rate " + format_lr(o.learning_rate)
+                                           : std::string()) +
                       (o.init_from.empty() ? "" : " --init-from " + o.init_from)},
       {"arch", o.arch},
       {"seed", o.seed},
