@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "accel/dit_cache.h"
 #include "accel_flags.h"
@@ -61,6 +62,9 @@ struct GenerateFlags {
   ParallelFlags parallel;
   AccelFlags accel;
   VaeTilingOptions vae_tiling;
+  // SDXL micro-conditioning, as typed ("1024x1024", "0,0"); empty = the image's own.
+  std::string original_size, target_size, crop_top_left;
+  std::optional<double> aesthetic_score, negative_aesthetic_score;
   bool quiet = false;
   bool json = false;
 };
@@ -105,6 +109,21 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
       ->check(int_range(1, kMaxBatchCount, "a batch count"));
   app.add_option("-o,--out", f.out, "Output PNG (numbered when several images)")
       ->capture_default_str();
+  app.add_option("--original-size", f.original_size,
+                 "SDXL: the size WxH the UNet is told the image was taken at (default: its own)")
+      ->check(non_empty());
+  app.add_option("--target-size", f.target_size,
+                 "SDXL: the size WxH the UNet is told to aim at (default: the image's)")
+      ->check(non_empty());
+  app.add_option("--crop-top-left", f.crop_top_left,
+                 "SDXL: the crop Y,X the UNet is told the image was cut at (default: 0,0)")
+      ->check(non_empty());
+  app.add_option("--aesthetic-score", f.aesthetic_score,
+                 "SDXL refiners: the score the image is conditioned on (default: 6)")
+      ->check(number_range(-1000, 1000, "a score"));
+  app.add_option("--negative-aesthetic-score", f.negative_aesthetic_score,
+                 "SDXL refiners: the negative branch's score (default: 2.5)")
+      ->check(number_range(-1000, 1000, "a score"));
   add_load_flags(app, f.load);
   add_accel_flags(app, f.accel);
   add_vae_tiling_flags(app, f.vae_tiling);
@@ -164,6 +183,26 @@ void check_hidream_generate_flags(const GenerateFlags& f) {
            "they describe single-file Stable Diffusion checkpoints; a HiDream folder has its "
            "own configs");
   if (!f.noise_file.empty()) refuse("--noise", "an img2img option");
+  if (!f.original_size.empty() || !f.target_size.empty() || !f.crop_top_left.empty() ||
+      f.aesthetic_score || f.negative_aesthetic_score)
+    refuse("--original-size/--target-size/--crop-top-left/--aesthetic-score",
+           "SDXL's micro-conditioning; HiDream's transformer takes no size or score");
+}
+
+// The SDXL micro-conditioning flags, read into `c` (InvalidArgument naming the flag).
+void apply_size_conditioning_flags(const GenerateFlags& f, SizeConditioning& c) {
+  constexpr int kMax = 16384;  // as validate_size_conditioning
+  if (!f.original_size.empty())
+    std::tie(c.original_width, c.original_height) =
+        parse_int_pair(f.original_size, 'x', 1, kMax, "--original-size");
+  if (!f.target_size.empty())
+    std::tie(c.target_width, c.target_height) =
+        parse_int_pair(f.target_size, 'x', 1, kMax, "--target-size");
+  if (!f.crop_top_left.empty())
+    std::tie(c.crop_top, c.crop_left) =
+        parse_int_pair(f.crop_top_left, ',', 0, kMax, "--crop-top-left");
+  if (f.aesthetic_score) c.aesthetic_score = *f.aesthetic_score;
+  if (f.negative_aesthetic_score) c.negative_aesthetic_score = *f.negative_aesthetic_score;
 }
 
 // A CFG-parallel worker runs the command as given, ranks other than 0 quietly.
@@ -191,6 +230,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (f.seed) g.seed = parse_seed(*f.seed, "--seed");
   apply_accel_flags(f.accel, g);
   g.vae_tiling = f.vae_tiling;
+  apply_size_conditioning_flags(f, g.size_conditioning);
   // --devices (CFG-parallel): checked before anything loads, by the launcher and each worker.
   const bool hidream = pipeline::is_hidream_folder(f.model);
   std::vector<torch::Device> cfg_devices;

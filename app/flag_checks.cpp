@@ -5,8 +5,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 #include "diffuse/errors.h"
+#include "io/string_split.h"
 
 namespace diffuse::app {
 
@@ -61,6 +63,24 @@ uint64_t parse_seed(const std::string& text, const std::string& flag) {
     throw InvalidArgument(flag + " '" + text +
                           "': expected an integer in [0, 18446744073709551615] (2^64 - 1)");
   return static_cast<uint64_t>(v);
+}
+
+std::pair<int, int> parse_int_pair(const std::string& text, char sep, int lo, int hi,
+                                   const std::string& flag) {
+  const auto fields = io::split_fields(text, sep);
+  std::vector<int> v;
+  for (const auto& field : fields) {
+    errno = 0;
+    char* end = nullptr;
+    const long long n = std::strtoll(field.c_str(), &end, 10);
+    if (field.empty() || *end != '\0' || errno == ERANGE || n < lo || n > hi) break;
+    v.push_back(static_cast<int>(n));
+  }
+  if (fields.size() != 2 || v.size() != 2)
+    throw InvalidArgument(flag + ": expected two integers in [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "] written A" + std::string(1, sep) + "B, got '" +
+                          text + "'");
+  return {v[0], v[1]};
 }
 
 }  // namespace diffuse::app

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace diffuse::app {
 
@@ -16,5 +17,9 @@ CLI::Validator number_range(double lo, double hi, const std::string& what);
 // A seed: the full uint64 range, as torch's manual_seed takes it; anything else (negative,
 // beyond 2^64-1, not an integer) is an InvalidArgument naming `flag`.
 uint64_t parse_seed(const std::string& text, const std::string& flag);
+// Two integers in [lo, hi] separated by `sep` ("1024x768", "0,64"); InvalidArgument naming
+// `flag` and the form expected otherwise.
+std::pair<int, int> parse_int_pair(const std::string& text, char sep, int lo, int hi,
+                                   const std::string& flag);
 
 }  // namespace diffuse::app

@@ -281,9 +281,17 @@ TEST(BenchArch, BuiltInConfigsParse) {
   for (const auto& name : models::builtin_arch_names()) {
     const auto& a = models::builtin_arch(name);
     auto unet = models::UNet2DConditionConfig::from_json(io::JsonConfig(a.unet, name));
-    EXPECT_EQ(unet.block_out_channels.size(), 4u) << name;
-    EXPECT_EQ(unet.cross_attention_dim[0], a.text_encoder.at("hidden_size").get<int64_t>()) << name;
+    EXPECT_EQ(unet.block_out_channels.size(), name == "sdxl" ? 3u : 4u) << name;
+    // The UNet attends to the text encoders' states side by side.
+    int64_t width = a.text_encoder.at("hidden_size").get<int64_t>();
+    if (!a.text_encoder_2.is_null()) width += a.text_encoder_2.at("hidden_size").get<int64_t>();
+    EXPECT_EQ(unet.cross_attention_dim[0], width) << name;
   }
+  auto sdxl = arch_unet("sdxl");
+  EXPECT_TRUE(sdxl.text_time);
+  EXPECT_EQ(sdxl.projection_class_embeddings_input_dim,
+            6 * sdxl.addition_time_embed_dim +
+                models::builtin_arch("sdxl").text_encoder_2.at("projection_dim").get<int64_t>());
   auto sd21 = arch_unet("sd2.1");
   EXPECT_TRUE(sd21.upcast_attention);
   EXPECT_EQ(sd21.sample_size[0], 96);
@@ -291,7 +299,7 @@ TEST(BenchArch, BuiltInConfigsParse) {
   auto sd15 = arch_unet("sd1.5");
   EXPECT_EQ(sd15.num_attention_heads[0], 8);
   EXPECT_FALSE(sd15.use_linear_projection);
-  EXPECT_THROW(models::builtin_arch("sdxl"), InvalidArgument);
+  EXPECT_THROW(models::builtin_arch("sdxl-turbo"), InvalidArgument);
 }
 
 TEST(BenchArch, HiDreamConfigsParse) {

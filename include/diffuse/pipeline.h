@@ -141,6 +141,18 @@ struct VaeTilingOptions {
   double overlap = 0.25;  // fraction of a tile shared with its neighbour, in [0, 0.5]
 };
 
+// Stable Diffusion XL's micro-conditioning (the UNet's time ids); models without it ignore it.
+// Sizes in pixels; 0 = the generated image's own size, as diffusers' defaults.
+struct SizeConditioning {
+  int original_width = 0, original_height = 0;
+  int crop_top = 0, crop_left = 0;
+  int target_width = 0, target_height = 0;
+  // Refiner-style models (model_index.json requires_aesthetics_score): the scores the positive
+  // and the negative branch are conditioned on.
+  double aesthetic_score = 6.0;
+  double negative_aesthetic_score = 2.5;
+};
+
 struct GenerationConfig {
   std::vector<std::string> prompts;           // one image batch entry per prompt
   std::vector<std::string> negative_prompts;  // empty, one for all, or one per prompt
@@ -167,6 +179,7 @@ struct GenerationConfig {
   // DiT models (HiDream): refused by UNet models.
   DitCacheOptions dit_cache;
   VaeTilingOptions vae_tiling;
+  SizeConditioning size_conditioning;
   // LoRA adapters for this generation, on top of LoadOptions::loras. Between generations
   // only the weights of adapters that changed are patched again, from kept originals: a model
   // whose adapters are all removed again is bit-identical to the one loaded (hot swap).

@@ -41,10 +41,11 @@ bool UNetAccelerator::full_step(int64_t step) const {
 
 torch::Tensor UNetAccelerator::forward(models::UNet2DConditionModelImpl& unet, int64_t step,
                                        const torch::Tensor& sample, const torch::Tensor& timestep,
-                                       const torch::Tensor& context) {
+                                       const torch::Tensor& context,
+                                       const models::UNetAddedConditions* added) {
   nn::ScopedTokenMergeHook hook(tome_.get());
-  if (!deep_cache_) return unet.forward(sample, timestep, context);
-  return unet.forward_deep_cache(sample, timestep, context, full_step(step), *deep_cache_);
+  if (!deep_cache_) return unet.forward(sample, timestep, context, nullptr, added);
+  return unet.forward_deep_cache(sample, timestep, context, full_step(step), *deep_cache_, added);
 }
 
 }  // namespace diffuse::accel

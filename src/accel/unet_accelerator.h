@@ -34,7 +34,8 @@ class UNetAccelerator {
 
   torch::Tensor forward(models::UNet2DConditionModelImpl& unet, int64_t step,
                         const torch::Tensor& sample, const torch::Tensor& timestep,
-                        const torch::Tensor& context);
+                        const torch::Tensor& context,
+                        const models::UNetAddedConditions* added = nullptr);
 
  private:
   std::optional<models::UNetDeepCache> deep_cache_;

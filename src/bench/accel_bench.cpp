@@ -9,6 +9,7 @@
 #include "accel/deepcache.h"
 #include "accel/unet_accelerator.h"
 #include "bench/bench_util.h"
+#include "bench/unet_inputs.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
@@ -162,6 +163,7 @@ AccelBenchResult run_speed(const AccelBenchOptions& o) {
       torch::randn({1, unet_cfg.in_channels, r.height / f, r.width / f}, gen, fp32).to(device);
   const auto context =
       torch::randn({2, 77, unet_cfg.cross_attention_dim[0]}, gen, fp32).to(device, dtype);
+  const auto added = random_added_conditions(unet_cfg, 2, r.height, r.width, gen, device, dtype);
 
   for (const auto& s : o.settings) {
     AccelBenchRow row;
@@ -200,7 +202,8 @@ AccelBenchResult run_speed(const AccelBenchOptions& o) {
         const double t0 = now_s();
         const auto t = run.scheduler->timesteps()[i];
         auto input = run.scheduler->scale_model_input(torch::cat({run.latents, run.latents}), t);
-        auto pred = run.accel->forward(*unet, i, input.to(dtype), t, context).to(torch::kFloat32);
+        auto pred = run.accel->forward(*unet, i, input.to(dtype), t, context, added_or_null(added))
+                        .to(torch::kFloat32);
         auto chunks = pred.chunk(2);
         pred = chunks[0] + o.guidance_scale * (chunks[1] - chunks[0]);
         run.latents = run.scheduler->step(pred, t, run.latents, {}).prev_sample;

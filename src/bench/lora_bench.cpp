@@ -11,6 +11,7 @@
 #include "adapters/lora_merger.h"
 #include "adapters/lora_runtime.h"
 #include "bench/bench_util.h"
+#include "bench/unet_inputs.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_threads.h"
 #include "device/device.h"
@@ -163,7 +164,12 @@ LoraBenchResult run_lora_bench(const LoraBenchOptions& o) {
   auto sample = torch::randn({o.batch, unet_cfg.in_channels, o.height / f, o.width / f}, opts);
   auto ctx = torch::randn({o.batch, 77, unet_cfg.cross_attention_dim[0]}, opts);
   auto t = torch::tensor(500.0);
-  auto step = [&] { return timed([&] { unet->forward(sample, t, ctx); }); };
+  auto gen = at::detail::createCPUGenerator(3);
+  const auto added = random_added_conditions(unet_cfg, o.batch, o.height, o.width, gen,
+                                             torch::Device(torch::kCPU), dtype);
+  auto step = [&] {
+    return timed([&] { unet->forward(sample, t, ctx, nullptr, added_or_null(added)); });
+  };
   std::vector<double> plain, merged, unmerged;
   adapters::LoraMerger merger({nets[1]});
   adapters::LoraRuntime runtime({nets[1]});

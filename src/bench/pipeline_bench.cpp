@@ -9,6 +9,7 @@
 
 #include "bench/bench_util.h"
 #include "bench/memory_probe.h"
+#include "bench/unet_inputs.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_load.h"
 #include "device/cpu_threads.h"
@@ -33,6 +34,7 @@ namespace {
 // Configs and (for a real model) weights of the three networks.
 struct Source {
   io::JsonConfig unet, vae, text_encoder;
+  std::optional<io::JsonConfig> text_encoder_2;  // SDXL's CLIP-G
   std::optional<pipeline::ModelSource> model;
 };
 
@@ -42,13 +44,17 @@ Source open_source(const PipelineBenchOptions& o) {
     s.model = pipeline::open_model_source(o.model, {});
     s.unet = s.model->unet_config;
     s.vae = s.model->vae_config;
-    s.text_encoder = s.model->text_encoder_config;
+    s.text_encoder = s.model->text_encoders.front().config;
+    if (s.model->text_encoders.size() > 1) s.text_encoder_2 = s.model->text_encoders[1].config;
     return s;
   }
   const models::ArchConfigs& a = models::builtin_arch(o.arch);
   s.unet = io::JsonConfig(a.unet, "built-in " + a.name + " unet config");
   s.vae = io::JsonConfig(a.vae, "built-in " + a.name + " vae config");
   s.text_encoder = io::JsonConfig(a.text_encoder, "built-in " + a.name + " text_encoder config");
+  if (!a.text_encoder_2.is_null())
+    s.text_encoder_2 =
+        io::JsonConfig(a.text_encoder_2, "built-in " + a.name + " text_encoder_2 config");
   return s;
 }
 
@@ -74,19 +80,23 @@ Module build(Make make, torch::Dtype dtype, const torch::Device& device,
 
 UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& device,
                   torch::Dtype dtype, const PipelineBenchOptions& o, int64_t lh, int64_t lw,
-                  int64_t ctx_dim, FlopCounts* flops, PipelineBenchResult* profiled = nullptr) {
+                  int64_t vae_scale, int64_t ctx_dim, FlopCounts* flops,
+                  PipelineBenchResult* profiled = nullptr) {
   auto gen = at::detail::createCPUGenerator(o.seed + 7);
   auto opts = torch::TensorOptions().dtype(torch::kFloat32);
   auto sample =
       torch::randn({o.batch, unet->config().in_channels, lh, lw}, gen, opts).to(device, dtype);
   auto context = torch::randn({o.batch, 77, ctx_dim}, gen, opts).to(device, dtype);
   auto t = torch::tensor(981.0).to(device);
+  const auto added = random_added_conditions(unet->config(), o.batch, lh * vae_scale,
+                                             lw * vae_scale, gen, device, dtype);
+  const auto step = [&] { unet->forward(sample, t, context, nullptr, added_or_null(added)); };
   UNetRun run;
   run.dtype = device::dtype_name(dtype);
   run.attention = nn::attention_backend_name(nn::default_attention_backend());
   for (int i = 0; i < o.warmup; ++i) {
     double t0 = now_s();
-    unet->forward(sample, t, context);
+    step();
     sync_device(device);
     if (o.log) o.log("unet warm-up step: " + fmt("%.3f s", now_s() - t0));
   }
@@ -96,7 +106,7 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
     std::optional<FlopCounter> counter;
     if (flops && i == 0) counter.emplace();
     double t0 = now_s();
-    unet->forward(sample, t, context);
+    step();
     sync_device(device);
     if (counter) *flops = counter->counts();
     run.step_s.push_back(now_s() - t0);
@@ -115,7 +125,7 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
   if (profiled) {
     OpProfile profile;
     double t0 = now_s();
-    unet->forward(sample, t, context);
+    step();
     sync_device(device);
     profiled->profile_step_s = now_s() - t0;
     profiled->profile_kinds = profile.by_kind();
@@ -215,8 +225,18 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   const auto* m = src.model ? &*src.model : nullptr;
   auto text = build<models::ClipTextModel>(
       [&] { return models::ClipTextModel(text_cfg); }, text_dtype, device,
-      m ? &m->text_encoder_weights : nullptr, o.model + " (text_encoder)", o.seed + 1,
+      m ? &m->text_encoders.front().weights : nullptr, o.model + " (text_encoder)", o.seed + 1,
       {"text_model.embeddings.position_ids"});
+  // SDXL's second encoder (CLIP-G with its projection) runs in the same stage.
+  models::ClipTextModel text_2{nullptr};
+  if (src.text_encoder_2) {
+    auto cfg = models::ClipTextConfig::from_json(*src.text_encoder_2);
+    cfg.with_projection = true;
+    text_2 = build<models::ClipTextModel>([&] { return models::ClipTextModel(cfg); }, text_dtype,
+                                          device, m ? &m->text_encoders.at(1).weights : nullptr,
+                                          o.model + " (text_encoder_2)", o.seed + 4,
+                                          {"text_model.embeddings.position_ids"});
+  }
   auto unet = build<models::UNet2DConditionModel>(
       [&] { return models::UNet2DConditionModel(unet_cfg); }, dtype, device,
       m ? &m->unet_weights : nullptr, o.model + " (unet)", o.seed + 2);
@@ -233,7 +253,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   device::empty_cache(torch::Device(torch::kCPU));
   r.models_rss_mb = mb(current_rss_bytes());
   r.unet_params_m = params_m(*unet);
-  r.text_encoder_params_m = params_m(*text);
+  r.text_encoder_params_m = params_m(*text) + (text_2 ? params_m(*text_2) : 0.0);
   r.vae_params_m = params_m(*vae);
   // The threads a generation of this model at this size runs with (a small step: one), so
   // that the stages and their roofline measure what txt2img does.
@@ -266,10 +286,14 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     auto ids = torch::randint(0, text_cfg.vocab_size, {o.batch, text_cfg.max_position_embeddings},
                               gen, torch::TensorOptions().dtype(torch::kInt64))
                    .to(device);
-    text->forward(ids);  // warm-up
+    const auto encode = [&] {
+      text->forward(ids, !text_2.is_empty());  // SDXL reads every layer's states
+      if (text_2) text_2->forward(ids, true);
+    };
+    encode();  // warm-up
     sync_device(device);
     double s0 = now_s();
-    text->forward(ids);
+    encode();
     sync_device(device);
     r.text_encoder_s = now_s() - s0;
     r.text_encoder_peak_mb = peak.finish();
@@ -281,7 +305,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
 
   if (o.unet) {
     StagePeak peak(&r.peak_rss_mb, device);
-    r.unet = time_unet(unet, device, dtype, o, lh, lw, unet_cfg.cross_attention_dim[0],
+    r.unet = time_unet(unet, device, dtype, o, lh, lw, f, unet_cfg.cross_attention_dim[0],
                        &r.unet_flops, o.profile ? &r : nullptr);
     r.unet_peak_mb = peak.finish();
     r.unet_device_peak_mb = peak.device_peak_mb();
@@ -361,7 +385,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
         build<models::UNet2DConditionModel>([&] { return models::UNet2DConditionModel(unet_cfg); },
                                             torch::kFloat32, device, nullptr, "", o.seed + 2);
     if (o.log) o.log("baseline: float32 unet with math attention");
-    r.baseline = time_unet(base, device, torch::kFloat32, o, lh, lw,
+    r.baseline = time_unet(base, device, torch::kFloat32, o, lh, lw, f,
                            unet_cfg.cross_attention_dim[0], nullptr);
     nn::set_default_attention_backend(backend);
   }

@@ -24,9 +24,9 @@ std::vector<PrecisionRow> run_precision_bench(const PrecisionOptions& o) {
     test.dtype = o.dtype;
     test.vae_dtype = o.vae_dtype;
     test.attention = o.attention;
-    auto a = verify::replay_pipeline_case(set, c, set.model_dir(), ref)
+    auto a = verify::replay_pipeline_case(set, c, set.model_dir(c), ref)
                  .result.images_float.to(torch::kFloat64);
-    auto b = verify::replay_pipeline_case(set, c, set.model_dir(), test)
+    auto b = verify::replay_pipeline_case(set, c, set.model_dir(c), test)
                  .result.images_float.to(torch::kFloat64);
     PrecisionRow row;
     row.case_name = c.name;

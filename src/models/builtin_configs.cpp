@@ -102,6 +102,61 @@ json sd1_text_encoder() {
   })");
 }
 
+// unet/config.json of stabilityai/stable-diffusion-xl-base-1.0: three levels, 2 and 10
+// transformer layers in the two attention levels, the text_time added embedding
+// (2816 = 6 time ids x 256 + CLIP-G's 1280).
+json sdxl_unet() {
+  return json::parse(R"({
+    "_class_name": "UNet2DConditionModel",
+    "act_fn": "silu",
+    "addition_embed_type": "text_time",
+    "addition_embed_type_num_heads": 64,
+    "addition_time_embed_dim": 256,
+    "attention_head_dim": [5, 10, 20],
+    "block_out_channels": [320, 640, 1280],
+    "center_input_sample": false,
+    "cross_attention_dim": 2048,
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+    "downsample_padding": 1,
+    "dual_cross_attention": false,
+    "flip_sin_to_cos": true,
+    "freq_shift": 0,
+    "in_channels": 4,
+    "layers_per_block": 2,
+    "mid_block_scale_factor": 1,
+    "norm_eps": 1e-05,
+    "norm_num_groups": 32,
+    "only_cross_attention": false,
+    "out_channels": 4,
+    "projection_class_embeddings_input_dim": 2816,
+    "sample_size": 128,
+    "transformer_layers_per_block": [1, 2, 10],
+    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+    "upcast_attention": null,
+    "use_linear_projection": true
+  })");
+}
+
+// text_encoder_2/config.json of SDXL: OpenCLIP ViT-bigG/14's text tower with its projection.
+json sdxl_text_encoder_2() {
+  return json::parse(R"({
+    "architectures": ["CLIPTextModelWithProjection"],
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "hidden_act": "gelu",
+    "hidden_size": 1280,
+    "intermediate_size": 5120,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 77,
+    "model_type": "clip_text_model",
+    "num_attention_heads": 20,
+    "num_hidden_layers": 32,
+    "pad_token_id": 1,
+    "projection_dim": 1280,
+    "vocab_size": 49408
+  })");
+}
+
 json scheduler(const char* cls, const char* prediction_type) {
   json j = json::parse(R"({
     "beta_end": 0.012,
@@ -158,6 +213,22 @@ std::map<std::string, ArchConfigs> make_archs() {
     m[a.name] = a;
   }
   {
+    ArchConfigs a;
+    a.name = "sdxl";
+    a.description = "Stable Diffusion XL base 1.0 (1024x1024, epsilon)";
+    a.unet = sdxl_unet();
+    a.vae = sd_vae(1024);
+    a.vae["scaling_factor"] = 0.13025;
+    a.vae["force_upcast"] = true;
+    a.text_encoder = sd1_text_encoder();
+    a.text_encoder_2 = sdxl_text_encoder_2();
+    a.scheduler = scheduler("EulerDiscreteScheduler", "epsilon");
+    a.scheduler["timestep_spacing"] = "leading";
+    a.scheduler["interpolation_type"] = "linear";
+    a.scheduler["use_karras_sigmas"] = false;
+    m[a.name] = a;
+  }
+  {
     // SD2's structure at toy width: for smoke tests of the bench itself.
     ArchConfigs a;
     a.name = "tiny";
@@ -203,7 +274,7 @@ const ArchConfigs& builtin_arch(const std::string& name) {
 }
 
 std::vector<std::string> builtin_arch_names() {
-  return {"sd2.1-base", "sd2.1", "sd1.5", "tiny"};
+  return {"sd2.1-base", "sd2.1", "sd1.5", "sdxl", "tiny"};
 }
 
 nlohmann::json hidream_i1_transformer_config() {

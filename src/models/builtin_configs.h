@@ -1,7 +1,7 @@
 // Built-in model architectures: the real diffusers config.json files of Stable Diffusion
-// 2.1-base, 2.1 (768-v) and 1.5, a tiny one for smoke tests, and HiDream-I1's transformer. The
-// benchmarks and create-demo-model build models from these with random weights, so they run at
-// real sizes without downloads.
+// 2.1-base, 2.1 (768-v), 1.5 and XL base 1.0, a tiny one for smoke tests, and HiDream-I1's
+// transformer. The benchmarks and create-demo-model build models from these with random weights, so
+// they run at real sizes without downloads.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -14,9 +14,11 @@ struct ArchConfigs {
   std::string name;
   std::string description;
   nlohmann::json unet, vae, text_encoder, scheduler;
+  // SDXL's second text encoder (CLIP-G, CLIPTextModelWithProjection); null for SD 1.x/2.x.
+  nlohmann::json text_encoder_2;
 };
 
-// "sd2.1-base", "sd2.1", "sd1.5", "tiny"; InvalidArgument listing the names otherwise.
+// "sd2.1-base", "sd2.1", "sd1.5", "sdxl", "tiny"; InvalidArgument listing the names otherwise.
 const ArchConfigs& builtin_arch(const std::string& name);
 std::vector<std::string> builtin_arch_names();
 

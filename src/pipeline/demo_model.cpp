@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "diffuse/errors.h"
@@ -64,11 +65,14 @@ ordered_json ordered(const nlohmann::json& j) {
 
 // Writes one network's config.json and seeded random weights. LibTorch's default
 // initialisation is skipped for the fast pooled one (values are random either way).
+// `adjust` sets what the config file does not say (the CLIP projection comes from the class).
 template <typename Model, typename Config>
 void write_component(const fs::path& root, const char* folder, const ordered_json& config,
-                     const char* weights_file, uint64_t seed, const DemoModelOptions& options) {
+                     const char* weights_file, uint64_t seed, const DemoModelOptions& options,
+                     const std::function<void(Config&)>& adjust = {}) {
   write_json_file(root / folder / "config.json", config);
-  const auto parsed = Config::from_json(io::JsonConfig(config, std::string("random ") + folder));
+  auto parsed = Config::from_json(io::JsonConfig(config, std::string("random ") + folder));
+  if (adjust) adjust(parsed);
   Model model{nullptr};
   {
     nn::SkipInitGuard skip_init(torch::kFloat32);
@@ -86,7 +90,7 @@ void create_demo_model(const std::string& dir, const DemoModelOptions& options) 
   // Unknown names fail here, before anything is written.
   if (options.arch.empty())
     throw InvalidArgument(
-        "create-demo-model needs --arch (sd2.1-base|sd2.1|sd1.5); the trained "
+        "create-demo-model needs --arch (sd2.1-base|sd2.1|sd1.5|sdxl); the trained "
         "demo model is made by `diffuse train-demo`");
   const models::ArchConfigs& a = models::builtin_arch(options.arch);
   fs::path root(dir);
@@ -108,16 +112,32 @@ void create_demo_model(const std::string& dir, const DemoModelOptions& options) 
   te_json["pad_token_id"] = eos;
   write_component<models::ClipTextModel, models::ClipTextConfig>(
       root, "text_encoder", te_json, "model.safetensors", options.seed, options);
+  auto index = stable_diffusion_model_index(
+      sched_json.value("_class_name", "PNDMScheduler"),
+      "random weights made by `diffuse create-demo-model --arch`; for benchmarks, not a trained "
+      "model");
+  if (!a.text_encoder_2.is_null()) {  // SDXL: CLIP-G with projection, the same vocabulary
+    ordered_json te2_json = ordered(a.text_encoder_2);
+    te2_json["bos_token_id"] = bos;
+    te2_json["eos_token_id"] = eos;
+    te2_json["pad_token_id"] = eos;
+    write_component<models::ClipTextModel, models::ClipTextConfig>(
+        root, "text_encoder_2", te2_json, "model.safetensors", options.seed + 3, options,
+        [](models::ClipTextConfig& c) { c.with_projection = true; });
+    text::save_clip_tokenizer(vocab, (root / "tokenizer_2").string());
+    index["_class_name"] = "StableDiffusionXLPipeline";
+    index["text_encoder_2"] = {"transformers", "CLIPTextModelWithProjection"};
+    index["tokenizer_2"] = {"transformers", "CLIPTokenizer"};
+    index["force_zeros_for_empty_prompt"] = true;
+    index.erase("safety_checker");
+    index.erase("requires_safety_checker");
+  }
   write_component<models::UNet2DConditionModel, models::UNet2DConditionConfig>(
       root, "unet", unet_json, "diffusion_pytorch_model.safetensors", options.seed + 1, options);
   write_component<models::AutoencoderKL, models::AutoencoderKLConfig>(
       root, "vae", vae_json, "diffusion_pytorch_model.safetensors", options.seed + 2, options);
   write_json_file(root / "scheduler" / "scheduler_config.json", sched_json);
-  write_json_file(
-      root / "model_index.json",
-      stable_diffusion_model_index(sched_json.value("_class_name", "PNDMScheduler"),
-                                   "random weights made by `diffuse create-demo-model --arch`; for "
-                                   "benchmarks, not a trained model"));
+  write_json_file(root / "model_index.json", index);
 }
 
 }  // namespace diffuse::pipeline

@@ -18,27 +18,49 @@ namespace diffuse::pipeline {
 namespace {
 
 // The pipelines and component classes a Stable Diffusion folder may name in model_index.json:
-// anything else (an inpainting or SDXL pipeline, a UNet2DModel) would load into the wrong
-// networks, so it is refused here instead of failing, or worse not failing, later.
+// anything else (an inpainting pipeline, a UNet2DModel) would load into the wrong networks, so
+// it is refused here instead of failing, or worse not failing, later.
 void check_model_index(const io::ModelFolder& folder) {
   const auto& index = folder.model_index();
   const std::string pipeline = index.get<std::string>("_class_name", "");
-  static const char* kPipelines[] = {"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"};
+  static const char* kPipelines[] = {"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline",
+                                     "StableDiffusionXLPipeline",
+                                     "StableDiffusionXLImg2ImgPipeline"};
   if (!pipeline.empty() &&
       std::find(std::begin(kPipelines), std::end(kPipelines), pipeline) == std::end(kPipelines))
     index.fail("_class_name", "pipeline '" + pipeline +
-                                  "' is not supported (expected StableDiffusionPipeline or "
-                                  "StableDiffusionImg2ImgPipeline; HiDream folders: "
+                                  "' is not supported (expected StableDiffusionPipeline, "
+                                  "StableDiffusionImg2ImgPipeline, StableDiffusionXLPipeline or "
+                                  "StableDiffusionXLImg2ImgPipeline; HiDream folders: "
                                   "HiDreamImagePipeline)");
   for (auto [component, expected, also] : {std::tuple{"unet", "UNet2DConditionModel", ""},
                                            {"vae", "AutoencoderKL", ""},
                                            {"text_encoder", "CLIPTextModel", ""},
-                                           {"tokenizer", "CLIPTokenizer", "CLIPTokenizerFast"}}) {
+                                           {"tokenizer", "CLIPTokenizer", "CLIPTokenizerFast"},
+                                           {"text_encoder_2", "CLIPTextModelWithProjection", ""},
+                                           {"tokenizer_2", "CLIPTokenizer", "CLIPTokenizerFast"}}) {
     const std::string cls = folder.component_class(component);
     if (!cls.empty() && cls != expected && cls != also)
       index.fail(component,
                  "class '" + cls + "' is not supported here (expected " + expected + ")");
   }
+}
+
+TextEncoderSource text_encoder_from_folder(const io::ModelFolder& folder,
+                                           const std::string& component,
+                                           const std::string& tokenizer) {
+  if (!folder.has_component(tokenizer))
+    throw IoError("model folder '" + folder.dir() + "' has '" + component + "' but no '" +
+                  tokenizer + "' component folder");
+  TextEncoderSource t;
+  t.component = component;
+  t.config = folder.component_config(component);
+  t.tokenizer_dir = folder.component_dir(tokenizer);
+  t.weights = folder.component_weights(component);
+  // SDXL's second encoder projects its pooled output (the UNet's text_embeds) whatever the
+  // index says; the first never does.
+  t.with_projection = component == "text_encoder_2";
+  return t;
 }
 
 ModelSource from_folder(const std::string& path) {
@@ -47,17 +69,24 @@ ModelSource from_folder(const std::string& path) {
   ModelSource s;
   s.path = path;
   s.kind = "diffusers";
-  for (const char* c : {"unet", "vae", "text_encoder", "tokenizer", "scheduler"})
+  s.model_index = folder.model_index();
+  for (const char* c : {"unet", "vae", "scheduler"})
     if (!folder.has_component(c))
       throw IoError("model folder '" + path + "' has no '" + c + "' component folder");
+  // An SDXL refiner has only the second text encoder; everything else has the first.
+  const bool first = folder.has_component("text_encoder"),
+             second = folder.has_component("text_encoder_2");
+  if (!first && !second)
+    throw IoError("model folder '" + path + "' has no 'text_encoder' component folder");
+  if (first)
+    s.text_encoders.push_back(text_encoder_from_folder(folder, "text_encoder", "tokenizer"));
+  if (second)
+    s.text_encoders.push_back(text_encoder_from_folder(folder, "text_encoder_2", "tokenizer_2"));
   s.unet_config = folder.component_config("unet");
   s.vae_config = folder.component_config("vae");
-  s.text_encoder_config = folder.component_config("text_encoder");
   s.scheduler_config = folder.component_config("scheduler", "scheduler_config.json");
-  s.tokenizer_dir = folder.component_dir("tokenizer");
   s.unet_weights = folder.component_weights("unet");
   s.vae_weights = folder.component_weights("vae");
-  s.text_encoder_weights = folder.component_weights("text_encoder");
   return s;
 }
 
@@ -71,12 +100,13 @@ ModelSource from_single_file(const std::string& path, const ModelSourceOptions& 
   s.kind = "single-file";
   s.unet_config = io::JsonConfig(parts.unet_config, path + " (inferred unet config)");
   s.vae_config = io::JsonConfig(parts.vae_config, path + " (inferred vae config)");
-  s.text_encoder_config =
-      io::JsonConfig(parts.text_encoder_config, path + " (inferred text_encoder config)");
+  TextEncoderSource text;
+  text.component = "text_encoder";
+  text.config = io::JsonConfig(parts.text_encoder_config, path + " (inferred text_encoder config)");
   s.scheduler_config = io::JsonConfig(parts.scheduler_config, path + " (scheduler config)");
   s.unet_weights = std::move(parts.unet);
   s.vae_weights = std::move(parts.vae);
-  s.text_encoder_weights = std::move(parts.text_encoder);
+  text.weights = std::move(parts.text_encoder);
   // A checkpoint carries no tokenizer: take it from the config folder, or from a diffusers
   // folder or tokenizer/ folder next to the file.
   std::vector<fs::path> candidates;
@@ -84,14 +114,15 @@ ModelSource from_single_file(const std::string& path, const ModelSourceOptions& 
   candidates.push_back(fs::path(path).parent_path() / "tokenizer");
   for (const auto& c : candidates)
     if (fs::exists(c / "vocab.json")) {
-      s.tokenizer_dir = c.string();
+      text.tokenizer_dir = c.string();
       break;
     }
-  if (s.tokenizer_dir.empty())
+  if (text.tokenizer_dir.empty())
     throw IoError(
         "single-file checkpoint '" + path +
         "' carries no tokenizer: pass a diffusers folder with "
         "--config DIR (its tokenizer/ is used), or put a tokenizer/ folder next to the file");
+  s.text_encoders.push_back(std::move(text));
   return s;
 }
 

@@ -7,17 +7,31 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "io/json_config.h"
 
 namespace diffuse::pipeline {
 
+// A CLIP text encoder and its tokenizer: "text_encoder" (SD 1.x/2.x; SDXL's CLIP-L) or
+// "text_encoder_2" (SDXL's CLIP-G, with projection).
+struct TextEncoderSource {
+  std::string component;  // "text_encoder" | "text_encoder_2"
+  io::JsonConfig config;
+  std::string tokenizer_dir;
+  std::map<std::string, torch::Tensor> weights;
+  bool with_projection = false;  // CLIPTextModelWithProjection
+};
+
 struct ModelSource {
   std::string path;
   std::string kind;  // "diffusers" | "single-file"
-  io::JsonConfig unet_config, vae_config, text_encoder_config, scheduler_config;
-  std::string tokenizer_dir;
-  std::map<std::string, torch::Tensor> unet_weights, vae_weights, text_encoder_weights;
+  io::JsonConfig unet_config, vae_config, scheduler_config;
+  // In the order the pipeline concatenates their outputs: one for SD 1.x/2.x, two for SDXL
+  // base, only text_encoder_2 for an SDXL refiner.
+  std::vector<TextEncoderSource> text_encoders;
+  io::JsonConfig model_index;  // empty for a single file
+  std::map<std::string, torch::Tensor> unet_weights, vae_weights;
 };
 
 struct ModelSourceOptions {

@@ -28,6 +28,7 @@
 #include "pipeline/memory_estimate.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/model_source.h"
+#include "pipeline/sdxl_conditioning.h"
 #include "pipeline/step_work.h"
 #include "pipeline/vae_tiling_policy.h"
 #include "quant/quantized_weight.h"
@@ -77,16 +78,25 @@ struct StableDiffusion::Components {
   torch::Device vae_device{torch::kCPU};
   torch::Dtype unet_dtype = torch::kFloat32, text_dtype = torch::kFloat32,
                vae_dtype = torch::kFloat32;
-  std::unique_ptr<text::ClipTokenizer> tokenizer;
   ModelSource source;  // weights (file mappings) stay here only with offload
   bool offload = false;
   bool keep_16bit_weights = true;                   // LoadOptions::keep_16bit_weights
   bool pack_conv_weights = true;                    // LoadOptions::pack_conv_weights
   std::optional<quant::GgmlType> unet_weight_type;  // LoadOptions::weights
-  models::ClipTextConfig text_config;
+  // The CLIP text encoders, as ModelSource::text_encoders lists them.
+  struct TextEncoder {
+    std::string component;
+    std::unique_ptr<text::ClipTokenizer> tokenizer;
+    models::ClipTextConfig config;
+    models::ClipTextModel module{nullptr};
+  };
+  std::vector<TextEncoder> text_encoders;
+  // The UNet takes SDXL's added conditioning: prompts are encoded from the penultimate layer
+  // of every encoder, and the last encoder's projected output is the pooled embedding.
+  bool sdxl = false;
+  SdxlOptions sdxl_options;
   models::UNet2DConditionConfig unet_config;
   models::AutoencoderKLConfig vae_config;
-  models::ClipTextModel text_encoder_module{nullptr};
   models::UNet2DConditionModel unet_module{nullptr};
   models::AutoencoderKL vae_module{nullptr};
   int64_t unet_parameters = 0;  // for the estimate of a step's work (its CPU threads)
@@ -127,9 +137,22 @@ struct StableDiffusion::Components {
     if (component == "text_encoder") loras.bind(0, module);
     if (component == "unet") loras.bind(1, module);
   }
-  models::ClipTextModel& text_encoder() {
-    return loaded(text_encoder_module, text_config, source.text_encoder_weights, "text_encoder",
+  models::ClipTextModel& text_encoder(size_t k = 0) {
+    auto& t = text_encoders.at(k);
+    return loaded(t.module, t.config, source.text_encoders.at(k).weights, t.component.c_str(),
                   text_device, text_dtype, {"text_model.embeddings.position_ids"});
+  }
+  // The network LoRA's text-encoder names address ("text_encoder"), if the model has it.
+  torch::nn::Module* lora_text_encoder(bool load) {
+    for (size_t k = 0; k < text_encoders.size(); ++k)
+      if (text_encoders[k].component == "text_encoder") {
+        if (load) text_encoder(k);
+        return text_encoders[k].module.is_empty() ? nullptr : text_encoders[k].module.get();
+      }
+    return nullptr;
+  }
+  void done_with_text_encoders() {
+    for (auto& t : text_encoders) done_with(t.module, text_device);
   }
   models::UNet2DConditionModel& unet() {
     return loaded(unet_module, unet_config, source.unet_weights, "unet", device, unet_dtype);
@@ -175,6 +198,7 @@ void validate_generation_config(const GenerationConfig& c, bool image2image, int
     throw InvalidArgument("strength must be in (0, 1], got " + std::to_string(c.strength));
   accel::validate_accel_config(c);
   validate_vae_tiling_options(c.vae_tiling);
+  validate_size_conditioning(c.size_conditioning);
 }
 
 StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& options)
@@ -203,12 +227,18 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   so.v_prediction = options.v_prediction;
   c_->source = open_model_source(path, so);
   auto& src = c_->source;
-  c_->tokenizer =
-      std::make_unique<text::ClipTokenizer>(text::ClipTokenizer::from_folder(src.tokenizer_dir));
   // A single file carries no config: its configs were inferred from the weights' shapes, and
   // when one does not work the fix is the model's own config folder.
   try {
-    c_->text_config = models::ClipTextConfig::from_json(src.text_encoder_config);
+    for (const auto& t : src.text_encoders) {
+      Components::TextEncoder e;
+      e.component = t.component;
+      e.tokenizer =
+          std::make_unique<text::ClipTokenizer>(text::ClipTokenizer::from_folder(t.tokenizer_dir));
+      e.config = models::ClipTextConfig::from_json(t.config);
+      e.config.with_projection = t.with_projection;
+      c_->text_encoders.push_back(std::move(e));
+    }
     c_->unet_config = models::UNet2DConditionConfig::from_json(src.unet_config);
     c_->vae_config = models::AutoencoderKLConfig::from_json(src.vae_config);
   } catch (const ConfigError& e) {
@@ -217,12 +247,19 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
                       " (the configs were inferred from the checkpoint's weights; pass the "
                       "model's diffusers folder with --config DIR)");
   }
-  if (auto [token, id] = c_->tokenizer->largest_id_token(); id >= c_->text_config.vocab_size)
-    throw ConfigError("tokenizer '" + src.tokenizer_dir + "': token '" + token + "' has id " +
-                      std::to_string(id) + ", outside the text encoder's vocabulary [0, " +
-                      std::to_string(c_->text_config.vocab_size) + ") (" +
-                      src.text_encoder_config.source() +
-                      " vocab_size): the tokenizer and the text encoder do not match");
+  c_->sdxl = c_->unet_config.text_time;
+  if (c_->sdxl) {
+    c_->sdxl_options = SdxlOptions::from_model_index(src.model_index);
+    const auto& last = c_->text_encoders.back().config;
+    if (!last.with_projection)
+      throw ConfigError(path +
+                        ": the UNet takes SDXL's pooled text embedding (addition_embed_type "
+                        "text_time), but the folder has no text_encoder_2 "
+                        "(CLIPTextModelWithProjection) to make it");
+    check_sdxl_unet(c_->unet_config, c_->sdxl_options, last.projection_dim,
+                    src.unet_config.source());
+  }
+  check_text_encoders(src);
   c_->scheduler_config = src.scheduler_config;
   // Built once now so that a bad scheduler config fails at load, naming its key, not at the
   // first generation.
@@ -241,16 +278,16 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   if (!options.loras.empty()) apply_loras({});  // a bad adapter fails the load, not a run
   for (const auto& [name, w] : src.unet_weights) c_->unet_parameters += w.numel();
   if (!c_->offload) {
-    c_->text_encoder();
+    for (size_t k = 0; k < c_->text_encoders.size(); ++k)
+      info_.weight_bytes += nn::resident_parameter_bytes(*c_->text_encoder(k));
     c_->unet();
     c_->vae();
-    info_.weight_bytes = nn::resident_parameter_bytes(*c_->text_encoder_module) +
-                         nn::resident_parameter_bytes(*c_->unet_module) +
-                         nn::resident_parameter_bytes(*c_->vae_module);
+    info_.weight_bytes += nn::resident_parameter_bytes(*c_->unet_module) +
+                          nn::resident_parameter_bytes(*c_->vae_module);
     // Weights now live in the modules; drop the file mappings.
     src.unet_weights.clear();
     src.vae_weights.clear();
-    src.text_encoder_weights.clear();
+    for (auto& t : src.text_encoders) t.weights.clear();
   }
 
   info_.model = path;
@@ -275,10 +312,36 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
 
 StableDiffusion::~StableDiffusion() = default;
 
+void StableDiffusion::check_text_encoders(const ModelSource& src) const {
+  int64_t width = 0;
+  for (size_t k = 0; k < c_->text_encoders.size(); ++k) {
+    const auto& t = c_->text_encoders[k];
+    if (auto [token, id] = t.tokenizer->largest_id_token(); id >= t.config.vocab_size)
+      throw ConfigError("tokenizer '" + src.text_encoders[k].tokenizer_dir + "': token '" + token +
+                        "' has id " + std::to_string(id) + ", outside the text encoder's " +
+                        "vocabulary [0, " + std::to_string(t.config.vocab_size) + ") (" +
+                        src.text_encoders[k].config.source() +
+                        " vocab_size): the tokenizer and the text encoder do not match");
+    width += t.config.hidden_size;
+  }
+  // The UNet attends to the encoders' states side by side (SDXL: CLIP-L's 768 + CLIP-G's 1280).
+  const auto& cross = c_->unet_config.cross_attention_dim;
+  if (!cross.empty() && cross.front() != width) {
+    std::string widths;
+    for (const auto& t : c_->text_encoders)
+      widths +=
+          (widths.empty() ? "" : " + ") + t.component + " " + std::to_string(t.config.hidden_size);
+    throw ConfigError(src.unet_config.source() + ": cross_attention_dim is " +
+                      std::to_string(cross.front()) + ", but the text encoders give " + widths +
+                      " = " + std::to_string(width) +
+                      ": the UNet and the text encoders do not match");
+  }
+}
+
 std::vector<std::pair<std::string, torch::nn::Module*>> StableDiffusion::loaded_networks() const {
   std::vector<std::pair<std::string, torch::nn::Module*>> out;
-  if (!c_->text_encoder_module.is_empty())
-    out.emplace_back("text_encoder", c_->text_encoder_module.get());
+  for (auto& t : c_->text_encoders)
+    if (!t.module.is_empty()) out.emplace_back(t.component, t.module.get());
   if (!c_->unet_module.is_empty()) out.emplace_back("unet", c_->unet_module.get());
   return out;
 }
@@ -288,16 +351,14 @@ double StableDiffusion::apply_loras(const std::vector<LoraSpec>& for_this_run) {
   wanted.insert(wanted.end(), for_this_run.begin(), for_this_run.end());
   if (wanted.empty() && c_->loras.empty()) return 0;
   const bool reading = c_->loras.needs_reading(wanted);
-  if (reading) {  // new files are checked against both networks
-    c_->text_encoder();
-    c_->unet();
-  }
-  auto loaded = [](auto& m) -> torch::nn::Module* { return m.is_empty() ? nullptr : m.get(); };
-  const double seconds = c_->loras.set(wanted, c_->lora_lenient,
-                                       {loaded(c_->text_encoder_module), loaded(c_->unet_module)});
+  if (reading) c_->unet();  // new files are checked against both networks
+  torch::nn::Module* text = c_->lora_text_encoder(/*load=*/reading);
+  const double seconds =
+      c_->loras.set(wanted, c_->lora_lenient,
+                    {text, c_->unet_module.is_empty() ? nullptr : c_->unet_module.get()});
   info_.loras = c_->loras.report();
   if (reading && c_->offload) {  // each stage loads (and patches) its network again
-    c_->done_with(c_->text_encoder_module, c_->text_device);
+    c_->done_with_text_encoders();
     c_->done_with(c_->unet_module, c_->device);
   }
   return seconds;
@@ -321,7 +382,9 @@ PromptEmbeddings StableDiffusion::encode_for_run(const GenerationConfig& config,
                               /*guidance=*/config.guidance_scale > 1.0, config.prompt_syntax);
   check_stage_finite(embeds.positive, "text encoder", c_->text_device, c_->text_dtype);
   check_stage_finite(embeds.negative, "text encoder", c_->text_device, c_->text_dtype);
-  c_->done_with(c_->text_encoder_module, c_->text_device);
+  check_stage_finite(embeds.pooled, "text encoder", c_->text_device, c_->text_dtype);
+  check_stage_finite(embeds.negative_pooled, "text encoder", c_->text_device, c_->text_dtype);
+  c_->done_with_text_encoders();
   timings->text_encode_s = now_s() - t0;
   record_stage_memory(timings, "text_encode", c_->text_device);
   return embeds;
@@ -394,16 +457,21 @@ std::optional<PromptEmbeddings> StableDiffusion::encode_weighted_prompts(
                                                      : negative_prompts[i]);
   }
   PromptEmbeddings e;
-  std::vector<std::vector<text::PromptChunk>> chunks;
+  const size_t encoders = c_->text_encoders.size();
+  // chunks[encoder][text]: each tokenizer chunks the parsed texts with its own padding (SDXL's
+  // CLIP-G pads with '!', CLIP-L with the end token).
+  std::vector<std::vector<std::vector<text::PromptChunk>>> chunks(encoders);
   std::vector<std::string> plain_texts;
   size_t most = 1;
   bool plain = true;
   for (const auto& t : texts) {
     const auto parsed = text::parse_prompt_attention(t, &e.warnings);
     plain_texts.push_back(text::plain_text(parsed));
-    chunks.push_back(text::chunk_prompt(*c_->tokenizer, parsed));
-    most = std::max(most, chunks.back().size());
-    for (const auto& c : chunks.back()) plain = plain && c.all_weights_one();
+    for (size_t k = 0; k < encoders; ++k) {
+      chunks[k].push_back(text::chunk_prompt(*c_->text_encoders[k].tokenizer, parsed));
+      most = std::max(most, chunks[k].back().size());
+      for (const auto& c : chunks[k].back()) plain = plain && c.all_weights_one();
+    }
   }
   // One chunk each and every weight 1: the plain path on the texts without their syntax (the
   // same ids as the chunks; the same batches, so the same bits as diffusers' encode_prompt).
@@ -423,44 +491,68 @@ std::optional<PromptEmbeddings> StableDiffusion::encode_weighted_prompts(
     }
     return std::nullopt;
   }
-  const auto empty = text::chunk_prompt(*c_->tokenizer, text::parse_prompt_attention(""));
-  const int64_t len = c_->tokenizer->model_max_length();
   const int64_t n = static_cast<int64_t>(texts.size()), k = static_cast<int64_t>(most);
-  auto ids = torch::empty({n * k, len}, torch::kInt64);
-  auto weights = torch::ones({n * k, len}, torch::kFloat32);
-  std::vector<bool> weighted(static_cast<size_t>(n * k), false);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < k; ++j) {
-      // Shorter prompts (and the negative prompt) are padded with empty chunks, as A1111 does.
-      const auto& c = j < static_cast<int64_t>(chunks[static_cast<size_t>(i)].size())
-                          ? chunks[static_cast<size_t>(i)][static_cast<size_t>(j)]
-                          : empty[0];
-      const int64_t row = i * k + j;
-      for (int64_t t = 0; t < len; ++t) {
-        ids[row][t] = c.ids[static_cast<size_t>(t)];
-        weights[row][t] = c.weights[static_cast<size_t>(t)];
+  std::vector<torch::Tensor> parts;  // per encoder: [n, k x 77, width]
+  torch::Tensor pooled;              // [n, P]: of each text's first chunk, as A1111 does
+  for (size_t enc = 0; enc < encoders; ++enc) {
+    const auto& tokenizer = *c_->text_encoders[enc].tokenizer;
+    const auto empty = text::chunk_prompt(tokenizer, text::parse_prompt_attention(""));
+    const int64_t len = tokenizer.model_max_length();
+    auto ids = torch::empty({n * k, len}, torch::kInt64);
+    auto weights = torch::ones({n * k, len}, torch::kFloat32);
+    std::vector<bool> weighted(static_cast<size_t>(n * k), false);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        // Shorter prompts (and the negative prompt) are padded with empty chunks, as A1111 does.
+        const auto& mine = chunks[enc][static_cast<size_t>(i)];
+        const auto& c =
+            j < static_cast<int64_t>(mine.size()) ? mine[static_cast<size_t>(j)] : empty[0];
+        const int64_t row = i * k + j;
+        for (int64_t t = 0; t < len; ++t) {
+          ids[row][t] = c.ids[static_cast<size_t>(t)];
+          weights[row][t] = c.weights[static_cast<size_t>(t)];
+        }
+        weighted[static_cast<size_t>(row)] = !c.all_weights_one();
       }
-      weighted[static_cast<size_t>(row)] = !c.all_weights_one();
+    const std::string suffix = c_->text_encoders[enc].component == "text_encoder_2" ? "_2" : "";
+    trace("weighted_input_ids" + suffix, ids);
+    const auto out = c_->text_encoder(enc)->forward(ids.to(c_->text_device), c_->sdxl);
+    const auto hidden =
+        c_->sdxl ? out.hidden_states.at(out.hidden_states.size() - 2) : out.last_hidden_state;
+    auto w = weights.to(hidden.device(), hidden.scalar_type());
+    std::vector<torch::Tensor> rows;
+    for (int64_t r = 0; r < n * k; ++r) {
+      auto z = hidden[r];
+      if (weighted[static_cast<size_t>(r)]) {
+        // A1111's emphasis: scale each token's output, then restore the chunk's mean.
+        const auto mean = z.mean();
+        z = z * w[r].unsqueeze(-1);
+        z = z * (mean / z.mean());
+      }
+      rows.push_back(z);
     }
-  trace("weighted_input_ids", ids);
-  auto hidden = c_->text_encoder()->forward(ids.to(c_->text_device)).last_hidden_state;
-  auto w = weights.to(hidden.device(), hidden.scalar_type());
-  std::vector<torch::Tensor> rows;
-  for (int64_t r = 0; r < n * k; ++r) {
-    auto z = hidden[r];
-    if (weighted[static_cast<size_t>(r)]) {
-      // A1111's emphasis: scale each token's output, then restore the chunk's mean.
-      const auto mean = z.mean();
-      z = z * w[r].unsqueeze(-1);
-      z = z * (mean / z.mean());
-    }
-    rows.push_back(z);
+    parts.push_back(torch::stack(rows).reshape({n, k * len, hidden.size(-1)}));
+    if (out.text_embeds.defined())
+      pooled = out.text_embeds.reshape({n, k, out.text_embeds.size(-1)}).select(1, 0);
   }
-  auto all = torch::stack(rows).reshape({n, k * len, hidden.size(-1)});
+  const auto all = parts.size() == 1 ? parts[0] : torch::cat(parts, -1);
   const int64_t np = static_cast<int64_t>(prompts.size());
+  const auto per_image = [&](const torch::Tensor& t) {
+    return t.repeat_interleave(images_per_prompt, 0);
+  };
   e.truncated.assign(prompts.size(), false);
-  e.positive = all.narrow(0, 0, np).repeat_interleave(images_per_prompt, 0);
-  if (guidance) e.negative = all.narrow(0, np, np).repeat_interleave(images_per_prompt, 0);
+  e.positive = per_image(all.narrow(0, 0, np));
+  if (pooled.defined()) e.pooled = per_image(pooled.narrow(0, 0, np));
+  if (guidance) {
+    // SDXL base models guide against zeros without a negative prompt, as the plain path does.
+    const bool zero_negative =
+        c_->sdxl && negative_prompts.empty() && c_->sdxl_options.force_zeros_for_empty_prompt;
+    e.negative = per_image(all.narrow(0, np, np));
+    if (zero_negative) e.negative = torch::zeros_like(e.negative);
+    if (pooled.defined())
+      e.negative_pooled =
+          zero_negative ? torch::zeros_like(e.pooled) : per_image(pooled.narrow(0, np, np));
+  }
   return e;
 }
 
@@ -477,9 +569,9 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
     e.warnings.insert(e.warnings.begin(), plain.warnings.begin(), plain.warnings.end());
     return e;
   }
-  auto tokenize = [&](const std::vector<std::string>& texts, std::vector<bool>* truncated,
-                      const char* name) {
-    auto batch = c_->tokenizer->encode_padded(texts);
+  auto tokenize = [&](size_t k, const std::vector<std::string>& texts, std::vector<bool>* truncated,
+                      const std::string& name) {
+    auto batch = c_->text_encoders[k].tokenizer->encode_padded(texts);
     int64_t n = static_cast<int64_t>(batch.input_ids.size());
     int64_t len = n ? static_cast<int64_t>(batch.input_ids[0].size()) : 0;
     auto ids = torch::empty({n, len}, torch::kInt64);
@@ -489,52 +581,96 @@ PromptEmbeddings StableDiffusion::encode_prompt(const std::vector<std::string>& 
     if (truncated) *truncated = batch.truncated;
     return ids;
   };
-  auto encode = [&](const torch::Tensor& ids) {
-    return c_->text_encoder()->forward(ids.to(c_->text_device)).last_hidden_state;
+  // SD 1.x/2.x condition on the final layer-normed states; SDXL on the penultimate layer's
+  // (hidden_states[-2], before the final norm) and on the projected pooled output.
+  struct Encoded {
+    torch::Tensor hidden, pooled;
+    Encoded rows(int64_t start, int64_t count) const {
+      return {hidden.narrow(0, start, count),
+              pooled.defined() ? pooled.narrow(0, start, count) : torch::Tensor()};
+    }
+  };
+  auto encode = [&](size_t k, const torch::Tensor& ids) {
+    auto out = c_->text_encoder(k)->forward(ids.to(c_->text_device), c_->sdxl);
+    return Encoded{
+        c_->sdxl ? out.hidden_states.at(out.hidden_states.size() - 2) : out.last_hidden_state,
+        out.text_embeds};
   };
   PromptEmbeddings e;
-  const auto ids = tokenize(prompts, &e.truncated, "text_input_ids");
-  auto limit = std::to_string(c_->tokenizer->model_max_length());
-  for (size_t i = 0; i < e.truncated.size(); ++i)
-    if (e.truncated[i])
-      e.warnings.push_back("prompt " + std::to_string(i + 1) + " is longer than " + limit +
-                           " tokens and was truncated (the text encoder sees only the first " +
-                           limit + ")");
-  torch::Tensor pos, negative;
-  if (guidance) {
-    std::vector<std::string> neg;
+  // SDXL base models guide against zeros when no negative prompt is given: nothing is encoded.
+  const bool zero_negative = guidance && c_->sdxl && negative_prompts.empty() &&
+                             c_->sdxl_options.force_zeros_for_empty_prompt;
+  std::vector<std::string> neg;
+  if (guidance && !zero_negative) {
     if (negative_prompts.empty())
       neg.assign(prompts.size(), "");
     else if (negative_prompts.size() == 1)
       neg.assign(prompts.size(), negative_prompts[0]);
     else
       neg = negative_prompts;
-    std::vector<bool> neg_truncated;
-    const auto neg_ids = tokenize(neg, &neg_truncated, "negative_text_input_ids");
-    for (size_t i = 0; i < neg_truncated.size(); ++i)
-      if (neg_truncated[i])
-        e.warnings.push_back("negative prompt " + std::to_string(i + 1) + " is longer than " +
-                             limit + " tokens and was truncated");
-    if (c_->text_dtype == torch::kFloat32) {
-      // Two batches, as diffusers' encode_prompt: the same bits as the reference.
-      pos = encode(ids);
-      negative = encode(neg_ids);
-    } else {
-      // 16-bit: one forward for both, twice the rows per matmul. LibTorch's oneDNN runs a
-      // [154, 1024] bf16 product at 1.6x the rows per second of a [77, 1024] one (measured
-      // on an AMX Xeon: 0.66 ms against 2 x 0.53 ms for SD2.1's 1024 x 1024 projections).
-      auto both = encode(torch::cat({ids, neg_ids}));
-      pos = both.narrow(0, 0, ids.size(0));
-      negative = both.narrow(0, ids.size(0), neg_ids.size(0));
-    }
-    trace("negative_prompt_embeds", negative);
-  } else {
-    pos = encode(ids);
   }
+  std::vector<torch::Tensor> pos_parts, neg_parts;
+  for (size_t k = 0; k < c_->text_encoders.size(); ++k) {
+    const std::string suffix = c_->text_encoders[k].component == "text_encoder_2" ? "_2" : "";
+    const auto limit = std::to_string(c_->text_encoders[k].tokenizer->model_max_length());
+    std::vector<bool> truncated, neg_truncated;
+    const auto ids = tokenize(k, prompts, &truncated, "text_input_ids" + suffix);
+    Encoded p, n;
+    if (!neg.empty()) {
+      const auto neg_ids = tokenize(k, neg, &neg_truncated, "negative_text_input_ids" + suffix);
+      if (c_->text_dtype == torch::kFloat32) {
+        // Two batches, as diffusers' encode_prompt: the same bits as the reference.
+        p = encode(k, ids);
+        n = encode(k, neg_ids);
+      } else {
+        // 16-bit: one forward for both, twice the rows per matmul. LibTorch's oneDNN runs a
+        // [154, 1024] bf16 product at 1.6x the rows per second of a [77, 1024] one (measured
+        // on an AMX Xeon: 0.66 ms against 2 x 0.53 ms for SD2.1's 1024 x 1024 projections).
+        const auto both = encode(k, torch::cat({ids, neg_ids}));
+        p = both.rows(0, ids.size(0));
+        n = both.rows(ids.size(0), neg_ids.size(0));
+      }
+      neg_parts.push_back(n.hidden);
+    } else {
+      p = encode(k, ids);
+    }
+    pos_parts.push_back(p.hidden);
+    // The pooled embedding is the last encoder's that has one (SDXL: text_encoder_2).
+    if (p.pooled.defined()) {
+      e.pooled = p.pooled;
+      e.negative_pooled = n.pooled;
+    }
+    if (k == 0) {  // every tokenizer cuts the same texts: one warning each
+      e.truncated = truncated;
+      for (size_t i = 0; i < truncated.size(); ++i)
+        if (truncated[i])
+          e.warnings.push_back("prompt " + std::to_string(i + 1) + " is longer than " + limit +
+                               " tokens and was truncated (the text encoder sees only the first " +
+                               limit + ")");
+      for (size_t i = 0; i < neg_truncated.size(); ++i)
+        if (neg_truncated[i])
+          e.warnings.push_back("negative prompt " + std::to_string(i + 1) + " is longer than " +
+                               limit + " tokens and was truncated");
+    }
+  }
+  const auto pos = pos_parts.size() == 1 ? pos_parts[0] : torch::cat(pos_parts, -1);
+  torch::Tensor negative;
+  if (zero_negative) {
+    negative = torch::zeros_like(pos);
+    if (e.pooled.defined()) e.negative_pooled = torch::zeros_like(e.pooled);
+  } else if (guidance) {
+    negative = neg_parts.size() == 1 ? neg_parts[0] : torch::cat(neg_parts, -1);
+  }
+  if (guidance) trace("negative_prompt_embeds", negative);
   trace("prompt_embeds", pos);
   // Each prompt's copies stay adjacent, as diffusers' repeat + view does.
-  e.positive = pos.repeat_interleave(images_per_prompt, 0);
-  if (guidance) e.negative = negative.repeat_interleave(images_per_prompt, 0);
+  const auto per_image = [&](const torch::Tensor& t) {
+    return t.defined() ? t.repeat_interleave(images_per_prompt, 0) : t;
+  };
+  e.positive = per_image(pos);
+  e.negative = per_image(negative);
+  e.pooled = per_image(e.pooled);
+  e.negative_pooled = per_image(e.negative_pooled);
   return e;
 }
 
@@ -556,6 +692,30 @@ GenerationResult StableDiffusion::denoise_and_decode(
   bool guidance = embeds.negative.defined();
   auto cond = guidance ? torch::cat({embeds.negative, embeds.positive}) : embeds.positive;
   cond = cond.to(c_->device, c_->unet_dtype);
+  trace("prompt_embeds_cfg", cond);
+  // SDXL: the pooled text embedding and the time ids of each branch, in the same order.
+  std::optional<models::UNetAddedConditions> added;
+  if (c_->sdxl) {
+    const int64_t f = vae_scale_factor();
+    const int height = static_cast<int>(latents.size(2) * f),
+              width = static_cast<int>(latents.size(3) * f);
+    const auto time_ids = [&](bool negative) {
+      const auto ids =
+          sdxl_time_ids(config.size_conditioning, c_->sdxl_options, height, width, negative);
+      return torch::tensor(ids, torch::kFloat64)
+          .to(torch::kFloat32)
+          .unsqueeze(0)
+          .repeat({latents.size(0), 1});
+    };
+    added.emplace();
+    added->text_embeds =
+        guidance ? torch::cat({embeds.negative_pooled, embeds.pooled}) : embeds.pooled;
+    added->text_embeds = added->text_embeds.to(c_->device, c_->unet_dtype);
+    added->time_ids = guidance ? torch::cat({time_ids(true), time_ids(false)}) : time_ids(false);
+    added->time_ids = added->time_ids.to(c_->device);
+    trace("add_text_embeds_cfg", added->text_embeds);
+    trace("add_time_ids_cfg", added->time_ids);
+  }
   // CFG-parallel: this rank runs the UNet on its own branch of [negative; positive] only.
   std::optional<parallel::BranchShard> shard;
   if (cfg_group_) {
@@ -563,6 +723,10 @@ GenerationResult StableDiffusion::denoise_and_decode(
       throw InvalidArgument("CFG-parallel needs classifier-free guidance (guidance scale > 1)");
     shard.emplace(*cfg_group_, 2);
     cond = shard->local(cond);
+    if (added) {
+      added->text_embeds = shard->local(added->text_embeds);
+      added->time_ids = shard->local(added->time_ids);
+    }
   }
   latents = latents.to(c_->device, torch::kFloat32);
   int64_t n = timesteps.size(0);
@@ -582,7 +746,9 @@ GenerationResult StableDiffusion::denoise_and_decode(
     if (unet_accel.deep_cache())
       trace("step." + std::to_string(i) + ".deepcache_full",
             torch::tensor(unet_accel.full_step(i)));
-    auto noise_pred = unet_accel.forward(*c_->unet(), i, model_input.to(c_->unet_dtype), t, cond)
+    auto noise_pred = unet_accel
+                          .forward(*c_->unet(), i, model_input.to(c_->unet_dtype), t, cond,
+                                   added ? &*added : nullptr)
                           .to(torch::kFloat32);
     if (shard) noise_pred = shard->gather(noise_pred);
     trace("step." + std::to_string(i) + ".noise_pred_raw", noise_pred);

@@ -25,6 +25,8 @@ class CfgGroup;
 
 namespace diffuse::pipeline {
 
+struct ModelSource;
+
 // Receives named intermediate tensors (golden tests: "step.3.latents", ...).
 using TraceFn = std::function<void(const std::string&, const torch::Tensor&)>;
 // Supplies every random tensor the pipeline draws (VAE posterior sample, img2img noise,
@@ -33,8 +35,11 @@ using TraceFn = std::function<void(const std::string&, const torch::Tensor&)>;
 using NoiseFn = std::function<torch::Tensor(c10::IntArrayRef shape)>;
 
 struct PromptEmbeddings {
-  torch::Tensor positive;       // [N, T, D] (already repeated per image)
-  torch::Tensor negative;       // undefined when guidance is off
+  torch::Tensor positive;  // [N, T, D] (already repeated per image)
+  torch::Tensor negative;  // undefined when guidance is off
+  // SDXL: the pooled, projected embedding of the last text encoder [N, P] (the UNet's
+  // text_embeds); undefined for SD 1.x/2.x.
+  torch::Tensor pooled, negative_pooled;
   std::vector<bool> truncated;  // per prompt / negative prompt given
   std::vector<std::string> warnings;
 };
@@ -96,6 +101,9 @@ class StableDiffusion {
   std::shared_ptr<parallel::CfgGroup> cfg_group_;
 
   torch::Tensor draw_noise(c10::IntArrayRef shape, at::Generator& gen) const;
+  // ConfigError when a tokenizer has ids outside its encoder's vocabulary, or when the
+  // encoders' widths do not add up to the UNet's cross_attention_dim.
+  void check_text_encoders(const ModelSource& source) const;
   // Makes LoadOptions::loras plus `for_this_run` the adapters in effect (new files read and
   // checked against the text encoder and UNet first; nothing changes on an error). Returns
   // the seconds it took.

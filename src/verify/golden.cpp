@@ -84,7 +84,8 @@ void GoldenCase::bad_param(const std::string& key, const char* expected) const {
 
 std::vector<std::string> GoldenCase::param_strings(const std::string& key) const {
   const auto it = params.find(key);
-  if (it == params.end()) return {};
+  // null: the reference pipeline got None (SDXL: no negative prompt, not the empty one).
+  if (it == params.end() || it->is_null()) return {};
   bool ok = it->is_string() || it->is_array();
   if (it->is_array())
     for (const auto& s : *it) ok = ok && s.is_string();
@@ -160,6 +161,11 @@ void GoldenSet::check_model_files() const {
 
 std::string GoldenSet::model_dir() const {
   return path_inside(index.value("model_dir", std::string("model")), "model_dir");
+}
+
+std::string GoldenSet::model_dir(const GoldenCase& c) const {
+  if (!c.params.contains("model_dir")) return model_dir();
+  return path_inside(c.param("model_dir", std::string()), c.where + " params.model_dir");
 }
 
 std::string GoldenSet::single_file_checkpoint() const {

@@ -43,7 +43,7 @@ struct GoldenCase {
   // cases.json, the case, the key, the value and the type expected, never a silent default.
   template <typename T>
   T param(const std::string& key, T fallback) const;
-  // params[key] as one string or a list of strings (prompts); empty if absent.
+  // params[key] as one string or a list of strings (prompts); empty if absent or null.
   std::vector<std::string> param_strings(const std::string& key) const;
   [[noreturn]] void bad_param(const std::string& key, const char* expected) const;
 };
@@ -65,6 +65,9 @@ struct GoldenSet {
   // that differs, so that a damaged model is never reported as an engine mismatch.
   void check_model_files() const;
   std::string model_dir() const;
+  // The model a case runs: its params.model_dir (a second model of the set, e.g. a refiner),
+  // else model_dir().
+  std::string model_dir(const GoldenCase& c) const;
   // The single-file checkpoint, or "" if the set has none.
   std::string single_file_checkpoint() const;
   const GoldenCase* find(const std::string& name) const;

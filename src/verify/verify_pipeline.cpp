@@ -48,6 +48,35 @@ torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOpt
   return traced.at("image");
 }
 
+// Names golden sets give the same traced tensor: diffusers' SDXL script records the UNet's raw
+// output as unet_out and each CLIP encoder's ids by the encoder's name.
+void add_aliases(std::map<std::string, torch::Tensor>* traced) {
+  static const std::pair<const char*, const char*> kAliases[] = {
+      {"text_input_ids", "clip_l_input_ids"},
+      {"negative_text_input_ids", "negative_clip_l_input_ids"},
+      {"text_input_ids_2", "clip_g_input_ids"},
+      {"negative_text_input_ids_2", "negative_clip_g_input_ids"}};
+  std::map<std::string, torch::Tensor> extra;
+  for (const auto& [name, t] : *traced) {
+    for (const auto& [ours, theirs] : kAliases)
+      if (name == ours) extra[theirs] = t;
+    const std::string raw = ".noise_pred_raw";
+    if (name.size() > raw.size() && name.compare(name.size() - raw.size(), raw.size(), raw) == 0)
+      extra[name.substr(0, name.size() - raw.size()) + ".unet_out"] = t;
+  }
+  traced->insert(extra.begin(), extra.end());
+}
+
+// The source image of an img2img case: init_image [B, 3, H, W] in [0, 1], or image_uint8
+// [H, W, 3] as the reference pipeline got it (a PIL image).
+torch::Tensor init_image(const CaseTensors& t) {
+  if (t.has("init_image")) return t.get("init_image");
+  const auto u8 = t.get("image_uint8");
+  if (u8.dim() != 3 || u8.size(2) != 3)
+    throw FormatError("image_uint8 must be [H, W, 3], got " + c10::str(u8.sizes()));
+  return u8.permute({2, 0, 1}).unsqueeze(0).to(torch::kFloat32) / 255;
+}
+
 }  // namespace
 
 void compare_traced_tensors(const GoldenCase& c, const CaseTensors& t,
@@ -78,7 +107,7 @@ void compare_traced_tensors(const GoldenCase& c, const CaseTensors& t,
 PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c,
                                     const std::string& model_path, LoadOptions lo) {
   CaseTensors t(c);
-  if (model_path != set.model_dir()) lo.config_dir = set.model_dir();
+  if (model_path != set.model_dir(c)) lo.config_dir = set.model_dir(c);
   pipeline::StableDiffusion sd(model_path, lo);
   if (c.params.contains("scheduler"))
     sd.set_scheduler_config(c.param("scheduler", nlohmann::json()));
@@ -95,11 +124,15 @@ PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c,
   g.images_per_prompt = c.param("num_images_per_prompt", 1);
   g.seed = 0;
   if (c.params.contains("eta")) g.eta = c.param("eta", 0.0);
-  if (t.has("init_image")) {
+  auto& size = g.size_conditioning;
+  size.aesthetic_score = c.param("aesthetic_score", size.aesthetic_score);
+  size.negative_aesthetic_score =
+      c.param("negative_aesthetic_score", size.negative_aesthetic_score);
+  if (t.has("init_image") || t.has("image_uint8")) {
     g.strength = c.param("strength", 0.8);
     // Recorded randomness in draw order: the VAE posterior sample, then add_noise's noise.
     std::deque<torch::Tensor> noise;
-    for (const char* n : {"posterior_noise", "noise"})
+    for (const char* n : {"posterior_noise", "noise", "noise.vae_sample", "noise.img2img"})
       if (t.has(n)) noise.push_back(t.get(n));
     sd.set_noise_source([&noise](c10::IntArrayRef shape) {
       if (noise.empty())
@@ -108,7 +141,7 @@ PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c,
       noise.pop_front();
       return v;
     });
-    replay.result = sd.image2image(g, t.get("init_image"), {});
+    replay.result = sd.image2image(g, init_image(t), {});
     replay.all_noise_used = noise.empty();
   } else {
     g.height = c.param("height", 0);
@@ -116,15 +149,16 @@ PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c,
     g.latents = t.get("latents");
     replay.result = sd.text2image(g, {});
   }
+  add_aliases(&replay.traced);
   return replay;
 }
 
 CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& o) {
   const auto cls =
-      io::ModelFolder::open(set.model_dir()).model_index().get<std::string>("_class_name", "");
+      io::ModelFolder::open(set.model_dir(c)).model_index().get<std::string>("_class_name", "");
   if (cls.rfind("HiDream", 0) == 0) return verify_hidream_pipeline(set, c, o);
   CaseResult r;
-  auto folder_image = run_one(set, c, o, set.model_dir(), "", &r);
+  auto folder_image = run_one(set, c, o, set.model_dir(c), "", &r);
   std::string single = set.single_file_checkpoint();
   if (!single.empty()) {
     auto single_image = run_one(set, c, o, single, "single-file:", &r);

@@ -57,8 +57,8 @@ TEST_F(SimulatedNpuTest, GoldenPipelineCasesAreBitIdenticalOnCpuAndNpu) {
   auto cases = pipeline_cases(set);
   if (cases.empty()) GTEST_SKIP() << "the golden set has no pipeline case";
   for (const auto* c : cases) {
-    auto cpu = verify::replay_pipeline_case(set, *c, set.model_dir(), fp32_on("cpu"));
-    auto npu = verify::replay_pipeline_case(set, *c, set.model_dir(), fp32_on("npu:0"));
+    auto cpu = verify::replay_pipeline_case(set, *c, set.model_dir(*c), fp32_on("cpu"));
+    auto npu = verify::replay_pipeline_case(set, *c, set.model_dir(*c), fp32_on("npu:0"));
     expect_bitwise_equal(cpu, npu, c->name);
     // The work really ran on the device: its memory was used and it fell back for some ops.
     bool on_npu = false;
