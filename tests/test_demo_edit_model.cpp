@@ -19,12 +19,15 @@ namespace test_demo_edit_model {
 
 const std::string kModel = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo-edit";
 
-// The first held-out edit of `kind`, run with the folder's defaults; the scene score of the
-// result against the edit's target.
-train::SceneScore edit_score(pipeline::HiDreamPipeline& pipe, const pipeline::HiDreamDefaults& d,
-                             train::EditKind kind, uint64_t seed, std::string* prompt) {
+// The first `count` held-out edits of `kind`, run with the folder's defaults: how many come
+// out fully right (the scorer's every check against the edit's target scene); what went wrong
+// with the others in `failures`.
+int edits_right(pipeline::HiDreamPipeline& pipe, const pipeline::HiDreamDefaults& d,
+                train::EditKind kind, int count, uint64_t seed, std::string* failures) {
+  int tried = 0, right = 0;
   for (const auto& e : train::held_out_edits(60)) {
-    if (e.kind != kind) continue;
+    if (e.kind != kind || tried == count) continue;
+    ++tried;
     const auto target = train::spec_of(e.target, false);
     const Image source = train::render_scene(e.source, pipe.area_side(), pipe.area_side());
     pipeline::HiDreamEdit req;
@@ -36,27 +39,28 @@ train::SceneScore edit_score(pipeline::HiDreamPipeline& pipe, const pipeline::Hi
     req.sampling.steps = d.steps;
     req.sampling.guidance_scale = d.guidance_scale;
     req.sampling.seed = seed;
-    *prompt = req.prompt;
-    return train::score_scene(pipeline::to_images(pipe.edit(req).image)[0], target);
+    const auto score = train::score_scene(pipeline::to_images(pipe.edit(req).image)[0], target);
+    if (score.all())
+      ++right;
+    else
+      *failures += "\n  " + req.prompt + " (background " + score.detected_background + ")";
   }
-  ADD_FAILURE() << "no held-out edit of kind " << train::edit_kind_name(kind);
-  return {};
+  EXPECT_EQ(tried, count) << "too few held-out edits of kind " << train::edit_kind_name(kind);
+  return right;
 }
 
-TEST(DemoEditModel, AppliesABackgroundAndAnObjectRecolourEdit) {
-  // Until a trained model is shipped (issue 37: the first 36-minute training run did not reach
-  // the quality targets), there is nothing to score.
+// Scored on four edits of each kind, three of which must come out right: the model gets about
+// nine in ten of these kinds right (docs/demo-models.md), and one borderline edit that another
+// CPU's kernels tip over must not fail the suite.
+TEST(DemoEditModel, AppliesBackgroundAndObjectRecolourEdits) {
   if (!std::filesystem::exists(kModel + "/model_index.json")) GTEST_SKIP() << "no " << kModel;
   const auto folder = io::ModelFolder::open(kModel);
   const auto defaults = pipeline::hidream_defaults(folder);
   pipeline::HiDreamPipeline pipe(folder, torch::Device(torch::kCPU), torch::kFloat32);
   for (auto kind : {train::EditKind::kBackground, train::EditKind::kRecolour}) {
-    std::string prompt;
-    const auto score = edit_score(pipe, defaults, kind, 0, &prompt);
-    EXPECT_TRUE(score.background) << prompt << ": background " << score.detected_background;
-    for (size_t i = 0; i < score.objects.size(); ++i)
-      EXPECT_TRUE(score.objects[i].colour_position && score.objects[i].shape)
-          << prompt << ": object " << i << " detected " << score.objects[i].detected_shape;
+    std::string failures;
+    EXPECT_GE(edits_right(pipe, defaults, kind, 4, 0, &failures), 3)
+        << train::edit_kind_name(kind) << " edits that went wrong:" << failures;
   }
 }
 
