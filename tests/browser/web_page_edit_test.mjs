@@ -45,7 +45,7 @@ const urlPromise = new Promise((resolve, reject) => {
 
 let browser;
 try {
-  const url = await urlPromise;
+  const url = (await urlPromise).replace(/\/$/, '');  // the server prints it with a slash
   const status = await (await fetch(`${url}/v1/status`)).json();
   browser = await chromium.launch({ executablePath: browserPath, args: ['--no-sandbox'] });
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
