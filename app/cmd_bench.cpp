@@ -12,7 +12,7 @@
 
 #include "bench/attention_bench.h"
 #include "bench/bench_util.h"
-#include "bench/hidream_block_bench.h"
+#include "bench/dit_block_bench.h"
 #include "bench/pipeline_bench.h"
 #include "bench/precision_bench.h"
 #include "bench/roofline.h"
@@ -316,7 +316,8 @@ Command add_bench_command(CLI::App& app) {
   for (const auto& n : models::builtin_arch_names()) archs += (archs.empty() ? "" : "|") + n;
   app.add_option("--arch", o->arch,
                  "Built-in architecture with random weights: " + archs +
-                     "|hidream-i1 (one dual- and one single-stream block at full size)"
+                     "|hidream-i1|flux-dev|flux-schnell (one dual- and one single-stream block "
+                     "at full size)"
                      "|t5-xxl|llama-3.1-8b (HiDream's text encoders, one forward)")
       ->capture_default_str();
   app.add_option("-m,--model", o->model,
@@ -328,7 +329,7 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--weights", o->load.weights,
                  "none|q8_0|q4_0: the UNet's linear weights kept quantized (as txt2img "
-                 "--weights); with --arch hidream-i1 each block is timed plain and then "
+                 "--weights); with a DiT --arch each block is timed plain and then "
                  "quantized, side by side")
       ->capture_default_str();
   app.add_option("--attention", o->load.attention,
@@ -345,9 +346,11 @@ Command add_bench_command(CLI::App& app) {
   app.add_option("--warmup", o->warmup, "Untimed UNet steps first")
       ->capture_default_str()
       ->check(int_range(0, 10000, "a number of steps"));
-  app.add_option("--batch", o->batch, "UNet batch (2 = one image with guidance)")
-      ->capture_default_str()
-      ->check(int_range(1, 256, "a batch size"));
+  auto* batch = app.add_option("--batch", o->batch,
+                               "UNet/transformer batch (2 = one image with guidance; FLUX, whose "
+                               "guidance is an embedding, runs 1 unless given)")
+                    ->capture_default_str()
+                    ->check(int_range(1, 256, "a batch size"));
   app.add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   app.add_flag(
       "--no-pack-weights", [o](int64_t) { o->load.pack_conv_weights = false; },
@@ -438,8 +441,8 @@ Command add_bench_command(CLI::App& app) {
     return out;
   };
 
-  return [o, as_json, att, af, roof, rf, prec, pf, pjson, dtypes_for, demo_quality, lora, stream,
-          accel, vae_tiling, fail_above]() {
+  return [o, as_json, batch, att, af, roof, rf, prec, pf, pjson, dtypes_for, demo_quality, lora,
+          stream, accel, vae_tiling, fail_above]() {
     if (demo_quality.first->parsed()) return demo_quality.second();
     if (accel.first->parsed()) return accel.second();
     if (lora.first->parsed()) return lora.second();
@@ -539,13 +542,14 @@ Command add_bench_command(CLI::App& app) {
         std::cout << json{{"threads", at::get_num_threads()}, {"rooflines", all}}.dump(2) << "\n";
       return 0;
     }
-    if (*fail_above && (models::is_hidream_arch(o->arch) || bench::is_text_encoder_arch(o->arch)))
+    if (*fail_above && (models::is_dit_arch(o->arch) || bench::is_text_encoder_arch(o->arch)))
       throw InvalidArgument("--fail-above checks a UNet step: not with --arch " + o->arch);
     if (o->whole_image_steps > 0 && o->model.empty())
       throw InvalidArgument(
           "--whole-image runs the real pipeline: it needs a model folder (-m), e.g. one written by "
           "diffuse create-demo-model --arch sd2.1-base");
-    if (models::is_hidream_arch(o->arch)) return run_hidream_block_bench(*o, *as_json);
+    if (models::is_flux_arch(o->arch) && batch->count() == 0) o->batch = 1;
+    if (models::is_dit_arch(o->arch)) return run_dit_block_bench(*o, *as_json);
     if (bench::is_text_encoder_arch(o->arch)) return run_text_encoder_bench(*o, *as_json);
     return run_pipeline(*o, *as_json, *fail_above);
   };

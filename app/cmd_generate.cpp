@@ -23,6 +23,7 @@
 #include "nn/attention.h"
 #include "parallel_flags.h"
 #include "pipeline/cpu_report.h"
+#include "pipeline/flux.h"
 #include "pipeline/hidream.h"
 #include "pipeline/image_parameters.h"
 #include "pipeline/memory_report.h"
@@ -65,6 +66,9 @@ struct GenerateFlags {
   // SDXL micro-conditioning, as typed ("1024x1024", "0,0"); empty = the image's own.
   std::string original_size, target_size, crop_top_left;
   std::optional<double> aesthetic_score, negative_aesthetic_score;
+  // FLUX (DitCliFlags' meaning); refused on other models.
+  std::optional<double> true_cfg_scale;
+  std::optional<int64_t> max_sequence_length;
   bool quiet = false;
   bool json = false;
 };
@@ -109,6 +113,10 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
       ->check(int_range(1, kMaxBatchCount, "a batch count"));
   app.add_option("-o,--out", f.out, "Output PNG (numbered when several images)")
       ->capture_default_str();
+  app.add_option("--true-cfg-scale", f.true_cfg_scale,
+                 "FLUX: above 1 with a negative prompt, a second transformer pass per step on it");
+  app.add_option("--max-sequence-length", f.max_sequence_length,
+                 "FLUX: T5 tokens of the prompt, 1..512 (default 512; schnell 256)");
   app.add_option("--original-size", f.original_size,
                  "SDXL: the size WxH the UNet is told the image was taken at (default: its own)")
       ->check(non_empty());
@@ -152,41 +160,43 @@ std::string output_path(const std::string& out, size_t index, size_t total) {
 
 int run_generate(const GenerateFlags& f, bool img2img);
 
-// The txt2img flags a HiDream folder cannot honour are refused, each saying why: none is
-// dropped without a word (issue 36).
-void check_hidream_generate_flags(const GenerateFlags& f) {
+// The txt2img flags a HiDream or FLUX (`family`) folder cannot honour are refused, each saying why:
+// none is dropped without a word (issue 36).
+void check_hidream_generate_flags(const GenerateFlags& f, const std::string& family) {
   auto refuse = [](const std::string& flag, const std::string& why) {
     throw InvalidArgument(flag + ": " + why);
   };
   if (f.prompts.size() != 1 || f.negative_prompts.size() > 1 || f.num_images != 1 ||
       f.batch_count != 1)
-    throw InvalidArgument("HiDream models take one prompt and one image per run");
+    throw InvalidArgument(family + " models take one prompt and one image per run");
   if (any_accel_flag(f.accel))
-    refuse("--deepcache/--tome", "they accelerate a UNet; HiDream models have none");
+    refuse("--deepcache/--tome", "they accelerate a UNet; " + family + " models have none");
   if (f.prompt_syntax_given && f.prompt_syntax != "plain")
     refuse("--prompt-syntax " + f.prompt_syntax,
-           "HiDream's four text encoders take the prompt as written (plain); A1111 weights are "
-           "for one CLIP encoder");
+           family +
+               "'s T5-based text encoders take the prompt as written (plain); A1111 "
+               "weights are for CLIP-only UNet models");
   if (!f.lora_dir.empty())
-    refuse("--lora-dir",
-           "<lora:NAME:SCALE> tags are A1111 prompt syntax, which HiDream prompts do not use; "
-           "give the file with --lora PATH[:SCALE]");
+    refuse("--lora-dir", "<lora:NAME:SCALE> tags are A1111 prompt syntax, which " + family +
+                             " prompts do not use; "
+                             "give the file with --lora PATH[:SCALE]");
   const auto& l = f.load;
   if (l.vae_dtype != "auto" && l.vae_dtype != "fp32")
-    refuse("--vae-dtype " + l.vae_dtype, "HiDream's Flux VAE runs in float32 (force_upcast)");
+    refuse("--vae-dtype " + l.vae_dtype, family + "'s Flux VAE runs in float32 (force_upcast)");
   if (l.widen_weights) refuse("--widen-weights", "a Stable Diffusion UNet option");
   if (l.no_pack_weights) refuse("--no-pack-weights", "a Stable Diffusion UNet option");
   if (l.lora_mode != "merged")
-    refuse("--lora-mode " + l.lora_mode, "LoRAs on HiDream's transformer are merged");
+    refuse("--lora-mode " + l.lora_mode, "LoRAs on " + family + "'s transformer are merged");
   if (!l.config_dir.empty() || l.v_prediction || l.epsilon)
     refuse("--config/--v-prediction/--epsilon",
-           "they describe single-file Stable Diffusion checkpoints; a HiDream folder has its "
-           "own configs");
+           "they describe single-file Stable Diffusion checkpoints; a " + family +
+               " folder has its "
+               "own configs");
   if (!f.noise_file.empty()) refuse("--noise", "an img2img option");
   if (!f.original_size.empty() || !f.target_size.empty() || !f.crop_top_left.empty() ||
       f.aesthetic_score || f.negative_aesthetic_score)
     refuse("--original-size/--target-size/--crop-top-left/--aesthetic-score",
-           "SDXL's micro-conditioning; HiDream's transformer takes no size or score");
+           "SDXL's micro-conditioning; " + family + "'s transformer takes no size or score");
 }
 
 // The SDXL micro-conditioning flags, read into `c` (InvalidArgument naming the flag).
@@ -232,16 +242,18 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   g.vae_tiling = f.vae_tiling;
   apply_size_conditioning_flags(f, g.size_conditioning);
   // --devices (CFG-parallel): checked before anything loads, by the launcher and each worker.
-  const bool hidream = pipeline::is_hidream_folder(f.model);
+  // HiDream and FLUX (the DiT families) run through run_hidream's flags.
+  const bool flux = pipeline::is_flux_folder(f.model);
+  const bool hidream = flux || pipeline::is_hidream_folder(f.model);
   std::vector<torch::Device> cfg_devices;
   if (f.parallel.active()) cfg_devices = check_parallel_flags(f.parallel, g, hidream);
   if (hidream) {
-    if (img2img)
+    if (img2img && !flux)
       throw InvalidArgument("'" + f.model +
                             "' is a HiDream model: it runs txt2img and instruction edits "
                             "(diffuse edit), not img2img");
-    check_hidream_generate_flags(f);
-    HiDreamCliFlags h;
+    check_hidream_generate_flags(f, flux ? "FLUX" : "HiDream");
+    DitCliFlags h;
     h.model = f.model;
     h.prompt = f.prompts[0];
     if (!f.negative_prompts.empty()) h.negative_prompt = f.negative_prompts[0];
@@ -269,8 +281,19 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     h.lora_lenient = f.load.lora_lenient;
     h.quiet = f.quiet;
     h.json = f.json;
+    h.true_cfg_scale = f.true_cfg_scale;
+    h.max_sequence_length = f.max_sequence_length;
+    if (img2img) {
+      h.image = f.init_image;
+      h.strength = f.strength;
+      h.width = f.width;  // 0: the image's size
+      h.height = f.height;
+    }
     return run_hidream(h, /*edit=*/false);
   }
+  if (f.true_cfg_scale || f.max_sequence_length)
+    throw InvalidArgument("--true-cfg-scale/--max-sequence-length: FLUX options; '" + f.model +
+                          "' is not a FLUX folder");
   if (!f.scheduler.empty()) {
     auto names = scheduler_names();
     if (std::find(names.begin(), names.end(), f.scheduler) == names.end()) {

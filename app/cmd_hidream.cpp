@@ -21,6 +21,7 @@
 #include "load_flags.h"
 #include "nn/attention.h"
 #include "pipeline/cpu_report.h"
+#include "pipeline/flux.h"
 #include "pipeline/hidream.h"
 #include "pipeline/hidream_variant.h"
 #include "pipeline/image_parameters.h"
@@ -57,7 +58,12 @@ void check_flow_scheduler_name(const std::string& name) {
 
 }  // namespace
 
-int run_hidream(const HiDreamCliFlags& f, bool edit) {
+int run_hidream(const DitCliFlags& f, bool edit) {
+  if (pipeline::is_flux_folder(f.model)) return run_flux(f, edit);
+  if (f.true_cfg_scale || f.max_sequence_length || f.no_auto_resize)
+    throw InvalidArgument(
+        "--true-cfg-scale/--max-sequence-length/--no-auto-resize: FLUX options; HiDream guides "
+        "with --cfg-scale, takes 128 tokens per encoder and scales the source to its area");
   io::check_output_path(f.out, "output");
   if (fs::path(f.out).extension() != ".png")
     throw InvalidArgument("-o/--out '" + f.out +
@@ -211,9 +217,7 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
               << seed << ", " << pipe.scheduler().class_name() << ")\n";
     summary.print(edit);
     if (cache.method != DitCacheOptions::Method::kOff)
-      std::cerr << "cache " << accel::dit_cache_spec(cache) << ": " << r.cache.cached_calls
-                << " of " << r.cache.full_calls + r.cache.cached_calls << " steps skipped blocks, "
-                << r.cache.blocks_run << " of " << r.cache.blocks_possible << " blocks ran\n";
+      std::cerr << accel::dit_cache_summary(cache, r.cache) << "\n";
     if (const auto& q = pipe.quantized_layers(); q.layers > 0)
       std::cerr << "weights " << f.weights << ": " << q.layers << " linear layers, "
                 << q.plain_bytes / (1 << 20) << " MiB -> " << q.quantized_bytes / (1 << 20)
@@ -225,8 +229,11 @@ int run_hidream(const HiDreamCliFlags& f, bool edit) {
 
 namespace {
 
-void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
-  app.add_option("-m,--model", f.model, "HiDream diffusers folder")->required();
+void add_flags(CLI::App& app, DitCliFlags& f, bool edit) {
+  app.add_option("-m,--model", f.model,
+                 edit ? "HiDream-E1 or FLUX.1 Kontext diffusers folder"
+                      : "HiDream or FLUX.1 diffusers folder")
+      ->required();
   app.add_option("-p,--prompt", f.prompt,
                  edit ? "Instruction (E1-Full form: 'Editing Instruction: ... Target Image "
                         "Description: ...')"
@@ -298,7 +305,15 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
                "Warn about LoRA tensors that match no weight instead of failing");
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   app.add_flag("--json", f.json, "Print a JSON summary on stdout");
+  app.add_option("--true-cfg-scale", f.true_cfg_scale,
+                 "FLUX: above 1 with a negative prompt, a second transformer pass per step on it "
+                 "(default 1: the guidance embedding alone)");
+  app.add_option("--max-sequence-length", f.max_sequence_length,
+                 "FLUX: T5 tokens of the prompt, 1..512 (default 512; schnell 256)");
   if (edit) {
+    app.add_flag("--no-auto-resize", f.no_auto_resize,
+                 "FLUX Kontext: keep the source's size (floored to multiples of 16) instead of "
+                 "resizing it to the training resolution with the closest aspect ratio");
     app.add_option("-i,--image", f.image,
                    "Source image (PNG; scaled to the model's area, sides multiples of VAE factor x "
                    "patch, 16)")
@@ -328,7 +343,7 @@ void add_flags(CLI::App& app, HiDreamCliFlags& f, bool edit) {
 }  // namespace
 
 Command add_edit_command(CLI::App& app) {
-  auto f = std::make_shared<HiDreamCliFlags>();
+  auto f = std::make_shared<DitCliFlags>();
   add_flags(app, *f, true);
   return [f]() { return run_hidream(*f, true); };
 }

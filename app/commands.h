@@ -28,8 +28,9 @@ Command add_edit_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
 Command add_quantize_command(CLI::App& app);
 
-// HiDream models from the CLI: `diffuse edit` and `diffuse txt2img` on a HiDream folder.
-struct HiDreamCliFlags {
+// The DiT families from the CLI: `diffuse edit` and `diffuse txt2img` on a HiDream or FLUX
+// folder (the HiDream-only and FLUX-only flags are refused on the other family).
+struct DitCliFlags {
   std::string model, transformer = "transformer";
   std::string prompt, negative_prompt;
   std::string image;  // edit: the source PNG
@@ -57,11 +58,21 @@ struct HiDreamCliFlags {
   bool lora_lenient = false;
   bool quiet = false;
   bool json = false;  // a JSON summary on stdout (files, seed, timings, memory, cpu, loras)
+  // FLUX: a second pass on the negative prompt above 1; T5 tokens (default 512, schnell 256);
+  // Kontext's resize of the source to its training resolutions (off: the source's size).
+  std::optional<double> true_cfg_scale;
+  std::optional<int64_t> max_sequence_length;
+  bool no_auto_resize = false;
+  // FLUX img2img (txt2img with `image` set): how far from the image, in (0, 1].
+  double strength = 0.8;
 };
-// Text-to-image (edit = false) or editing; writes f.out.
-int run_hidream(const HiDreamCliFlags& f, bool edit);
-// `bench --arch hidream-i1`: the HiDream block benchmark with the bench command's options.
-int run_hidream_block_bench(const bench::PipelineBenchOptions& options, bool as_json);
+// Text-to-image (edit = false) or editing; writes f.out. A FLUX folder goes to run_flux.
+int run_hidream(const DitCliFlags& f, bool edit);
+// FLUX.1 text-to-image or FLUX.1 Kontext editing; writes f.out.
+int run_flux(const DitCliFlags& f, bool edit);
+// `bench --arch hidream-i1 | flux-dev | flux-schnell`: the DiT block benchmark with the bench
+// command's options.
+int run_dit_block_bench(const bench::PipelineBenchOptions& options, bool as_json);
 // `bench --arch t5-xxl | llama-3.1-8b`: one forward of a full-size text encoder.
 int run_text_encoder_bench(const bench::PipelineBenchOptions& options, bool as_json);
 // `bench demo-quality`, registered on the bench sub-app: the sub-app and its runner.

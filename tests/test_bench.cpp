@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_util.h"
+#include "bench/dit_block_bench.h"
 #include "bench/flop_counter.h"
-#include "bench/hidream_block_bench.h"
 #include "bench/op_profile.h"
 #include "bench/page_cache.h"
 #include "bench/precision_bench.h"
@@ -318,9 +318,9 @@ TEST(BenchArch, HiDreamConfigsParse) {
   EXPECT_EQ(llama.rope_type, "llama3");
   EXPECT_THROW(bench::text_encoder_arch_config("t5-xl"), InvalidArgument);
   // Bad sizes are refused before anything is built.
-  bench::HiDreamBlockBenchOptions o;
+  bench::DitBlockBenchOptions o;
   o.width = 1000;
-  EXPECT_THROW(bench::run_hidream_block_bench(o), InvalidArgument);
+  EXPECT_THROW(bench::run_dit_block_bench(o), InvalidArgument);
 }
 
 TEST(BenchCli, JsonHasTheStageKeys) {

@@ -18,7 +18,7 @@ namespace test_cli_hidream_flags {
 
 using test::run_cli;
 
-class HiDreamCliFlags : public ::testing::Test {
+class DitCliFlags : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string set = test::hidream_golden_dir();
@@ -36,7 +36,7 @@ class HiDreamCliFlags : public ::testing::Test {
   test::TempDir dir_;
 };
 
-TEST_F(HiDreamCliFlags, JsonPrintsTheSummaryAndNothingElse) {
+TEST_F(DitCliFlags, JsonPrintsTheSummaryAndNothingElse) {
   const auto r = txt2img("a.png", {"--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out, nullptr, false);
@@ -54,7 +54,7 @@ TEST_F(HiDreamCliFlags, JsonPrintsTheSummaryAndNothingElse) {
   EXPECT_FALSE(j["scheduler"].get<std::string>().empty());
 }
 
-TEST_F(HiDreamCliFlags, FlowSchedulersByNameAndTheOthersRefused) {
+TEST_F(DitCliFlags, FlowSchedulersByNameAndTheOthersRefused) {
   const auto euler = txt2img("euler.png", {"--json", "--scheduler", "flow_euler"});
   ASSERT_EQ(euler.exit_code, 0) << euler.err;
   EXPECT_EQ(nlohmann::json::parse(euler.out)["scheduler"], "FlowMatchEulerDiscreteScheduler");
@@ -68,7 +68,7 @@ TEST_F(HiDreamCliFlags, FlowSchedulersByNameAndTheOthersRefused) {
   }
 }
 
-TEST_F(HiDreamCliFlags, LoraOnTheTransformerChangesTheImageAndANonLoraFileIsRefused) {
+TEST_F(DitCliFlags, LoraOnTheTransformerChangesTheImageAndANonLoraFileIsRefused) {
   const auto plain = txt2img("plain.png", {"--quiet"});
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   const auto with = txt2img("lora.png", {"--json", "--lora", model_ + "/e1_lora.safetensors:0.8"});
@@ -86,7 +86,7 @@ TEST_F(HiDreamCliFlags, LoraOnTheTransformerChangesTheImageAndANonLoraFileIsRefu
   EXPECT_FALSE(std::filesystem::exists(dir_.file("bad.png")));
 }
 
-TEST_F(HiDreamCliFlags, OffloadStreamsTheTransformerToTheSameImage) {
+TEST_F(DitCliFlags, OffloadStreamsTheTransformerToTheSameImage) {
   const auto plain = txt2img("plain.png", {"--quiet"});
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   const auto offload = txt2img("offload.png", {"--quiet", "--offload"});
@@ -94,7 +94,7 @@ TEST_F(HiDreamCliFlags, OffloadStreamsTheTransformerToTheSameImage) {
   EXPECT_EQ(read_png(dir_.file("plain.png")).rgb, read_png(dir_.file("offload.png")).rgb);
 }
 
-TEST_F(HiDreamCliFlags, FlagsItCannotHonourAreRefusedWithTheReason) {
+TEST_F(DitCliFlags, FlagsItCannotHonourAreRefusedWithTheReason) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--prompt-syntax", "a1111"}, "as written"},
       {{"--lora-dir", dir_.path().string()}, "--lora PATH"},
@@ -122,7 +122,7 @@ TEST_F(HiDreamCliFlags, FlagsItCannotHonourAreRefusedWithTheReason) {
 // --weights q8_0 keeps the transformer's linear weights in blocks and says so; a type it does
 // not take is refused before the load, naming the flag; with --offload (weight streaming) it is
 // refused too, since streaming reads the plain weights.
-TEST_F(HiDreamCliFlags, WeightsQuantizeTheTransformerOrAreRefused) {
+TEST_F(DitCliFlags, WeightsQuantizeTheTransformerOrAreRefused) {
   const auto q = txt2img("q.png", {"--weights", "q8_0"});
   ASSERT_EQ(q.exit_code, 0) << q.err;
   EXPECT_NE(q.err.find("weights q8_0: "), std::string::npos) << q.err;
@@ -139,7 +139,7 @@ TEST_F(HiDreamCliFlags, WeightsQuantizeTheTransformerOrAreRefused) {
 }
 
 // Guidance and LoRA values the server refuses are refused here too, naming the flag (issue 45).
-TEST_F(HiDreamCliFlags, OutOfRangeGuidanceAndLoraRankAreRefused) {
+TEST_F(DitCliFlags, OutOfRangeGuidanceAndLoraRankAreRefused) {
   for (const auto& [flags, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--cfg-scale", "-5"}, "--cfg-scale"}, {{"--cfg-scale", "1e9"}, "--cfg-scale"}}) {
     const auto r = txt2img("bad.png", flags);

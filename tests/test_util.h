@@ -15,22 +15,25 @@ inline std::string golden_dir() {
   return verify::golden_dir_from_env(DIFFUSE_DEFAULT_GOLDEN_DIR);
 }
 
-// The HiDream golden set: $DIFFUSE_HIDREAM_GOLDEN_DIR, else the hidream-tiny set next to the
-// default golden set.
-inline std::string hidream_golden_dir() {
-  if (const char* env = std::getenv("DIFFUSE_HIDREAM_GOLDEN_DIR"); env && *env) return env;
+// A golden set next to the default one (`name`), unless $`env` names another.
+inline std::string sibling_golden_dir(const char* env, const std::string& name) {
+  if (const char* v = std::getenv(env); v && *v) return v;
   std::filesystem::path p(DIFFUSE_DEFAULT_GOLDEN_DIR);
   if (!p.has_filename()) p = p.parent_path();
-  return (p.parent_path() / "hidream-tiny").string();
+  return (p.parent_path() / name).string();
 }
 
-// The SDXL golden set: $DIFFUSE_SDXL_GOLDEN_DIR, else the sdxl-tiny set next to the default
-// golden set.
+inline std::string hidream_golden_dir() {
+  return sibling_golden_dir("DIFFUSE_HIDREAM_GOLDEN_DIR", "hidream-tiny");
+}
 inline std::string sdxl_golden_dir() {
-  if (const char* env = std::getenv("DIFFUSE_SDXL_GOLDEN_DIR"); env && *env) return env;
-  std::filesystem::path p(DIFFUSE_DEFAULT_GOLDEN_DIR);
-  if (!p.has_filename()) p = p.parent_path();
-  return (p.parent_path() / "sdxl-tiny").string();
+  return sibling_golden_dir("DIFFUSE_SDXL_GOLDEN_DIR", "sdxl-tiny");
+}
+inline std::string flux_golden_dir() {
+  return sibling_golden_dir("DIFFUSE_FLUX_GOLDEN_DIR", "flux-tiny");
+}
+inline std::string flux_kontext_golden_dir() {
+  return sibling_golden_dir("DIFFUSE_FLUX_KONTEXT_GOLDEN_DIR", "flux-kontext-tiny");
 }
 
 // The golden set's diffusers model folder.

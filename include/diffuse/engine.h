@@ -1,8 +1,8 @@
-// Every job of the engine behind one type and no LibTorch: load a model (Stable Diffusion or
-// HiDream; a diffusers folder or a single-file checkpoint), then text-to-image, image-to-image
-// or an instruction edit, into plain RGB images, with progress and cancellation, timings and
-// memory. The C API (diffuse/diffuse.h) and the Python module are this type seen from C and
-// Python; diffuse/pipeline.h is the Stable Diffusion API with every option (LibTorch tensors
+// Every job of the engine behind one type and no LibTorch: load a model (Stable Diffusion,
+// HiDream or FLUX.1; a diffusers folder or a single-file checkpoint), then text-to-image,
+// image-to-image or an instruction edit, into plain RGB images, with progress and cancellation,
+// timings and memory. The C API (diffuse/diffuse.h) and the Python module are this type seen from C
+// and Python; diffuse/pipeline.h is the Stable Diffusion API with every option (LibTorch tensors
 // included: latents in, latents out).
 //
 //   auto engine = diffuse::Engine::open("models/demo");
@@ -55,14 +55,14 @@ class Engine {
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
 
-  // "stable-diffusion" or "hidream".
+  // "stable-diffusion", "hidream" or "flux".
   std::string family() const;
   // True for a model that edits by instruction (HiDream: E1 folders, and I1 folders with E1's
-  // transformer).
+  // transformer; FLUX.1 Kontext folders).
   bool can_edit() const;
 
   JobResult txt2img(const JobRequest& request);
-  // Stable Diffusion: the input redrawn towards the prompt; HiDream: an edit of it.
+  // Stable Diffusion: the input redrawn towards the prompt; HiDream and FLUX: an edit of it.
   JobResult img2img(const JobRequest& request, const Image& input);
   // Unsupported on a model that does not edit by instruction.
   JobResult edit(const JobRequest& request, const Image& input);

@@ -272,4 +272,11 @@ void DitCache::record_final(const torch::Tensor& features, const torch::Tensor& 
   taylor_step_ = step_;
 }
 
+std::string dit_cache_summary(const DitCacheOptions& options, const DitCacheStats& stats) {
+  return "cache " + dit_cache_spec(options) + ": " + std::to_string(stats.cached_calls) + " of " +
+         std::to_string(stats.full_calls + stats.cached_calls) + " steps skipped blocks, " +
+         std::to_string(stats.blocks_run) + " of " + std::to_string(stats.blocks_possible) +
+         " blocks ran";
+}
+
 }  // namespace diffuse::accel

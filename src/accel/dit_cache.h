@@ -38,6 +38,9 @@ struct DitCacheStats {
   }
 };
 
+// One line for the user: "cache SPEC: N of M steps skipped blocks, K of L blocks ran".
+std::string dit_cache_summary(const DitCacheOptions& options, const DitCacheStats& stats);
+
 class DitCache {
  public:
   // `dual_blocks` and `single_blocks`: the model's; the block range is resolved and checked

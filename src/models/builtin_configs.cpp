@@ -302,4 +302,27 @@ bool is_hidream_arch(const std::string& name) {
   return name == "hidream-i1";
 }
 
+nlohmann::json flux_transformer_config(bool guidance_embeds) {
+  return {{"_class_name", "FluxTransformer2DModel"},
+          {"patch_size", 1},
+          {"in_channels", 64},
+          {"out_channels", nullptr},
+          {"num_layers", 19},
+          {"num_single_layers", 38},
+          {"attention_head_dim", 128},
+          {"num_attention_heads", 24},
+          {"joint_attention_dim", 4096},
+          {"pooled_projection_dim", 768},
+          {"guidance_embeds", guidance_embeds},
+          {"axes_dims_rope", {16, 56, 56}}};
+}
+
+bool is_flux_arch(const std::string& name) {
+  return name == "flux-dev" || name == "flux-schnell";
+}
+
+bool is_dit_arch(const std::string& name) {
+  return is_hidream_arch(name) || is_flux_arch(name);
+}
+
 }  // namespace diffuse::models

@@ -26,4 +26,11 @@ std::vector<std::string> builtin_arch_names();
 nlohmann::json hidream_i1_transformer_config();
 bool is_hidream_arch(const std::string& name);  // "hidream-i1"
 
+// FLUX.1-dev's transformer/config.json (12B: 19 double- and 38 single-stream blocks); schnell's
+// is the same without the guidance embedding.
+nlohmann::json flux_transformer_config(bool guidance_embeds);
+bool is_flux_arch(const std::string& name);  // "flux-dev", "flux-schnell"
+// The DiTs the block benchmark builds one block of each kind of: HiDream and FLUX.
+bool is_dit_arch(const std::string& name);
+
 }  // namespace diffuse::models

@@ -7,6 +7,7 @@
 #include <memory>
 #include <tuple>
 
+#include "accel/dit_block_loop.h"
 #include "accel/dit_cache.h"
 #include "diffuse/errors.h"
 #include "models/load_component.h"
@@ -219,67 +220,36 @@ torch::Tensor HiDreamImageTransformer2DModelImpl::forward(
     run();
     if (stream) stream->after(static_cast<size_t>(block));
   };
-  // The blocks, unless a cache skips some or all of them (accel/dit_cache.h).
-  accel::DitCache* cache = options.cache;
-  if (cache) cache->begin_call(image);
-  torch::Tensor image_final, after_first;
-  bool done = cache && cache->forecasts();
-  if (done) image_final = cache->forecast();
-  // First-Block Cache: after block 0, whether its residual says the others' can be reused.
-  const auto first_block_reuses = [&](int64_t block, const torch::Tensor& before,
-                                      const torch::Tensor& after) {
-    if (block != 0 || !cache || !cache->first_block_cache()) return false;
-    if (cache->reuse_after_first_block(after - before)) {
-      image_final = after + cache->remaining_residual();
-      return true;
-    }
-    after_first = after;
-    return false;
-  };
-  for (int64_t i = 0; i < c.num_layers && !done; ++i) {
-    if (cache && cache->reuses_range_at(i)) {
-      const auto out = cache->apply_range({image, text});
-      image = out[0];
-      text = out[1];
-      i = cache->range_last();
-      continue;
-    }
-    if (cache) cache->before_block(i, {image, text});
+  // Each block appends "its" projected Llama layer to the text for one block and drops it again.
+  const int64_t image_len = image.size(1);
+  int64_t joint_len = 0;
+  accel::DitBlockLoop loop;
+  loop.dual_blocks = c.num_layers;
+  loop.single_blocks = c.num_single_layers;
+  loop.dual = [&](int64_t i, const torch::Tensor& img_in, const torch::Tensor& txt_in) {
     torch::Tensor img, txt;
     streamed(i, [&] {
-      std::tie(img, txt) = double_blocks[i](image, torch::cat({text, llama_proj[i]}, 1), in);
+      std::tie(img, txt) = double_blocks[i](img_in, torch::cat({txt_in, llama_proj[i]}, 1), in);
     });
     capture(inter, "double_stream_blocks." + std::to_string(i) + ".image", img);
     capture(inter, "double_stream_blocks." + std::to_string(i) + ".text", txt);
-    done = first_block_reuses(i, image, img);
-    image = img;
-    text = txt.narrow(1, 0, text_len);
-    if (cache) cache->after_block(i, {image, text});
-  }
-
-  const int64_t image_len = image.size(1);
-  if (!done) {
-    auto tokens = torch::cat({image, text}, 1);
-    const int64_t joint_len = tokens.size(1);
-    for (int64_t j = 0; j < c.num_single_layers && !done; ++j) {
-      const int64_t b = c.num_layers + j;
-      if (cache && cache->reuses_range_at(b)) {
-        tokens = cache->apply_range({tokens})[0];
-        j = cache->range_last() - c.num_layers;
-        continue;
-      }
-      if (cache) cache->before_block(b, {tokens});
-      torch::Tensor out;
-      streamed(b, [&] { out = single_blocks[j](torch::cat({tokens, llama_proj[b]}, 1), in); });
-      capture(inter, "single_stream_blocks." + std::to_string(j), out);
-      const auto before = tokens;
-      tokens = out.narrow(1, 0, joint_len);
-      if (cache) cache->after_block(b, {tokens});
-      done = first_block_reuses(b, before.narrow(1, 0, image_len), tokens.narrow(1, 0, image_len));
-    }
-    if (!done) image_final = tokens.narrow(1, 0, image_len);
-  }
-  if (cache && (!cache->forecasts())) cache->record_final(image_final, after_first);
+    return std::make_pair(img, txt.narrow(1, 0, text_len));
+  };
+  loop.join = [&](const torch::Tensor& img, const torch::Tensor& txt) {
+    auto tokens = torch::cat({img, txt}, 1);
+    joint_len = tokens.size(1);
+    return tokens;
+  };
+  loop.single = [&](int64_t j, const torch::Tensor& tokens) {
+    const int64_t b = c.num_layers + j;
+    torch::Tensor out;
+    streamed(b, [&] { out = single_blocks[j](torch::cat({tokens, llama_proj[b]}, 1), in); });
+    capture(inter, "single_stream_blocks." + std::to_string(j), out);
+    return out.narrow(1, 0, joint_len);
+  };
+  loop.image_of = [&](const torch::Tensor& tokens) { return tokens.narrow(1, 0, image_len); };
+  // The blocks, unless a cache skips some or all of them (accel/dit_cache.h).
+  const auto image_final = accel::run_dit_blocks(loop, options.cache, image, text);
 
   auto mod = final_modulation(torch::silu(in.adaln_input)).unsqueeze(1).chunk(2, -1);
   auto out = final_linear(nn::hidream_modulate(image_final, mod[0], mod[1]));

@@ -11,6 +11,7 @@
 #include "device/device.h"
 #include "diffuse/pipeline.h"
 #include "io/model_folder.h"
+#include "pipeline/flux.h"
 #include "pipeline/hidream.h"
 #include "pipeline/hidream_variant.h"
 #include "pipeline/stable_diffusion.h"
@@ -25,7 +26,9 @@ struct Engine::Impl {
   // HiDream: text-to-image (I1) and instruction edits (E1).
   std::unique_ptr<pipeline::HiDreamPipeline> hidream;
   pipeline::HiDreamDefaults hidream_defaults;
-  bool edits = false;  // a HiDream-E1 folder
+  // FLUX.1: text-to-image; FLUX.1 Kontext: also instruction edits.
+  std::unique_ptr<pipeline::FluxPipeline> flux;
+  bool edits = false;  // a HiDream-E1 or FLUX.1 Kontext folder
 };
 
 namespace {
@@ -133,7 +136,12 @@ Engine Engine::open(const std::string& model, const std::string& device, const s
   const std::string dev = device.empty() ? "auto" : device;
   const std::string type = dtype.empty() ? "auto" : dtype;
   auto impl = std::make_unique<Impl>();
-  if (pipeline::is_hidream_folder(model)) {
+  if (pipeline::is_flux_folder(model)) {
+    const auto d = device::resolve_device(dev);
+    impl->flux = std::make_unique<pipeline::FluxPipeline>(
+        io::ModelFolder::open(model), d, device::resolve_dtype(type, d, "transformer"));
+    impl->edits = impl->flux->is_kontext();
+  } else if (pipeline::is_hidream_folder(model)) {
     const auto folder = io::ModelFolder::open(model);
     const auto d = device::resolve_device(dev);
     impl->hidream = std::make_unique<pipeline::HiDreamPipeline>(
@@ -151,6 +159,7 @@ Engine Engine::open(const std::string& model, const std::string& device, const s
 }
 
 std::string Engine::family() const {
+  if (impl_->flux) return "flux";
   return impl_->hidream ? "hidream" : "stable-diffusion";
 }
 
@@ -178,12 +187,62 @@ pipeline::HiDreamSampling hidream_sampling(const pipeline::HiDreamDefaults& defa
   return s;
 }
 
+// FLUX's reference defaults: 28 steps (schnell, without a guidance embedding: 4), guidance 3.5
+// (Kontext 2.5); the negative prompt runs as true CFG at 1.5x when given.
+pipeline::FluxSampling flux_sampling(const pipeline::FluxPipeline& flux, const JobRequest& r,
+                                     uint64_t seed) {
+  if (r.image_guidance_scale)
+    throw InvalidArgument("image_guidance_scale: HiDream-E1's; FLUX Kontext has none");
+  if (!r.scheduler.empty())
+    throw InvalidArgument("scheduler: FLUX models run their own flow-matching scheduler here");
+  pipeline::FluxSampling s;
+  const bool distilled = flux.transformer_config().guidance_embeds;
+  s.steps = r.steps > 0 ? r.steps : (distilled ? 28 : 4);
+  s.guidance_scale = r.guidance_scale.value_or(flux.is_kontext() ? 2.5 : 3.5);
+  s.max_sequence_length = distilled ? 512 : 256;
+  if (!r.negative_prompt.empty()) s.true_cfg_scale = 1.5;
+  s.seed = seed;
+  if (r.progress) {
+    const auto fn = r.progress;
+    const int total = s.steps;
+    s.on_step = [fn, total](const pipeline::FluxStep& st) -> StepAction {
+      return fn(st.index + 1, total);
+    };
+  }
+  return s;
+}
+
+JobResult flux_result(const pipeline::FluxResult& f, uint64_t seed,
+                      std::chrono::steady_clock::time_point t0) {
+  JobResult out;
+  out.image = pipeline::to_images(f.image).at(0);
+  out.seed = seed;
+  out.timings = f.timings;
+  out.warnings = f.warnings;
+  out.seconds = seconds_since(t0);
+  return out;
+}
+
+std::optional<std::string> negative_or_none(const std::string& negative) {
+  if (negative.empty()) return std::nullopt;
+  return negative;
+}
+
 }  // namespace
 
 JobResult Engine::txt2img(const JobRequest& r) {
   check_request(r);
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t seed = pick_seed(r.seed);
+  if (impl_->flux) {
+    pipeline::FluxTextToImage t;
+    t.prompt = r.prompt;
+    t.negative_prompt = negative_or_none(r.negative_prompt);
+    t.width = r.width > 0 ? r.width : 1024;
+    t.height = r.height > 0 ? r.height : 1024;
+    t.sampling = flux_sampling(*impl_->flux, r, seed);
+    return flux_result(impl_->flux->text_to_image(t), seed, t0);
+  }
   if (impl_->hidream) {
     pipeline::HiDreamTextToImage t;
     t.prompt = r.prompt;
@@ -197,7 +256,7 @@ JobResult Engine::txt2img(const JobRequest& r) {
 }
 
 JobResult Engine::img2img(const JobRequest& r, const Image& input) {
-  if (impl_->hidream) return edit(r, input);
+  if (impl_->hidream || impl_->flux) return edit(r, input);
   check_request(r);
   check_input(input);
   const auto t0 = std::chrono::steady_clock::now();
@@ -206,10 +265,31 @@ JobResult Engine::img2img(const JobRequest& r, const Image& input) {
 }
 
 JobResult Engine::edit(const JobRequest& r, const Image& input) {
+  if (impl_->flux) {
+    if (!impl_->edits)
+      throw Unsupported(
+          "edit: this FLUX.1 model was not trained to edit (a FLUX.1 Kontext folder, "
+          "model_index.json FluxKontextPipeline, is)");
+    check_request(r);
+    check_input(input);
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t seed = pick_seed(r.seed);
+    pipeline::FluxEdit e;
+    e.prompt = r.prompt;
+    e.negative_prompt = negative_or_none(r.negative_prompt);
+    e.image = torch::from_blob(const_cast<uint8_t*>(input.rgb.data()),
+                               {input.height, input.width, 3}, torch::kUInt8)
+                  .clone();
+    e.width = r.width;
+    e.height = r.height;
+    e.max_area = 0;  // the requested (or the resized source's) size as it is
+    e.sampling = flux_sampling(*impl_->flux, r, seed);
+    return flux_result(impl_->flux->edit(e), seed, t0);
+  }
   if (!impl_->hidream)
     throw Unsupported(
-        "edit: this model does not edit by instruction (a HiDream-E1 model does); use "
-        "image-to-image");
+        "edit: this model does not edit by instruction (a HiDream-E1 or FLUX.1 Kontext model "
+        "does); use image-to-image");
   if (!impl_->edits)
     throw Unsupported(
         "edit: this is a HiDream-I1 model, whose transformer was not trained to edit (a "

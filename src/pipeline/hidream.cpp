@@ -16,6 +16,8 @@
 #include "models/load_component.h"
 #include "pipeline/denoised_estimate.h"
 #include "pipeline/finite_check.h"
+#include "pipeline/flow_decode.h"
+#include "pipeline/flow_denoise.h"
 #include "pipeline/hidream_variant.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/vae_tiling_policy.h"
@@ -23,14 +25,6 @@
 
 namespace diffuse::pipeline {
 namespace {
-
-torch::Tensor to_image(const torch::Tensor& decoded) {
-  return (decoded.to(torch::kFloat32) / 2 + 0.5)
-      .clamp(0, 1)
-      .permute({0, 2, 3, 1})
-      .contiguous()
-      .to(torch::kCPU);
-}
 
 double now_s() {
   using namespace std::chrono;
@@ -229,48 +223,22 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
   auto& timings = out.timings;
   const double start = now_s();
   device::reset_peak_memory(device_);
-  const auto timesteps = scheduler_->timesteps();
-  auto gen = at::detail::createCPUGenerator(s.seed + 1);
-  size_t noise_used = 0;
   device::CpuShareMeter cpu_meter(at::get_num_threads());
   cache_.reset();
   if (s.cache.method != DitCacheOptions::Method::kOff)
     cache_ =
         std::make_unique<accel::DitCache>(s.cache, tconfig_.num_layers, tconfig_.num_single_layers);
-  for (int64_t i = 0; i < timesteps.size(0); ++i) {
-    const double step_start = now_s();
-    auto t = timesteps[i];
-    if (cache_) cache_->begin_step(static_cast<int>(i), static_cast<int>(timesteps.size(0)));
-    HiDreamStep st;
-    auto v = velocity(latents, t, st);
-    schedulers::StepNoise noise = schedulers::StepNoise::from_generator(gen);
-    if (scheduler_->is_stochastic() && noise_used < s.step_noise.size())
-      noise = schedulers::StepNoise::from_tensor(s.step_noise[noise_used++].to(device_));
-    const auto before = latents;
-    latents = scheduler_->step(v, t, latents, noise).prev_sample;
-    timings.step_s.push_back(now_s() - step_start);
-    out.steps_run = static_cast<int>(i + 1);
-    if (s.on_step) {
-      st.index = static_cast<int>(i);
-      st.t = t;
-      st.latents = latents;
-      const auto& sigmas = scheduler_->sigmas();
-      const double sigma = sigmas.defined() && sigmas.numel() > i
-                               ? sigmas[i].item<double>()
-                               : t.item<double>() / scheduler_->num_train_timesteps();
-      st.denoised = flow_denoised(before, v, sigma);
-      const StepAction action = s.on_step(st);
-      if (action.cancel())
-        throw Cancelled("cancelled by the step callback at step " + std::to_string(i + 1) + "/" +
-                        std::to_string(timesteps.size(0)));
-      if (action.finish() && i + 1 < timesteps.size(0)) {
-        latents = st.denoised;
-        out.interrupted = true;
-        out.warnings.push_back(interrupted_warning(i + 1, timesteps.size(0)));
-        break;
-      }
-    }
-  }
+  FlowDenoiseInputs in;
+  in.seed = s.seed;
+  in.step_noise = &s.step_noise;
+  in.device = device_;
+  if (cache_) in.begin_step = [this](int step, int total) { cache_->begin_step(step, total); };
+  auto run =
+      flow_denoise<HiDreamStep>(*scheduler_, latents, in, velocity, s.on_step, timings.step_s);
+  latents = run.latents;
+  out.steps_run = run.steps_run;
+  out.interrupted = run.interrupted;
+  if (run.interrupted) out.warnings.push_back(run.warning);
   timings.denoise_s = now_s() - start;
   timings.cpu = cpu_meter.share();
   if (cache_) out.cache = cache_->stats();
@@ -283,21 +251,7 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
 
 void HiDreamPipeline::decode(const torch::Tensor& latents, const VaeTilingOptions& tiling,
                              HiDreamResult& out) {
-  auto& timings = out.timings;
-  const double start = now_s();
-  device::reset_peak_memory(vae_device_);
-  const auto& vc = vae_->config();
-  const int64_t f = vc.spatial_factor();
-  const auto choice = choose_vae_tiling(tiling, vc, latents.size(0), latents.size(2) * f,
-                                        latents.size(3) * f, vae_device_, torch::kFloat32);
-  if (!choice.warning.empty()) out.warnings.push_back(choice.warning);
-  auto image = to_image(
-      vae_decode(*vae_, vc.from_latents(latents.to(vae_device_, torch::kFloat32)), choice.tiling));
-  check_stage_finite(image, "VAE decoder", vae_device_, torch::kFloat32);
-  timings.vae_decode_s = now_s() - start;
-  record_stage_memory(&timings, "vae_decode", vae_device_);
-  timings.peak_rss_bytes = device::memory_stats().peak_rss_bytes;
-  out.image = image;
+  out.image = decode_flow_latents(vae_, latents, tiling, vae_device_, out.timings, out.warnings);
 }
 
 void HiDreamPipeline::check_cache(const DitCacheOptions& cache) const {

@@ -12,15 +12,6 @@ namespace {
 // CLIP in HiDream runs on Long-CLIP-length ids (position embeddings of 248).
 constexpr int64_t kClipMaxLength = 218;
 
-torch::Tensor rows_tensor(const std::vector<std::vector<int64_t>>& rows) {
-  if (rows.empty()) return torch::empty({0, 0}, torch::kInt64);
-  const int64_t n = static_cast<int64_t>(rows.size()), L = static_cast<int64_t>(rows[0].size());
-  auto t = torch::empty({n, L}, torch::kInt64);
-  for (int64_t i = 0; i < n; ++i)
-    std::copy(rows[i].begin(), rows[i].end(), t[i].data_ptr<int64_t>());
-  return t;
-}
-
 std::unique_ptr<text::Tokenizer> tokenizer(const io::ModelFolder& folder, const std::string& name) {
   if (!folder.has_component(name))
     throw IoError(folder.dir() + ": a HiDream model needs a '" + name + "' folder");
@@ -39,13 +30,6 @@ text::TokenBatch concat(const std::vector<const text::TokenBatch*>& parts) {
 }
 
 }  // namespace
-
-torch::Tensor token_ids_tensor(const text::TokenBatch& batch) {
-  return rows_tensor(batch.input_ids);
-}
-torch::Tensor token_mask_tensor(const text::TokenBatch& batch) {
-  return rows_tensor(batch.attention_mask);
-}
 
 HiDreamEmbeddings HiDreamEmbeddings::to(const torch::Device& device) const {
   HiDreamEmbeddings e = *this;

@@ -15,6 +15,7 @@
 #include "models/clip_text_model.h"
 #include "models/llama.h"
 #include "models/t5_encoder.h"
+#include "pipeline/token_tensors.h"
 #include "text/token_batch.h"
 #include "text/tokenizer.h"
 
@@ -58,9 +59,5 @@ class HiDreamTextEncoders {
   models::T5EncoderModel t5_{nullptr};
   models::LlamaForCausalLM llama_{nullptr};
 };
-
-// A TokenBatch as int64 tensors [n, L] (ids, mask).
-torch::Tensor token_ids_tensor(const text::TokenBatch& batch);
-torch::Tensor token_mask_tensor(const text::TokenBatch& batch);
 
 }  // namespace diffuse::pipeline

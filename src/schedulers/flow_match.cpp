@@ -40,23 +40,12 @@ double time_shift(TimeShiftType type, double mu, double sigma) {
   return e / (e + (1.0 / sigma - 1.0));
 }
 
-FlowSchedule make_flow_schedule(const FlowScheduleOptions& o, int n, std::optional<double> mu) {
-  if (o.dynamic_shifting && !mu)
-    throw InvalidArgument(
-        "flow-matching scheduler with use_dynamic_shifting: mu is required (call "
-        "set_shift_mu(mu) before set_timesteps)");
-  const auto N = static_cast<double>(o.num_train_timesteps);
-  const double sigma_max = training_sigma(o, o.num_train_timesteps);
-  const double sigma_min = training_sigma(o, 1);
+namespace {
 
-  // diffusers' set_shift changes only this step, not the bounds computed at construction.
-  const double shift = o.shift_override.value_or(o.shift);
-  std::vector<double> sigmas = np::linspace(sigma_max * N, sigma_min * N, n);
-  for (double& s : sigmas) {
-    s /= N;
-    s = o.dynamic_shifting ? time_shift(o.time_shift, *mu, s)
-                           : shift * s / (1.0 + (shift - 1.0) * s);
-  }
+// The conversions after the shift (shift_terminal, Karras / exponential sigmas), float32
+// timesteps and the terminal 0.
+FlowSchedule finish_schedule(const FlowScheduleOptions& o, std::vector<double> sigmas) {
+  const int n = static_cast<int>(sigmas.size());
   // diffusers tests shift_terminal for truthiness: 0 means off.
   if (o.shift_terminal && *o.shift_terminal != 0.0) {
     const double scale = (1.0 - sigmas.back()) / (1.0 - *o.shift_terminal);
@@ -69,7 +58,6 @@ FlowSchedule make_flow_schedule(const FlowScheduleOptions& o, int n, std::option
         np::linspace(std::log(sigmas.front()), std::log(sigmas.back()), n);
     for (size_t i = 0; i < logs.size(); ++i) sigmas[i] = std::exp(logs[i]);
   }
-
   FlowSchedule out;
   for (double s : sigmas) {
     const auto s32 = static_cast<float>(s);
@@ -78,6 +66,63 @@ FlowSchedule make_flow_schedule(const FlowScheduleOptions& o, int n, std::option
   }
   out.sigmas.push_back(0.0f);
   return out;
+}
+
+void require_mu(const FlowScheduleOptions& o, std::optional<double> mu) {
+  if (o.dynamic_shifting && !mu)
+    throw InvalidArgument(
+        "flow-matching scheduler with use_dynamic_shifting: mu is required (call "
+        "set_shift_mu(mu) before set_timesteps)");
+}
+
+}  // namespace
+
+FlowSchedule make_flow_schedule(const FlowScheduleOptions& o, int n, std::optional<double> mu) {
+  require_mu(o, mu);
+  const auto N = static_cast<double>(o.num_train_timesteps);
+  const double sigma_max = training_sigma(o, o.num_train_timesteps);
+  const double sigma_min = training_sigma(o, 1);
+
+  // diffusers' set_shift changes only this step, not the bounds computed at construction.
+  const double shift = o.shift_override.value_or(o.shift);
+  std::vector<double> sigmas = np::linspace(sigma_max * N, sigma_min * N, n);
+  for (double& s : sigmas) {
+    s /= N;
+    s = o.dynamic_shifting ? time_shift(o.time_shift, *mu, s)
+                           : shift * s / (1.0 + (shift - 1.0) * s);
+  }
+  return finish_schedule(o, sigmas);
+}
+
+FlowSchedule make_flow_schedule_from_sigmas(const FlowScheduleOptions& o,
+                                            const std::vector<double>& given,
+                                            std::optional<double> mu) {
+  require_mu(o, mu);
+  if (given.empty()) throw InvalidArgument("flow-matching scheduler: no sigmas given");
+  const double shift = o.shift_override.value_or(o.shift);
+  // numpy keeps a float32 array float32 under Python-float operands: every operation rounds.
+  const auto e = static_cast<float>(mu ? std::exp(*mu) : 0.0);
+  std::vector<double> sigmas;
+  for (double g : given) {
+    if (!(g > 0.0 && g <= 1.0))
+      throw InvalidArgument("flow-matching scheduler: sigmas must be in (0, 1], got " +
+                            io::number_text(g));
+    const auto t = static_cast<float>(g);
+    float s;
+    if (!o.dynamic_shifting)
+      s = (static_cast<float>(shift) * t) / (1.0f + static_cast<float>(shift - 1.0) * t);
+    else if (o.time_shift == TimeShiftType::kLinear)
+      s = static_cast<float>(*mu) / (static_cast<float>(*mu) + (1.0f / t - 1.0f));
+    else
+      s = e / (e + (1.0f / t - 1.0f));
+    sigmas.push_back(s);
+  }
+  return finish_schedule(o, sigmas);
+}
+
+std::vector<double> flux_default_sigmas(int n) {
+  if (n < 1) throw InvalidArgument("steps must be >= 1, got " + std::to_string(n));
+  return np::linspace(1.0, 1.0 / n, n);
 }
 
 FlowMatchScheduler::FlowMatchScheduler(const SchedulerConfig& config, bool terminal_and_type)
@@ -129,6 +174,22 @@ void FlowMatchScheduler::set_timesteps(int n) {
   timesteps_ = torch::tensor(schedule.timesteps, torch::kFloat32);
   sigmas_ = torch::tensor(schedule.sigmas, torch::kFloat32);
   num_inference_steps_ = n;
+  reset_step_index();
+}
+
+void FlowMatchScheduler::set_timesteps_from_sigmas(const std::vector<double>& sigmas) {
+  if (sigmas.empty() || sigmas.size() > static_cast<size_t>(num_train_timesteps_))
+    throw InvalidArgument(std::string(class_name()) + ": expected 1 to " +
+                          std::to_string(num_train_timesteps_) + " sigmas, got " +
+                          std::to_string(sigmas.size()));
+  if (options_.dynamic_shifting && !mu_)
+    throw InvalidArgument(std::string(class_name()) + ": " + source_ +
+                          " sets use_dynamic_shifting, so set_timesteps needs mu: call "
+                          "set_shift_mu(mu) first");
+  const FlowSchedule schedule = make_flow_schedule_from_sigmas(options_, sigmas, mu_);
+  timesteps_ = torch::tensor(schedule.timesteps, torch::kFloat32);
+  sigmas_ = torch::tensor(schedule.sigmas, torch::kFloat32);
+  num_inference_steps_ = static_cast<int>(sigmas.size());
   reset_step_index();
 }
 

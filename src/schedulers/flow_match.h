@@ -46,9 +46,23 @@ struct FlowSchedule {
 FlowSchedule make_flow_schedule(const FlowScheduleOptions& options, int n,
                                 std::optional<double> mu);
 
+// The schedule from given sigmas (diffusers' set_timesteps(sigmas=...)): cast to float32, then
+// shifted (mu or the static shift) in float32 arithmetic as numpy does on a float32 array, the
+// other conversions as make_flow_schedule's.
+FlowSchedule make_flow_schedule_from_sigmas(const FlowScheduleOptions& options,
+                                            const std::vector<double>& sigmas,
+                                            std::optional<double> mu);
+
+// The sigmas FLUX pipelines pass: linspace(1, 1/n, n) (float64).
+std::vector<double> flux_default_sigmas(int n);
+
 class FlowMatchScheduler : public Scheduler {
  public:
   void set_timesteps(int num_inference_steps) override;
+  // diffusers' set_timesteps(sigmas=sigmas): one step per sigma (each in (0, 1], descending),
+  // shifted like the default schedule. InvalidArgument for an empty list or sigmas outside
+  // (0, 1].
+  void set_timesteps_from_sigmas(const std::vector<double>& sigmas);
   void set_shift_mu(std::optional<double> mu) override { mu_ = mu; }
   void set_shift(std::optional<double> shift) override;
   // sigma * noise + (1 - sigma) * original in the sample's dtype (diffusers' scale_noise).

@@ -3,8 +3,10 @@
 #include <filesystem>
 
 #include "device/cpu_load.h"
+#include "pipeline/flux.h"
 #include "pipeline/hidream.h"
 #include "pipeline/memory_report.h"
+#include "server/flux_engine.h"
 #include "server/hidream_engine.h"
 #include "server/sd_engine.h"
 
@@ -57,6 +59,7 @@ std::unique_ptr<Engine> load_engine(const std::string& path, const LoadOptions& 
   if (!hidream.e1_lora.empty() || hidream.transformer != HiDreamEngineOptions{}.transformer)
     throw InvalidArgument("--e1-lora/--transformer: only for HiDream model folders, and '" + path +
                           "' is not one");
+  if (pipeline::is_flux_folder(path)) return std::make_unique<FluxEngine>(path, options);
   return std::make_unique<SdEngine>(path, options);
 }
 

@@ -1,5 +1,5 @@
 // The model a server runs its jobs on, loaded once and kept loaded: one implementation per
-// pipeline family (Stable Diffusion, HiDream). The routes and the queue see only this.
+// pipeline family (Stable Diffusion, HiDream, FLUX). The routes and the queue see only this.
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -49,7 +49,7 @@ void add_timings(StageTimings& sum, const StageTimings& t);
 // A job's timings as its JSON shows them: seconds per stage, s_per_step, steps, memory.
 nlohmann::json timings_json(const StageTimings& t);
 
-// The engine for the model at `path`: HiDream for a HiDream diffusers folder, else Stable
+// The engine for the model at `path`: HiDream or FLUX for such a diffusers folder, else Stable
 // Diffusion (folder or single file).
 std::unique_ptr<Engine> load_engine(const std::string& path, const LoadOptions& options,
                                     const HiDreamEngineOptions& hidream = {});

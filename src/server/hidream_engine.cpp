@@ -11,7 +11,7 @@
 #include "io/model_folder.h"
 #include "nn/attention.h"
 #include "pipeline/hidream_variant.h"
-#include "pipeline/stable_diffusion.h"  // to_images
+#include "server/dit_jobs.h"
 
 namespace diffuse::server {
 namespace {
@@ -140,42 +140,13 @@ pipeline::HiDreamResult HiDreamEngine::run_one(const JobRequest& request, size_t
 JobOutput HiDreamEngine::run(const JobRequest& request, JobContext& context) {
   if (request.kind == JobKind::img2img)
     throw InvalidArgument("HiDream models run txt2img and edit jobs, not img2img");
-  const auto& c = request.config;
-  const uint64_t base_seed = c.seed.value_or(0);
-  const int images = request.images();
-  const int total_steps = images * c.steps;
-  JobOutput out;
-  StageTimings sum;
-  for (int i = 0; i < images; ++i) {
-    // Prompt-major like the Stable Diffusion engine: batch b, prompt p, copy k; each image
-    // its own seed (seed + i), so any one of them can be made again alone.
-    const int per_batch = static_cast<int>(c.prompts.size()) * c.images_per_prompt;
-    const size_t prompt = static_cast<size_t>((i % per_batch) / c.images_per_prompt);
-    const uint64_t seed = base_seed + static_cast<uint64_t>(i);
-    auto r = run_one(request, prompt, seed, i * c.steps, total_steps, context);
-    preview_.learn(r.latents, r.image);
-    pipeline::ImageParameters p;
-    p.prompt = c.prompts[prompt];
-    p.negative_prompt = negative_prompt_for(c, prompt);
-    p.steps = c.steps;
-    p.scheduler = info_.scheduler;
-    p.cfg_scale = c.guidance_scale;
-    p.seed = seed;
-    p.width = static_cast<int>(r.image.size(2));
-    p.height = static_cast<int>(r.image.size(1));
-    p.model = model_path();
-    if (request.kind == JobKind::edit) p.image_guidance = request.edit.image_guidance_scale;
-    p.device = info_.device;
-    p.dtype = info_.unet_dtype;
-    out.images.push_back({encode_png(pipeline::to_images(r.image)[0], p.png_chunks()), p});
-    add_timings(sum, r.timings);
-    for (const auto& w : r.warnings)
-      if (std::find(out.warnings.begin(), out.warnings.end(), w) == out.warnings.end())
-        out.warnings.push_back(w);
-    if (r.interrupted || context.interrupted()) break;  // A1111: the images so far
-  }
-  out.timings = timings_json(sum);
-  return out;
+  return run_dit_images(
+      request, context, info_, model_path(), preview_,
+      [&](size_t prompt, uint64_t seed, int first_step, int total_steps) {
+        auto r = run_one(request, prompt, seed, first_step, total_steps, context);
+        return DitImage{r.image, r.latents, r.timings, r.warnings, r.interrupted};
+      },
+      request.edit.image_guidance_scale);
 }
 
 }  // namespace diffuse::server

@@ -3,6 +3,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include <utility>
 
 #include "diffuse/pipeline.h"
 #include "pipeline/stable_diffusion.h"
@@ -19,6 +20,15 @@ CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOp
 // HiDreamImageTransformer2DModel forward (inputs x, timesteps, t5, llama, pooled; output out).
 CaseResult verify_transformer(const GoldenSet& set, const GoldenCase& c,
                               const VerifyOptions& options);
+// FluxTransformer2DModel forward (inputs x, timestep, enc, pooled, img_ids, txt_ids[, guidance];
+// output out); verify_transformer hands a FLUX transformer to it.
+CaseResult verify_flux_transformer(const GoldenSet& set, const GoldenCase& c,
+                                   const VerifyOptions& options);
+// (model folder, component) of the component folder params.`key` names relative to the set
+// (e.g. "model/transformer_schnell"); without it (the case's model folder, `fallback`).
+std::pair<std::string, std::string> case_component(const GoldenSet& set, const GoldenCase& c,
+                                                   const std::string& key,
+                                                   const std::string& fallback);
 // AutoencoderKL encode (input x; outputs mean, logvar, std) and/or decode (input z; output sample).
 CaseResult verify_vae(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c,
@@ -28,6 +38,10 @@ CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c,
 // model_index.json's class).
 CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
                                    const VerifyOptions& options);
+// FLUX.1 / FLUX.1 Kontext replay (verify_pipeline dispatches to it by model_index.json's class;
+// params.transformer picks the transformer folder, e.g. model/transformer_schnell).
+CaseResult verify_flux_pipeline(const GoldenSet& set, const GoldenCase& c,
+                                const VerifyOptions& options);
 // Compares every traced tensor the case also stores (ids exactly; timesteps, embeddings and
 // images with atol; latent-like tensors relative to their largest magnitude).
 void compare_traced_tensors(const GoldenCase& c, const CaseTensors& t,

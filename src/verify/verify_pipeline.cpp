@@ -157,6 +157,7 @@ CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const Veri
   const auto cls =
       io::ModelFolder::open(set.model_dir(c)).model_index().get<std::string>("_class_name", "");
   if (cls.rfind("HiDream", 0) == 0) return verify_hidream_pipeline(set, c, o);
+  if (cls.rfind("Flux", 0) == 0) return verify_flux_pipeline(set, c, o);
   CaseResult r;
   auto folder_image = run_one(set, c, o, set.model_dir(c), "", &r);
   std::string single = set.single_file_checkpoint();

@@ -8,10 +8,12 @@
 #include <cctype>
 #include <limits>
 #include <set>
+#include <utility>
 
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "io/model_folder.h"
+#include "schedulers/flow_match.h"
 #include "schedulers/scheduler.h"
 #include "verify/runners.h"
 
@@ -104,13 +106,41 @@ CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c,
     result.add("alphas_cumprod", compare("alphas_cumprod", scheduler->alphas_cumprod(),
                                          tensors.get("alphas_cumprod"), atol, rtol));
 
-  std::set<int> counts;
+  // FLUX-style cases call set_timesteps(sigmas=linspace(1, 1/N, N), mu=calculate_shift(S)):
+  // their schedules are named timesteps_N.seqS (S: the image sequence length mu comes from).
+  const std::string call = c.param("set_timesteps_call", std::string());
+  const bool flux_sigmas = !call.empty();
+  auto* flow = dynamic_cast<schedulers::FlowMatchScheduler*>(scheduler.get());
+  if (flux_sigmas && (call.find("sigmas=np.linspace(1.0, 1/N, N)") == std::string::npos || !flow)) {
+    result.add("set_timesteps_call", failure("set_timesteps call '" + call +
+                                             "' is not supported for " + scheduler->class_name()));
+    return result;
+  }
+  const auto set_schedule = [&](int n, int64_t image_seq_len) {
+    if (!flux_sigmas) return scheduler->set_timesteps(n);
+    flow->set_shift_mu(flow->shift_mu_for(image_seq_len));
+    flow->set_timesteps_from_sigmas(schedulers::flux_default_sigmas(n));
+  };
+
+  std::set<std::pair<int, int64_t>> schedules;  // (steps, image sequence length or -1)
   for (const std::string prefix : {"timesteps_", "sigmas_"})
-    for (const auto& name : tensors.names_with_prefix(prefix))
-      if (int n = count_suffix(name, prefix); n >= 0) counts.insert(n);
-  for (int n : counts) {
-    scheduler->set_timesteps(n);
-    const std::string ts = "timesteps_" + std::to_string(n), sg = "sigmas_" + std::to_string(n);
+    for (const auto& name : tensors.names_with_prefix(prefix)) {
+      const auto dot = name.find(".seq");
+      const std::string head = name.substr(0, dot);
+      const int n = count_suffix(head, prefix);
+      if (n < 0) continue;
+      const int64_t seq = dot == std::string::npos ? -1 : count_suffix(name.substr(dot), ".seq");
+      if (dot == std::string::npos || seq >= 0) schedules.insert({n, seq});
+    }
+  const int64_t trajectory_seq = c.param("trajectory_image_seq_len", int64_t{-1});
+  int trajectory_steps = c.param("num_inference_steps", 0);
+  for (const auto& [n, seq] : schedules) {
+    if (flux_sigmas && seq < 0 && trajectory_seq < 0)
+      throw FormatError(c.where + ": timesteps_" + std::to_string(n) +
+                        " has no .seq suffix and params.trajectory_image_seq_len is missing");
+    set_schedule(n, seq >= 0 ? seq : trajectory_seq);
+    const std::string suffix = std::to_string(n) + (seq >= 0 ? ".seq" + std::to_string(seq) : "");
+    const std::string ts = "timesteps_" + suffix, sg = "sigmas_" + suffix;
     if (tensors.has(ts))
       result.add(ts, compare_timesteps(ts, scheduler->timesteps(), tensors.get(ts)));
     if (tensors.has(sg)) {
@@ -119,12 +149,20 @@ CaseResult verify_scheduler(const GoldenSet& set, const GoldenCase& c,
       else
         result.add(sg, compare(sg, scheduler->sigmas(), tensors.get(sg), atol, rtol));
     }
+    if (flux_sigmas && seq < 0 && trajectory_steps == 0) trajectory_steps = n;
   }
+  if (flux_sigmas)
+    for (const auto& entry : c.params.value("mu_by_image_seq_len", nlohmann::json::array())) {
+      if (!entry.is_object()) c.bad_param("mu_by_image_seq_len", "a list of objects");
+      const auto seq = entry.value("image_seq_len", int64_t{0});
+      result.add("mu.seq" + std::to_string(seq),
+                 compare("mu.seq" + std::to_string(seq),
+                         torch::tensor(flow->shift_mu_for(seq), torch::kFloat64),
+                         torch::tensor(entry.value("mu", 0.0), torch::kFloat64), 1e-12, 1e-12));
+    }
 
-  if (!c.params.contains("num_inference_steps"))
-    throw FormatError(c.where + ": params.num_inference_steps is missing");
-  const int steps = c.param("num_inference_steps", 0);
-  scheduler->set_timesteps(steps);
+  if (trajectory_steps == 0) throw FormatError(c.where + ": params.num_inference_steps is missing");
+  set_schedule(trajectory_steps, trajectory_seq);
   if (tensors.has("init_noise_sigma"))
     result.add(
         "init_noise_sigma",

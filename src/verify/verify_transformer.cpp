@@ -1,4 +1,5 @@
-// Golden runner for component "transformer": HiDreamImageTransformer2DModel forward on the
+// Golden runner for component "transformer" (FLUX transformers go to verify_flux_transformer):
+// HiDreamImageTransformer2DModel forward on the
 // case's x, timesteps, t5, llama and pooled (params.max_seq overrides the config's, as
 // HiDream-E1 does; params.component picks another folder, default "transformer"); compares
 // "out" and every captured "inter.*".
@@ -13,8 +14,12 @@ namespace diffuse::verify {
 
 CaseResult verify_transformer(const GoldenSet& set, const GoldenCase& c,
                               const VerifyOptions& options) {
-  auto folder = io::ModelFolder::open(set.model_dir());
-  const std::string component = c.param("component", std::string("transformer"));
+  const auto [dir, component] =
+      case_component(set, c, "model", c.param("component", std::string("transformer")));
+  auto folder = io::ModelFolder::open(dir);
+  if (folder.component_config(component, "config.json").get<std::string>("_class_name", "") ==
+      "FluxTransformer2DModel")
+    return verify_flux_transformer(set, c, options);
   auto model = models::load_hidream_transformer(folder, options.device, torch::kFloat32, component);
   CaseTensors tensors(c);
   models::HiDreamForwardOptions fwd;

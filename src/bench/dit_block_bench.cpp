@@ -1,4 +1,4 @@
-#include "bench/hidream_block_bench.h"
+#include "bench/dit_block_bench.h"
 
 #include <torch/torch.h>
 
@@ -11,8 +11,10 @@
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/builtin_configs.h"
+#include "models/flux_transformer.h"
 #include "models/hidream_transformer.h"
 #include "nn/attention.h"
+#include "nn/flux_blocks.h"
 #include "nn/hidream_blocks.h"
 #include "nn/layers.h"
 #include "nn/random_init.h"
@@ -22,10 +24,10 @@
 namespace diffuse::bench {
 namespace {
 
-constexpr int64_t kVaeScale = 8;  // HiDream's Flux VAE: 8x8 pixels per latent pixel
+constexpr int64_t kVaeScale = 8;  // the Flux VAE of both families: 8x8 pixels per latent pixel
 
 // Every parameter outside the blocks (embedders, caption projections, final layer).
-double non_block_params(const models::HiDreamTransformerConfig& c) {
+double hidream_non_block_params(const models::HiDreamTransformerConfig& c) {
   const double D = static_cast<double>(c.inner_dim());
   const double blocks = static_cast<double>(c.num_layers + c.num_single_layers);
   const double patch = static_cast<double>(c.patch_size * c.patch_size);
@@ -107,14 +109,131 @@ QuantizedBlockTiming time_quantized(torch::nn::Module& block, quant::GgmlType ty
   return q;
 }
 
-}  // namespace
+// One block of a family at full size on the bench's inputs: its image output per run.
+struct BenchBlock {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor()> run;
+};
 
-HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& o) {
-  if (o.batch < 1) throw InvalidArgument("--batch must be >= 1, got " + std::to_string(o.batch));
-  if (o.repeat < 1) throw InvalidArgument("--steps must be >= 1, got " + std::to_string(o.repeat));
+// What a family gives the bench: sizes, and its two block kinds built one at a time (so that
+// only one is in memory).
+struct DitBenchFamily {
+  int64_t num_layers = 0, num_single_layers = 0;
+  int64_t pixels_per_token = 0;  // image side pixels per token (VAE factor x patch)
+  double non_block_params = 0;
+  int text_tokens = 0;  // as the blocks see them
+  std::function<BenchBlock()> dual, single;
+};
+
+template <typename Block>
+Block random_block(const std::function<Block()>& make, uint64_t seed, const torch::Device& device,
+                   torch::Dtype dtype) {
+  Block block{nullptr};
+  {
+    nn::SkipInitGuard skip(dtype);
+    block = make();
+  }
+  nn::init_pooled_random_weights(*block, seed);
+  block->to(device, dtype);
+  return block;
+}
+
+DitBenchFamily hidream_family(const DitBlockBenchOptions& o, int64_t pH, int64_t pW,
+                              const torch::Device& device, torch::Dtype dtype) {
   const auto config = models::HiDreamTransformerConfig::from_json(io::JsonConfig(
       models::hidream_i1_transformer_config(), "hidream-i1 transformer/config.json"));
-  const int64_t patch_px = kVaeScale * config.patch_size;
+  DitBenchFamily f;
+  f.num_layers = config.num_layers;
+  f.num_single_layers = config.num_single_layers;
+  f.pixels_per_token = kVaeScale * config.patch_size;
+  f.non_block_params = hidream_non_block_params(config);
+  if (pH < 0) return f;  // sizes only
+  const int64_t T = o.text_tokens > 0 ? o.text_tokens : 128, D = config.inner_dim();
+  f.text_tokens = static_cast<int>(3 * T);  // T5 + last Llama layer + the block's Llama layer
+  const auto opts = torch::TensorOptions().device(device).dtype(dtype);
+  auto rope = std::make_shared<nn::RopeTable>(models::hidream_image_rope(config, pH, pW, device));
+  auto in = std::make_shared<nn::HiDreamBlockInputs>();
+  in->adaln_input = torch::randn({o.batch, D}, opts);
+  in->rope = rope.get();
+  auto image = torch::randn({o.batch, pH * pW, D}, opts);
+  auto text = torch::randn({o.batch, 3 * T, D}, opts);
+  const auto bo = config.block_options();
+  f.dual = [=] {
+    auto b = random_block<nn::HiDreamImageTransformerBlock>(
+        [&] { return nn::HiDreamImageTransformerBlock(bo); }, o.seed, device, dtype);
+    return BenchBlock{b.ptr(), [=]() mutable { return b->forward(image, text, *in).first; }};
+  };
+  f.single = [=] {
+    auto b = random_block<nn::HiDreamImageSingleTransformerBlock>(
+        [&] { return nn::HiDreamImageSingleTransformerBlock(bo); }, o.seed + 1, device, dtype);
+    auto tokens = torch::cat({image, text}, 1);
+    (void)rope;  // kept alive with the closure
+    return BenchBlock{b.ptr(), [=]() mutable { return b->forward(tokens, *in); }};
+  };
+  return f;
+}
+
+DitBenchFamily flux_family(const DitBlockBenchOptions& o, int64_t pH, int64_t pW,
+                           const torch::Device& device, torch::Dtype dtype) {
+  const bool dev = o.arch == "flux-dev";
+  const auto c = models::FluxTransformerConfig::from_json(
+      io::JsonConfig(models::flux_transformer_config(dev), o.arch + " transformer/config.json"));
+  DitBenchFamily f;
+  f.num_layers = c.num_layers;
+  f.num_single_layers = c.num_single_layers;
+  f.pixels_per_token = 2 * kVaeScale;  // 2x2 latent patches per token
+  const double D = static_cast<double>(c.inner_dim());
+  const double mlp = 256 * D + D + D * D + D;
+  const double out = static_cast<double>(c.patch_size * c.patch_size * c.out_channels);
+  f.non_block_params =
+      mlp * (dev ? 2 : 1) + (static_cast<double>(c.pooled_projection_dim) * D + D + D * D + D) +
+      (static_cast<double>(c.joint_attention_dim) + 1) * D +
+      (static_cast<double>(c.in_channels) + 1) * D + (2 * D * D + 2 * D) + D * out + out;
+  if (pH < 0) return f;
+  const int64_t T = o.text_tokens > 0 ? o.text_tokens : (dev ? 512 : 256);
+  f.text_tokens = static_cast<int>(T);
+  const auto opts = torch::TensorOptions().device(device).dtype(dtype);
+  auto ids = torch::cat({torch::zeros({T, 3}), models::flux_image_ids(2 * pH, 2 * pW)}, 0);
+  auto rope =
+      std::make_shared<nn::RopeTable>(nn::rope_table(ids, c.axes_dims_rope, 10000.0, device));
+  auto in = std::make_shared<nn::FluxBlockInputs>();
+  in->temb = torch::randn({o.batch, c.inner_dim()}, opts);
+  in->rope = rope.get();
+  auto image = torch::randn({o.batch, pH * pW, c.inner_dim()}, opts);
+  auto text = torch::randn({o.batch, T, c.inner_dim()}, opts);
+  const auto bo = c.block_options();
+  f.dual = [=] {
+    auto b = random_block<nn::FluxTransformerBlock>([&] { return nn::FluxTransformerBlock(bo); },
+                                                    o.seed, device, dtype);
+    return BenchBlock{b.ptr(), [=]() mutable { return b->forward(image, text, *in).first; }};
+  };
+  f.single = [=] {
+    auto b = random_block<nn::FluxSingleTransformerBlock>(
+        [&] { return nn::FluxSingleTransformerBlock(bo); }, o.seed + 1, device, dtype);
+    auto tokens = torch::cat({text, image}, 1);
+    (void)rope;
+    return BenchBlock{b.ptr(), [=]() mutable { return b->forward(tokens, *in); }};
+  };
+  return f;
+}
+
+DitBenchFamily dit_family(const DitBlockBenchOptions& o, int64_t pH, int64_t pW,
+                          const torch::Device& device, torch::Dtype dtype) {
+  if (models::is_hidream_arch(o.arch)) return hidream_family(o, pH, pW, device, dtype);
+  if (models::is_flux_arch(o.arch)) return flux_family(o, pH, pW, device, dtype);
+  throw InvalidArgument("unknown DiT arch '" + o.arch +
+                        "' (expected hidream-i1, flux-dev or flux-schnell)");
+}
+
+}  // namespace
+
+DitBlockBenchResult run_dit_block_bench(const DitBlockBenchOptions& o) {
+  if (o.batch < 1) throw InvalidArgument("--batch must be >= 1, got " + std::to_string(o.batch));
+  if (o.repeat < 1) throw InvalidArgument("--steps must be >= 1, got " + std::to_string(o.repeat));
+  if (o.text_tokens < 0 || o.text_tokens > 4096)
+    throw InvalidArgument("text tokens must be in 0..4096, got " + std::to_string(o.text_tokens));
+  const auto sizes = dit_family(o, -1, -1, torch::kCPU, torch::kFloat32);
+  const int64_t patch_px = sizes.pixels_per_token;
   if (o.width <= 0 || o.height <= 0 || o.width % patch_px != 0 || o.height % patch_px != 0)
     throw InvalidArgument("--width/--height must be positive multiples of " +
                           std::to_string(patch_px) + ", got " + std::to_string(o.width) + "x" +
@@ -127,7 +246,8 @@ HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& 
   const torch::Dtype dtype = device::resolve_dtype(o.dtype, device, "transformer");
   nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(o.attention, device));
 
-  HiDreamBlockBenchResult r;
+  DitBlockBenchResult r;
+  r.arch = o.arch;
   r.device = device.str();
   r.dtype = c10::toString(dtype);
   r.attention = nn::attention_backend_name(nn::default_attention_backend());
@@ -135,12 +255,8 @@ HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& 
   r.height = o.height;
   r.batch = o.batch;
   r.threads = at::get_num_threads();
-  r.num_layers = static_cast<int>(config.num_layers);
-  r.num_single_layers = static_cast<int>(config.num_single_layers);
-  const int64_t pH = o.height / patch_px, pW = o.width / patch_px, D = config.inner_dim();
-  const int64_t T = o.text_tokens;
+  const int64_t pH = o.height / patch_px, pW = o.width / patch_px;
   r.image_tokens = static_cast<int>(pH * pW);
-  r.text_tokens = static_cast<int>(3 * T);  // T5 + last Llama layer + the block's Llama layer
 
   if (o.roofline) {
     if (o.log) o.log("measuring the roofline ...");
@@ -148,54 +264,27 @@ HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& 
   }
   const double roof = r.roofline ? r.roofline->matmul_gflops : 0.0;
 
-  const auto bo = config.block_options();
   torch::manual_seed(o.seed);
-  const auto opts = torch::TensorOptions().device(device).dtype(dtype);
-  const auto rope = models::hidream_image_rope(config, pH, pW, device);
-  nn::HiDreamBlockInputs in;
-  in.adaln_input = torch::randn({o.batch, D}, opts);
-  in.rope = &rope;
-  auto image = torch::randn({o.batch, pH * pW, D}, opts);
-  auto text = torch::randn({o.batch, 3 * T, D}, opts);
+  const auto f = dit_family(o, pH, pW, device, dtype);
+  r.num_layers = static_cast<int>(f.num_layers);
+  r.num_single_layers = static_cast<int>(f.num_single_layers);
+  r.text_tokens = f.text_tokens;
   double overall_peak = 0;
-  {
-    nn::HiDreamImageTransformerBlock block{nullptr};
-    {
-      nn::SkipInitGuard skip(dtype);
-      block = nn::HiDreamImageTransformerBlock(bo);
-    }
-    nn::init_pooled_random_weights(*block, o.seed);
-    block->to(device, dtype);
+  const auto time_kind = [&](const std::function<BenchBlock()>& make, const std::string& name,
+                             BlockTiming& timing, std::optional<QuantizedBlockTiming>& quantized) {
+    auto block = make();
     torch::Tensor plain;
-    r.dual = time_block(*block, device, o.repeat, roof, &overall_peak, "dual-stream block", o.log,
-                        [&] { plain = block->forward(image, text, in).first; });
+    timing = time_block(*block.module, device, o.repeat, roof, &overall_peak, name, o.log,
+                        [&] { plain = block.run(); });
     if (weight_type)
-      r.dual_quantized = time_quantized(*block, *weight_type, plain, device, o.repeat, roof,
-                                        &overall_peak, "dual-stream block " + o.weights, o.log,
-                                        [&] { return block->forward(image, text, in).first; });
-  }
-  {
-    nn::HiDreamImageSingleTransformerBlock block{nullptr};
-    {
-      nn::SkipInitGuard skip(dtype);
-      block = nn::HiDreamImageSingleTransformerBlock(bo);
-    }
-    nn::init_pooled_random_weights(*block, o.seed + 1);
-    block->to(device, dtype);
-    auto tokens = torch::cat({image, text}, 1);
-    torch::Tensor plain;
-    r.single = time_block(*block, device, o.repeat, roof, &overall_peak, "single-stream block",
-                          o.log, [&] { plain = block->forward(tokens, in); });
-    if (weight_type)
-      r.single_quantized = time_quantized(*block, *weight_type, plain, device, o.repeat, roof,
-                                          &overall_peak, "single-stream block " + o.weights, o.log,
-                                          [&] { return block->forward(tokens, in); });
-  }
-  r.step_estimate_s =
-      config.num_layers * r.dual.best_s + config.num_single_layers * r.single.best_s;
-  const double params = config.num_layers * r.dual.params_m * 1e6 +
-                        config.num_single_layers * r.single.params_m * 1e6 +
-                        non_block_params(config);
+      quantized = time_quantized(*block.module, *weight_type, plain, device, o.repeat, roof,
+                                 &overall_peak, name + " " + o.weights, o.log, block.run);
+  };
+  time_kind(f.dual, "dual-stream block", r.dual, r.dual_quantized);
+  time_kind(f.single, "single-stream block", r.single, r.single_quantized);
+  r.step_estimate_s = f.num_layers * r.dual.best_s + f.num_single_layers * r.single.best_s;
+  const double params = f.num_layers * r.dual.params_m * 1e6 +
+                        f.num_single_layers * r.single.params_m * 1e6 + f.non_block_params;
   r.transformer_params_b = params / 1e9;
   r.transformer_gib =
       params * static_cast<double>(c10::elementSize(dtype)) / (1024.0 * 1024.0 * 1024.0);
@@ -204,18 +293,17 @@ HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& 
     const auto& dq = *r.dual_quantized;
     const auto& sq = *r.single_quantized;
     r.step_estimate_quantized_s =
-        config.num_layers * dq.timing.best_s + config.num_single_layers * sq.timing.best_s;
-    const double block_mb = config.num_layers * dq.block_quantized_mb +
-                            config.num_single_layers * sq.block_quantized_mb;
+        f.num_layers * dq.timing.best_s + f.num_single_layers * sq.timing.best_s;
+    const double block_mb =
+        f.num_layers * dq.block_quantized_mb + f.num_single_layers * sq.block_quantized_mb;
     r.transformer_quantized_gib =
-        block_mb / 1024.0 + non_block_params(config) *
-                                static_cast<double>(c10::elementSize(dtype)) /
+        block_mb / 1024.0 + f.non_block_params * static_cast<double>(c10::elementSize(dtype)) /
                                 (1024.0 * 1024.0 * 1024.0);
   }
   return r;
 }
 
-nlohmann::json to_json(const HiDreamBlockBenchResult& r) {
+nlohmann::json to_json(const DitBlockBenchResult& r) {
   auto block = [](const BlockTiming& t) {
     return nlohmann::json{{"params_m", t.params_m},
                           {"best_s", t.best_s},
@@ -226,7 +314,7 @@ nlohmann::json to_json(const HiDreamBlockBenchResult& r) {
                           {"device_peak_mb", t.device_peak_mb},
                           {"roofline_fraction", t.roofline_fraction}};
   };
-  nlohmann::json j = {{"arch", "hidream-i1"},
+  nlohmann::json j = {{"arch", r.arch},
                       {"device", r.device},
                       {"dtype", r.dtype},
                       {"attention", r.attention},

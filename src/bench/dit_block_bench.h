@@ -1,9 +1,11 @@
-// `diffuse bench --arch hidream-i1`: the real HiDream-I1 transformer configuration (16
-// dual-stream + 32 single-stream blocks, 20 heads x 128, 4 routed experts top-2 + shared) is
-// too large to build whole on a small machine (17B parameters), so the bench builds ONE block
-// of each kind at full width with random weights, runs it at the pipeline's token counts
-// (1024x1024 -> 4096 image tokens; 128 T5 + 128 + 128 Llama tokens), counts its FLOPs,
-// compares its time with this run's matmul roofline and extrapolates a full denoising step.
+// `diffuse bench --arch hidream-i1 | flux-dev | flux-schnell`: a real DiT configuration
+// (HiDream-I1: 16 dual-stream + 32 single-stream blocks, 20 heads x 128, 4 routed experts top-2
+// + shared, 17B; FLUX.1: 19 double- + 38 single-stream blocks, 24 heads x 128, 12B) is too
+// large to build whole on a small machine, so the bench builds ONE block of each kind at full
+// width with random weights, runs it at the pipeline's token counts (1024x1024 -> 4096 image
+// tokens; HiDream 128 T5 + 128 + 128 Llama tokens, FLUX 512 T5 tokens, schnell 256), counts
+// its FLOPs, compares its time with this run's matmul roofline and extrapolates a full
+// denoising step.
 #pragma once
 #include <functional>
 #include <optional>
@@ -16,12 +18,13 @@
 
 namespace diffuse::bench {
 
-struct HiDreamBlockBenchOptions {
+struct DitBlockBenchOptions {
+  std::string arch = "hidream-i1";  // or flux-dev, flux-schnell
   std::string device = "auto", dtype = "auto", attention = "auto";
   int width = 1024, height = 1024;
-  int batch = 2;          // 2 = one image with classifier-free guidance
-  int text_tokens = 128;  // T5 tokens = Llama tokens (the pipelines' max_sequence_length)
-  int repeat = 2;         // timed runs per block after one warm-up
+  int batch = 2;        // HiDream: 2 = one image with classifier-free guidance; FLUX: 1 image
+  int text_tokens = 0;  // 0: the pipeline's (HiDream 128 per encoder, FLUX 512, schnell 256)
+  int repeat = 2;       // timed runs per block after one warm-up
   bool roofline = true;
   // "q8_0"/"q4_0": each block is timed again with its linear weights kept quantized
   // (nn::quantize_linear_layers), on the same inputs, in the same run.
@@ -50,8 +53,8 @@ struct QuantizedBlockTiming {
   double dequantize_s = 0;
 };
 
-struct HiDreamBlockBenchResult {
-  std::string device, dtype, attention;
+struct DitBlockBenchResult {
+  std::string arch, device, dtype, attention;
   int width = 0, height = 0, batch = 0, image_tokens = 0, text_tokens = 0, threads = 0;
   int num_layers = 0, num_single_layers = 0;
   BlockTiming dual, single;
@@ -65,7 +68,8 @@ struct HiDreamBlockBenchResult {
   std::optional<Roofline> roofline;
 };
 
-HiDreamBlockBenchResult run_hidream_block_bench(const HiDreamBlockBenchOptions& options);
-nlohmann::json to_json(const HiDreamBlockBenchResult& r);
+// InvalidArgument for an unknown arch or sizes the model cannot take.
+DitBlockBenchResult run_dit_block_bench(const DitBlockBenchOptions& options);
+nlohmann::json to_json(const DitBlockBenchResult& r);
 
 }  // namespace diffuse::bench

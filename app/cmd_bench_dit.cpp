@@ -1,9 +1,10 @@
-// `diffuse bench --arch hidream-i1 | t5-xxl | llama-3.1-8b`: prints the HiDream block benchmark
-// (bench/hidream_block_bench.h) and the large text encoders' (bench/text_encoder_bench.h).
+// `diffuse bench --arch hidream-i1 | flux-dev | flux-schnell | t5-xxl | llama-3.1-8b`: prints
+// the DiT block benchmark (bench/dit_block_bench.h) and the large text encoders'
+// (bench/text_encoder_bench.h).
 #include <cstdio>
 #include <iostream>
 
-#include "bench/hidream_block_bench.h"
+#include "bench/dit_block_bench.h"
 #include "bench/text_encoder_bench.h"
 #include "commands.h"
 
@@ -23,8 +24,9 @@ void print_block(const char* name, const bench::BlockTiming& t) {
 
 }  // namespace
 
-int run_hidream_block_bench(const bench::PipelineBenchOptions& p, bool as_json) {
-  bench::HiDreamBlockBenchOptions o;
+int run_dit_block_bench(const bench::PipelineBenchOptions& p, bool as_json) {
+  bench::DitBlockBenchOptions o;
+  o.arch = p.arch;
   o.device = p.load.device;
   o.dtype = p.load.dtype;
   o.attention = p.load.attention;
@@ -36,15 +38,15 @@ int run_hidream_block_bench(const bench::PipelineBenchOptions& p, bool as_json) 
   o.seed = p.seed;
   o.weights = p.load.weights;
   if (!as_json) o.log = [](const std::string& line) { std::cerr << line << "\n"; };
-  const auto r = bench::run_hidream_block_bench(o);
+  const auto r = bench::run_dit_block_bench(o);
   if (as_json) {
     std::cout << bench::to_json(r).dump(2) << "\n";
     return 0;
   }
   std::printf(
-      "hidream-i1 blocks at %dx%d (%d image + %d text tokens), batch %d, %s, %s "
+      "%s blocks at %dx%d (%d image + %d text tokens), batch %d, %s, %s "
       "attention, %d threads on %s\n",
-      r.width, r.height, r.image_tokens, r.text_tokens, r.batch, r.dtype.c_str(),
+      r.arch.c_str(), r.width, r.height, r.image_tokens, r.text_tokens, r.batch, r.dtype.c_str(),
       r.attention.c_str(), r.threads, r.device.c_str());
   if (r.roofline) std::printf("  roofline: matmul %.1f GFLOP/s\n", r.roofline->matmul_gflops);
   print_block("dual-stream block", r.dual);

@@ -1,0 +1,219 @@
+// `diffuse txt2img` on a FLUX.1 folder and `diffuse edit` on a FLUX.1 Kontext folder:
+// flags -> pipeline::FluxPipeline -> one PNG. The DiT flags that only HiDream honours are
+// refused with the reason.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <random>
+
+#include "accel/dit_cache.h"
+#include "adapters/lora.h"
+#include "commands.h"
+#include "device/device.h"
+#include "diffuse/errors.h"
+#include "diffuse/image.h"
+#include "flag_checks.h"
+#include "io/atomic_file.h"
+#include "io/model_folder.h"
+#include "nn/attention.h"
+#include "pipeline/flux.h"
+#include "pipeline/image_parameters.h"
+#include "pipeline/stable_diffusion.h"
+#include "progress.h"
+#include "quant/quantized_weight.h"
+#include "run_summary.h"
+#include "schedulers/scheduler.h"
+#include "tensor_files.h"
+
+namespace fs = std::filesystem;
+
+namespace diffuse::app {
+namespace {
+
+void refuse_hidream_flags(const DitCliFlags& f) {
+  auto refuse = [](const std::string& flag, const std::string& why) {
+    throw InvalidArgument(flag + ": " + why);
+  };
+  if (f.variant != "auto") refuse("--variant " + f.variant, "HiDream's presets; not for FLUX");
+  if (f.image_guidance) refuse("--image-guidance", "HiDream-E1's; Kontext has no image guidance");
+  if (f.refine || !f.e1_lora.empty() || f.lora_alpha || f.lora_rank)
+    refuse("--refine/--e1-lora/--lora-alpha/--lora-rank", "HiDream-E1-Full's refine phase");
+  if (f.no_clip_cfg_norm) refuse("--no-clip-cfg-norm", "HiDream-E1's guidance");
+  if (!f.text_encoder_device.empty() || !f.vae_device.empty())
+    refuse("--text-encoder-device/--vae-device",
+           "FLUX runs its stages on --device (placement per stage is HiDream's so far)");
+  if (f.stream_weights == "on")
+    refuse("--stream-weights on", "block streaming is HiDream's so far; use --weights q8_0 to fit");
+  if (!f.step_noise_file.empty())
+    refuse("--step-noise", "FLUX's Euler scheduler draws no noise per step");
+  if (f.max_sequence_length && (*f.max_sequence_length < 1 || *f.max_sequence_length > 512))
+    refuse("--max-sequence-length",
+           "T5 tokens must be in 1..512, got " + std::to_string(*f.max_sequence_length));
+  if (f.true_cfg_scale && !(*f.true_cfg_scale >= 0.0 && *f.true_cfg_scale <= 100.0))
+    refuse("--true-cfg-scale", "must be in [0, 100], got " + c10::str(*f.true_cfg_scale));
+  if (f.cfg_scale && !(*f.cfg_scale >= 0.0 && *f.cfg_scale <= 100.0))
+    refuse("--cfg-scale", "must be in [0, 100], got " + c10::str(*f.cfg_scale));
+}
+
+}  // namespace
+
+int run_flux(const DitCliFlags& f, bool edit) {
+  io::check_output_path(f.out, "output");
+  if (fs::path(f.out).extension() != ".png")
+    throw InvalidArgument("-o/--out '" + f.out +
+                          "': only PNG output is supported (use a .png name)");
+  refuse_hidream_flags(f);
+  quant::parse_weight_type(f.weights, "--weights");  // refused before the load
+  const auto cache = accel::parse_dit_cache(f.cache);
+  const bool img2img = !edit && !f.image.empty();
+  Image source;
+  if (edit && f.image.empty()) throw InvalidArgument("edit needs a source image (-i/--image)");
+  if (!f.image.empty()) source = read_png(f.image);
+  const auto device = device::resolve_device(f.device);
+  const auto dtype = device::resolve_dtype(f.dtype, device, "transformer");
+  nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(f.attention, device));
+  const uint64_t seed = f.seed ? parse_seed(*f.seed, "--seed") : std::random_device{}();
+  const bool talk = !f.quiet && !f.json;
+
+  if (talk) std::cerr << "loading " << f.model << " ...\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto folder = io::ModelFolder::open(f.model);
+  if (!f.scheduler.empty()) {
+    const auto flow = schedulers::flow_scheduler_names();
+    if (std::find(flow.begin(), flow.end(), f.scheduler) == flow.end())
+      throw InvalidArgument("--scheduler " + f.scheduler +
+                            ": FLUX models run the flow-matching schedulers (flow_euler, ...)");
+  }
+  pipeline::FluxPipeline pipe(folder, device, dtype, f.transformer);
+  if (edit && !pipe.is_kontext())
+    throw InvalidArgument(f.model + " is a FLUX.1 text-to-image folder (model_index.json: " +
+                          folder.model_index().get<std::string>("_class_name", "?") +
+                          "); instruction editing needs FLUX.1 Kontext (FluxKontextPipeline)");
+  pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
+  pipe.set_weight_type(f.weights);
+  if (!f.scheduler.empty())
+    pipe.set_scheduler(schedulers::make_scheduler(
+        f.scheduler, folder.component_config("scheduler", "scheduler_config.json")));
+  std::vector<std::string> lora_lines;
+  for (const auto& l : f.loras) {
+    adapters::LoraOptions lo;
+    lo.lenient = f.lora_lenient;
+    lora_lines.push_back(pipe.add_lora(l.path, l.scale, lo));
+    if (talk) std::cerr << "lora " << lora_lines.back() << "\n";
+  }
+  // The references' defaults: FLUX.1-dev 28 steps at guidance 3.5 (Kontext 2.5), schnell
+  // (no guidance embedding) 4 steps and 256 T5 tokens.
+  const bool distilled_guidance = pipe.transformer_config().guidance_embeds;
+  pipeline::FluxSampling s;
+  s.steps = f.steps.value_or(distilled_guidance ? 28 : 4);
+  s.guidance_scale = f.cfg_scale.value_or(pipe.is_kontext() ? 2.5 : 3.5);
+  s.true_cfg_scale = f.true_cfg_scale.value_or(1.0);
+  s.max_sequence_length = f.max_sequence_length.value_or(distilled_guidance ? 512 : 256);
+  s.seed = seed;
+  if (!f.latents_file.empty()) s.latents = read_tensor_file(f.latents_file, "latents");
+  s.vae_tiling = f.vae_tiling;
+  s.cache = cache;
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (talk)
+    std::cerr << "FLUX" << (pipe.is_kontext() ? " Kontext" : "") << ": " << s.steps
+              << " steps, guidance "
+              << (distilled_guidance ? c10::str(s.guidance_scale) : std::string("none (schnell)"))
+              << (s.true_cfg_scale > 1 ? ", true CFG " + c10::str(s.true_cfg_scale) : "") << "\n";
+  Progress progress(!talk);
+  const auto loop_start = std::chrono::steady_clock::now();
+  s.on_step = [&](const pipeline::FluxStep& st) {
+    StepEvent e;
+    e.step = st.index;
+    e.num_steps = s.steps;
+    e.timestep = st.t.item<double>();
+    e.elapsed_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
+    return progress(e);
+  };
+  std::optional<std::string> negative;
+  if (!f.negative_prompt.empty()) negative = f.negative_prompt;
+  pipeline::FluxResult r;
+  const auto source_tensor = [&] {
+    return torch::from_blob(const_cast<uint8_t*>(source.rgb.data()),
+                            {source.height, source.width, 3}, torch::kUInt8)
+        .clone();
+  };
+  if (img2img) {
+    pipeline::FluxImageToImage i;
+    i.prompt = f.prompt;
+    i.negative_prompt = negative;
+    i.image = source_tensor();
+    i.width = f.width;  // 0: the image's (txt2img's img2img route passes what was given)
+    i.height = f.height;
+    i.strength = f.strength;
+    i.sampling = s;
+    r = pipe.image_to_image(i);
+  } else if (edit) {
+    pipeline::FluxEdit e;
+    e.prompt = f.prompt;
+    e.negative_prompt = negative;
+    e.image = source_tensor();
+    e.max_area = 0;  // the output keeps the (resized) source's size
+    e.auto_resize = !f.no_auto_resize;
+    e.sampling = s;
+    r = pipe.edit(e);
+  } else {
+    pipeline::FluxTextToImage t;
+    t.prompt = f.prompt;
+    t.negative_prompt = negative;
+    t.width = f.width;
+    t.height = f.height;
+    t.sampling = s;
+    r = pipe.text_to_image(t);
+  }
+  progress.finish();
+  for (const auto& w : r.warnings) std::cerr << "warning: " << w << "\n";
+  pipeline::ImageParameters params;
+  params.prompt = f.prompt;
+  params.negative_prompt = f.negative_prompt;
+  params.steps = s.steps;
+  params.scheduler = pipe.scheduler().class_name();
+  params.cfg_scale = s.guidance_scale;
+  params.seed = seed;
+  params.model = f.model;
+  params.device = device::device_name(device);
+  params.dtype = device::dtype_name(dtype);
+  if (img2img) params.strength = f.strength;
+  params.width = static_cast<int>(r.image.size(2));
+  params.height = static_cast<int>(r.image.size(1));
+  write_png(f.out, pipeline::to_images(r.image)[0], params.png_chunks());
+  RunSummary summary;
+  summary.files = {f.out};
+  summary.seed = seed;
+  summary.device = params.device;
+  summary.dtype = params.dtype;
+  summary.vae_dtype = device::dtype_name(torch::kFloat32);  // force_upcast
+  summary.attention = nn::attention_backend_name(nn::default_attention_backend());
+  summary.scheduler = params.scheduler;
+  summary.load_s = load_s;
+  summary.loras = lora_lines;
+  summary.runs = {r.timings};
+  if (f.json) {
+    std::cout << summary.json().dump(2) << "\n";
+    return 0;
+  }
+  if (!f.quiet) {
+    std::cerr << "wrote " << f.out << " (" << params.width << "x" << params.height << ", seed "
+              << seed << ", " << params.scheduler << ")\n";
+    summary.print(edit);
+    if (cache.method != DitCacheOptions::Method::kOff)
+      std::cerr << accel::dit_cache_summary(cache, r.cache) << "\n";
+    if (const auto& q = pipe.quantized_layers(); q.layers > 0)
+      std::cerr << "weights " << f.weights << ": " << q.layers << " linear layers, "
+                << q.plain_bytes / (1 << 20) << " MiB -> " << q.quantized_bytes / (1 << 20)
+                << " MiB (" << q.kept_plain << " kept plain)\n";
+  }
+  std::cout << f.out << "\n";
+  return 0;
+}
+
+}  // namespace diffuse::app

@@ -1,0 +1,480 @@
+#include "pipeline/flux.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <tuple>
+
+#include "adapters/lora.h"
+#include "device/cpu_allocator.h"
+#include "device/cpu_load.h"
+#include "device/device.h"
+#include "device/memory.h"
+#include "diffuse/errors.h"
+#include "io/pillow_resample.h"
+#include "models/load_component.h"
+#include "pipeline/finite_check.h"
+#include "pipeline/flow_decode.h"
+#include "pipeline/flow_denoise.h"
+#include "pipeline/memory_report.h"
+#include "pipeline/vae_tiling_policy.h"
+#include "quant/quantized_weight.h"
+#include "schedulers/flow_match.h"
+
+namespace diffuse::pipeline {
+namespace {
+
+double flux_clock_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+void require_finite_scale(double v, const char* what) {
+  if (!std::isfinite(v)) throw InvalidArgument(std::string(what) + " must be a finite number");
+}
+
+std::string flux_size_text(int64_t w, int64_t h) {
+  return std::to_string(w) + "x" + std::to_string(h);
+}
+
+constexpr int64_t kFluxMaxSourcePixels = int64_t{64} << 20;  // 64 MP: beyond any real photo
+constexpr int kFluxMaxSide = 8192;
+
+}  // namespace
+
+bool is_flux_folder(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path) || !fs::exists(fs::path(path) / "model_index.json")) return false;
+  return io::ModelFolder::open(path)
+             .model_index()
+             .get<std::string>("_class_name", "")
+             .rfind("Flux", 0) == 0;
+}
+
+const std::vector<std::pair<int, int>>& kontext_resolutions() {
+  static const std::vector<std::pair<int, int>> k = {
+      {672, 1568}, {688, 1504}, {720, 1456},  {752, 1392}, {800, 1328}, {832, 1248},
+      {880, 1184}, {944, 1104}, {1024, 1024}, {1104, 944}, {1184, 880}, {1248, 832},
+      {1328, 800}, {1392, 752}, {1456, 720},  {1504, 688}, {1568, 672}};
+  return k;
+}
+
+FluxPipeline::FluxPipeline(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
+                           const std::string& transformer_component)
+    : device_(device),
+      dtype_(dtype),
+      folder_(folder),
+      transformer_component_(transformer_component),
+      tconfig_(models::FluxTransformerConfig::from_json(
+          models::component_config(folder, transformer_component, "FluxTransformer2DModel"))) {
+  device::keep_freed_memory();
+  // Everything a prompt needs is checked now, before minutes of loading the rest.
+  for (const char* component :
+       {"text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "vae", "scheduler"})
+    if (!folder.has_component(component))
+      throw IoError("FLUX model folder '" + folder.dir() + "' has no " + component +
+                    "/ (a FLUX pipeline needs the CLIP and T5 text encoders with their "
+                    "tokenizers, the VAE and the scheduler)");
+  kontext_ = folder.model_index().get<std::string>("_class_name", "") == "FluxKontextPipeline";
+  vae_ = models::load_vae(folder, device_, torch::kFloat32);
+  const int64_t latent_channels = vae_->config().latent_channels;
+  if (tconfig_.in_channels != 4 * latent_channels)
+    throw ConfigError(tconfig_.source + ": in_channels is " + std::to_string(tconfig_.in_channels) +
+                      ", but the VAE's " + std::to_string(latent_channels) +
+                      " latent channels pack 2x2 into " + std::to_string(4 * latent_channels));
+  scheduler_ =
+      schedulers::make_scheduler(folder.component_config("scheduler", "scheduler_config.json"));
+}
+
+FluxTextEncoders& FluxPipeline::text_encoders() {
+  if (!text_) text_ = std::make_unique<FluxTextEncoders>(folder_, device_, dtype_);
+  return *text_;
+}
+
+models::FluxTransformer2DModel& FluxPipeline::transformer() {
+  if (!transformer_)
+    transformer_ = models::load_flux_transformer(folder_, device_, dtype_, transformer_component_,
+                                                 weight_type_, &quantized_);
+  return transformer_;
+}
+
+void FluxPipeline::set_weight_type(const std::string& type) {
+  const auto parsed = quant::parse_weight_type(type, "weight type");
+  if (transformer_ && parsed != weight_type_)
+    throw InvalidArgument("the weight type is chosen before the transformer loads");
+  weight_type_ = parsed;
+}
+
+std::string FluxPipeline::add_lora(const std::string& path, double scale,
+                                   const adapters::LoraOptions& options) {
+  if (!std::isfinite(scale))
+    throw InvalidArgument("LoRA '" + path + "': the scale must be a finite number");
+  transformer();  // loaded, and with it what was kept quantized
+  if (quantized_.layers > 0)
+    throw InvalidArgument(
+        "a LoRA merges into the transformer's plain weights, which quantized "
+        "weights (--weights, or a GGUF transformer) give up");
+  if (!lora_)
+    lora_ = std::make_unique<adapters::LoraMerger>(
+        std::vector<adapters::Network>{{io::lora::transformer_names(), transformer().get()}});
+  const int id = lora_->add(path, scale, options);
+  return adapters::describe(lora_->adapter(id), path, scale);
+}
+
+void FluxPipeline::set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler) {
+  scheduler_ = std::move(scheduler);
+}
+
+int64_t FluxPipeline::vae_scale_factor() const {
+  return vae_->config().spatial_factor();
+}
+
+std::pair<int, int> FluxPipeline::floored_size(int width, int height) const {
+  if (width <= 0 || height <= 0 || width > kFluxMaxSide || height > kFluxMaxSide)
+    throw InvalidArgument("width and height must be in 1.." + std::to_string(kFluxMaxSide) +
+                          ", got " + flux_size_text(width, height));
+  const auto m = static_cast<int>(size_multiple());
+  const int w = width / m * m, h = height / m * m;
+  if (w == 0 || h == 0)
+    throw InvalidArgument("a FLUX image needs sides of at least " + std::to_string(m) +
+                          " pixels, got " + flux_size_text(width, height));
+  return {w, h};
+}
+
+std::pair<int64_t, int64_t> FluxPipeline::source_size(int64_t W, int64_t H,
+                                                      bool auto_resize) const {
+  const int64_t m = size_multiple();
+  int64_t w = W / m * m, h = H / m * m;
+  if (w == 0 || h == 0)
+    throw InvalidArgument("the source image is " + flux_size_text(W, H) +
+                          "; each side needs at least " + std::to_string(m) + " pixels");
+  if (auto_resize) {
+    // Python's min over (|aspect - w/h|, w, h) tuples: ties go to the smaller width, height.
+    const double aspect = static_cast<double>(w) / static_cast<double>(h);
+    std::tuple<double, int, int> best{INFINITY, 0, 0};
+    for (const auto& [rw, rh] : kontext_resolutions())
+      best =
+          std::min(best, std::make_tuple(std::abs(aspect - static_cast<double>(rw) / rh), rw, rh));
+    w = std::get<1>(best) / m * m;
+    h = std::get<2>(best) / m * m;
+  }
+  return {w, h};
+}
+
+std::pair<int, int> FluxPipeline::edit_output_size(int width, int height, int64_t max_area) const {
+  if (max_area < 0 || max_area > int64_t{kFluxMaxSide} * kFluxMaxSide)
+    throw InvalidArgument("max_area must be in 0.." +
+                          std::to_string(int64_t{kFluxMaxSide} * kFluxMaxSide) + " pixels, got " +
+                          std::to_string(max_area));
+  auto [w, h] = floored_size(width, height);
+  if (max_area == 0) return {w, h};
+  // FluxKontextPipeline: the requested aspect ratio at max_area, Python's round (half to even).
+  const double aspect = static_cast<double>(width) / height;
+  const auto m = static_cast<int>(size_multiple());
+  w = static_cast<int>(std::nearbyint(std::sqrt(static_cast<double>(max_area) * aspect))) / m * m;
+  h = static_cast<int>(std::nearbyint(std::sqrt(static_cast<double>(max_area) / aspect))) / m * m;
+  if (w == 0 || h == 0 || w > kFluxMaxSide || h > kFluxMaxSide)
+    throw InvalidArgument("max_area " + std::to_string(max_area) + " at the aspect ratio of " +
+                          flux_size_text(width, height) + " gives " + flux_size_text(w, h) +
+                          ", outside 16.." + std::to_string(kFluxMaxSide) + " pixels a side");
+  return {w, h};
+}
+
+void FluxPipeline::check_cache(const DitCacheOptions& cache) const {
+  if (cache.method == DitCacheOptions::Method::kOff) return;
+  const accel::DitCache check(cache, tconfig_.num_layers, tconfig_.num_single_layers);
+  (void)check;  // the constructor checks the block range against this model
+}
+
+void FluxPipeline::check_sampling(const FluxSampling& s) const {
+  check_cache(s.cache);
+  if (s.steps < 1) throw InvalidArgument("steps must be >= 1, got " + std::to_string(s.steps));
+  require_finite_scale(s.guidance_scale, "guidance_scale");
+  require_finite_scale(s.true_cfg_scale, "true_cfg_scale");
+  if (s.max_sequence_length < 1 || s.max_sequence_length > 512)
+    throw InvalidArgument("max_sequence_length must be in 1..512 (T5 tokens), got " +
+                          std::to_string(s.max_sequence_length));
+}
+
+FluxEmbeddings FluxPipeline::encode_prompt(const std::string& prompt, int64_t max_sequence_length) {
+  auto e = text_encoders().encode({prompt}, max_sequence_length);
+  check_stage_finite(e.t5, "text encoder (T5)", device_, dtype_);
+  check_stage_finite(e.pooled, "text encoder (CLIP)", device_, dtype_);
+  return e;
+}
+
+bool FluxPipeline::encode_prompts(const std::string& prompt,
+                                  const std::optional<std::string>& negative, const FluxSampling& s,
+                                  FluxResult& out) {
+  const double start = flux_clock_s();
+  device::reset_peak_memory(device_);
+  const bool true_cfg = s.true_cfg_scale > 1.0 && negative.has_value();
+  if (s.true_cfg_scale > 1.0 && !negative)
+    out.warnings.push_back("true_cfg_scale " + std::to_string(s.true_cfg_scale) +
+                           " has no effect without a negative prompt");
+  else if (negative && s.true_cfg_scale <= 1.0)
+    out.warnings.push_back(
+        "the negative prompt has no effect with true_cfg_scale <= 1 (FLUX's guidance is the "
+        "guidance embedding; set true_cfg_scale > 1 for a second pass on the negative prompt)");
+  out.prompt_embeddings = encode_prompt(prompt, s.max_sequence_length);
+  if (out.prompt_embeddings.t5_ids.truncated.at(0))
+    out.warnings.push_back("the prompt is longer than " + std::to_string(s.max_sequence_length) +
+                           " T5 tokens (max_sequence_length): the rest was cut off");
+  if (true_cfg) out.negative_embeddings = encode_prompt(*negative, s.max_sequence_length);
+  if (!keep_text_encoders_) text_.reset();
+  out.timings.text_encode_s = flux_clock_s() - start;
+  record_stage_memory(&out.timings, "text_encode", device_);
+  return true_cfg;
+}
+
+torch::Tensor FluxPipeline::initial_latents(const FluxSampling& s, int64_t h, int64_t w) const {
+  const int64_t C = tconfig_.in_channels / 4;
+  if (s.latents.defined()) {
+    if (s.latents.dim() != 4 || s.latents.size(0) != 1 || s.latents.size(1) != C ||
+        s.latents.size(2) != h || s.latents.size(3) != w)
+      throw InvalidArgument("initial latents must be [1, " + std::to_string(C) + ", " +
+                            std::to_string(h) + ", " + std::to_string(w) + "], got " +
+                            c10::str(s.latents.sizes()));
+    check_input_tensor(s.latents, "given latents");
+    return s.latents.to(device_, torch::kFloat32);
+  }
+  // Drawn on the CPU so a seed gives the same image on every device (as diffusers with a CPU
+  // generator: unpacked [1, C, h, w], then packed).
+  auto gen = at::detail::createCPUGenerator(s.seed);
+  return torch::randn({1, C, h, w}, gen, torch::kFloat32).to(device_);
+}
+
+void FluxPipeline::prepare_schedule(int steps, int64_t image_tokens) {
+  auto* flow = dynamic_cast<schedulers::FlowMatchScheduler*>(scheduler_.get());
+  if (flow) {
+    flow->set_shift_mu(flow->shift_mu_for(image_tokens));
+    flow->set_timesteps_from_sigmas(schedulers::flux_default_sigmas(steps));
+    return;
+  }
+  // Schedulers with sigmas of their own (use_flow_sigmas) get mu and the step count only.
+  scheduler_->set_shift_mu(schedulers::calculate_shift(image_tokens));
+  scheduler_->set_timesteps(steps);
+}
+
+torch::Tensor FluxPipeline::denoise(const FluxSampling& s, torch::Tensor latents, int64_t h,
+                                    int64_t w, const torch::Tensor& image_tokens, bool true_cfg,
+                                    FluxResult& out, int64_t first_step) {
+  const int64_t S = latents.size(1);
+  out.img_ids = models::flux_image_ids(h, w);
+  if (image_tokens.defined())  // Kontext: the source's tokens sit at frame 1
+    out.img_ids = torch::cat({out.img_ids, models::flux_image_ids(out.image_latents.size(2),
+                                                                  out.image_latents.size(3), 1.0f)},
+                             0);
+  const auto& pos = out.prompt_embeddings;
+  out.txt_ids = torch::zeros({pos.t5.size(1), 3}, torch::kFloat32);
+  if (tconfig_.guidance_embeds) out.guidance = torch::full({1}, s.guidance_scale, torch::kFloat32);
+  auto& model = transformer();
+  // True CFG runs both prompts as one batch [prompt, negative]: one call per step, which a DiT
+  // cache needs (the calls of a step share its decisions).
+  auto t5 = pos.t5.to(device_), pooled = pos.pooled.to(device_);
+  if (true_cfg) {
+    t5 = torch::cat({t5, out.negative_embeddings.t5.to(device_)}, 0);
+    pooled = torch::cat({pooled, out.negative_embeddings.pooled.to(device_)}, 0);
+  }
+  const auto image_side = image_tokens.defined() ? image_tokens.to(device_) : torch::Tensor();
+  std::unique_ptr<accel::DitCache> cache;
+  if (s.cache.method != DitCacheOptions::Method::kOff)
+    cache =
+        std::make_unique<accel::DitCache>(s.cache, tconfig_.num_layers, tconfig_.num_single_layers);
+  models::FluxForwardOptions fwd;
+  fwd.cache = cache.get();
+
+  const double start = flux_clock_s();
+  device::reset_peak_memory(device_);
+  device::CpuShareMeter cpu_meter(at::get_num_threads());
+  FlowVelocity<FluxStep> velocity = [&](const torch::Tensor& x, const torch::Tensor& t,
+                                        FluxStep& step) {
+    auto input = image_side.defined() ? torch::cat({x, image_side.to(x.scalar_type())}, 1) : x;
+    // diffusers: t.expand(B).to(latents.dtype) / 1000 in the latents' (= the model's) dtype.
+    auto ts = t.to(device_, dtype_).reshape({1}) / 1000;
+    step.transformer_input = input;
+    step.transformer_timestep = ts;
+    step.latent_height = h;
+    step.latent_width = w;
+    if (true_cfg) input = torch::cat({input, input}, 0);
+    auto raw = model->forward(input, ts, t5, pooled, out.img_ids, out.txt_ids, out.guidance, fwd)
+                   .to(torch::kFloat32);
+    step.transformer_out = raw.narrow(0, 0, 1);
+    auto v = step.transformer_out.narrow(1, 0, S);
+    if (!true_cfg) return v;
+    step.transformer_out_negative = raw.narrow(0, 1, 1);
+    auto neg = step.transformer_out_negative.narrow(1, 0, S);
+    return neg + s.true_cfg_scale * (v - neg);
+  };
+  FlowDenoiseInputs in;
+  in.seed = s.seed;
+  in.device = device_;
+  in.first_step = first_step;
+  if (cache) in.begin_step = [&cache](int step, int total) { cache->begin_step(step, total); };
+  auto run =
+      flow_denoise<FluxStep>(*scheduler_, latents, in, velocity, s.on_step, out.timings.step_s);
+  if (cache) out.cache = cache->stats();
+  out.steps_run = run.steps_run;
+  out.interrupted = run.interrupted;
+  if (run.interrupted) out.warnings.push_back(run.warning);
+  out.timings.denoise_s = flux_clock_s() - start;
+  out.timings.cpu = cpu_meter.share();
+  check_stage_finite(run.latents, "denoising (transformer)", device_, dtype_);
+  record_stage_memory(&out.timings, "denoise", device_);
+  device::empty_cache(device_);
+  auto unpacked = models::flux_unpack(run.latents, h, w);
+  out.latents = unpacked.to(torch::kCPU);
+  return unpacked;
+}
+
+FluxResult FluxPipeline::text_to_image(const FluxTextToImage& r) {
+  check_sampling(r.sampling);
+  torch::InferenceMode inference;
+  const auto [width, height] = floored_size(r.width, r.height);
+  FluxResult out;
+  if (width != r.width || height != r.height)
+    out.warnings.push_back(flux_size_text(r.width, r.height) + " is not a multiple of " +
+                           std::to_string(size_multiple()) + " a side; the image is " +
+                           flux_size_text(width, height));
+  const double start = flux_clock_s();
+  const bool true_cfg = encode_prompts(r.prompt, r.negative_prompt, r.sampling, out);
+  const int64_t h = height / vae_scale_factor(), w = width / vae_scale_factor();
+  auto latents = models::flux_pack(initial_latents(r.sampling, h, w));
+  prepare_schedule(r.sampling.steps, latents.size(1));
+  auto final_latents = denoise(r.sampling, latents, h, w, {}, true_cfg, out);
+  out.image = decode_flow_latents(vae_, final_latents, r.sampling.vae_tiling, device_, out.timings,
+                                  out.warnings);
+  out.timings.total_s = flux_clock_s() - start;
+  return out;
+}
+
+namespace {
+
+void check_flux_source(const torch::Tensor& image) {
+  if (!image.defined() || image.dim() != 3 || image.size(2) != 3 ||
+      image.scalar_type() != torch::kUInt8 || image.size(0) < 1 || image.size(1) < 1)
+    throw InvalidArgument("the source image must be uint8 [H, W, 3], got " +
+                          (image.defined() ? c10::str(image.sizes()) : std::string("none")));
+  if (image.size(0) * image.size(1) > kFluxMaxSourcePixels)
+    throw InvalidArgument("the source image is " + flux_size_text(image.size(1), image.size(0)) +
+                          "; at most 64 MP are accepted");
+}
+
+}  // namespace
+
+void FluxPipeline::encode_source(const torch::Tensor& image, int64_t h, int64_t w,
+                                 const VaeTilingOptions& tiling_options, const torch::Tensor& noise,
+                                 FluxResult& out) {
+  const double start = flux_clock_s();
+  // Resized as the reference's VaeImageProcessor resizes a PIL image (a no-op at its size).
+  out.source_resized = io::pillow_lanczos_resize(image, h, w);
+  auto pixels =
+      out.source_resized.permute({2, 0, 1}).unsqueeze(0).to(torch::kFloat32) / 255.0 * 2 - 1;
+  device::reset_peak_memory(device_);
+  const auto& vc = vae_->config();
+  const auto tiling = choose_vae_tiling(tiling_options, vc, 1, h, w, device_, torch::kFloat32);
+  const auto dist = vae_encode(*vae_, pixels.to(device_), tiling.tiling);
+  out.image_latents =
+      vc.to_latents(noise.defined() ? dist.sample(noise) : dist.mean).to(torch::kFloat32);
+  check_stage_finite(out.image_latents, "VAE encoder", device_, torch::kFloat32);
+  out.timings.vae_encode_s = flux_clock_s() - start;
+  record_stage_memory(&out.timings, "vae_encode", device_);
+}
+
+FluxResult FluxPipeline::image_to_image(const FluxImageToImage& r) {
+  check_sampling(r.sampling);
+  check_flux_source(r.image);
+  if (!(r.strength > 0.0 && r.strength <= 1.0))
+    throw InvalidArgument("strength must be in (0, 1], got " + std::to_string(r.strength));
+  // diffusers' get_timesteps: t_start = int(steps - min(steps * strength, steps)).
+  const int N = r.sampling.steps;
+  const int first_step =
+      static_cast<int>(std::max(N - std::min(N * r.strength, static_cast<double>(N)), 0.0));
+  const int64_t H = r.image.size(0), W = r.image.size(1);
+  const auto [width, height] = floored_size(r.width > 0 ? r.width : static_cast<int>(W),
+                                            r.height > 0 ? r.height : static_cast<int>(H));
+  torch::InferenceMode inference;
+  FluxResult out;
+  const double start = flux_clock_s();
+  const int64_t h = height / vae_scale_factor(), w = width / vae_scale_factor();
+  const int64_t C = tconfig_.in_channels / 4;
+  // FluxImg2ImgPipeline draws from one CPU generator: the posterior sample, then the noise.
+  auto gen = at::detail::createCPUGenerator(r.sampling.seed);
+  const auto posterior = torch::randn({1, C, h, w}, gen, torch::kFloat32);
+  auto noise = r.sampling.latents.defined() ? initial_latents(r.sampling, h, w)
+                                            : torch::randn({1, C, h, w}, gen, torch::kFloat32);
+  encode_source(r.image, height, width, r.sampling.vae_tiling, posterior, out);
+  const bool true_cfg = encode_prompts(r.prompt, r.negative_prompt, r.sampling, out);
+  prepare_schedule(r.sampling.steps, (h / 2) * (w / 2));
+  const int64_t first = first_step;
+  const auto t0 = scheduler_->timesteps()[first].reshape({1});
+  auto latents = scheduler_->add_noise(out.image_latents.to(device_), noise.to(device_), t0);
+  auto final_latents =
+      denoise(r.sampling, models::flux_pack(latents), h, w, {}, true_cfg, out, first);
+  out.image = decode_flow_latents(vae_, final_latents, r.sampling.vae_tiling, device_, out.timings,
+                                  out.warnings);
+  out.timings.total_s = flux_clock_s() - start;
+  out.image_latents = out.image_latents.to(torch::kCPU);
+  return out;
+}
+
+FluxResult FluxPipeline::edit(const FluxEdit& r) {
+  if (!kontext_)
+    throw InvalidArgument("this FLUX model (" +
+                          folder_.model_index().get<std::string>("_class_name", "") +
+                          ") is not an editing model; instruction editing needs FLUX.1 Kontext "
+                          "(FluxKontextPipeline)");
+  check_sampling(r.sampling);
+  torch::InferenceMode inference;
+  FluxResult out;
+  const double start = flux_clock_s();
+  int64_t sw = 0, sh = 0;  // the source's size as encoded
+  if (r.image_latents.defined()) {
+    const auto& z = r.image_latents;
+    const int64_t C = tconfig_.in_channels / 4;
+    if (z.dim() != 4 || z.size(0) != 1 || z.size(1) != C || z.size(2) < 2 || z.size(3) < 2 ||
+        z.size(2) % 2 != 0 || z.size(3) % 2 != 0)
+      throw InvalidArgument("the source's latents must be [1, " + std::to_string(C) +
+                            ", h, w] with even h and w, got " + c10::str(z.sizes()));
+    check_input_tensor(z, "the source's latents");
+    out.image_latents = z.to(device_, torch::kFloat32);
+    sh = z.size(2) * vae_scale_factor();
+    sw = z.size(3) * vae_scale_factor();
+  } else {
+    check_flux_source(r.image);
+    const int64_t H = r.image.size(0), W = r.image.size(1);
+    std::tie(sw, sh) = source_size(W, H, r.auto_resize);
+    // The closest training resolution may still be far from an extreme source: say it
+    // stretches.
+    const double stretch = std::abs(std::log((static_cast<double>(W) / static_cast<double>(H)) /
+                                             (static_cast<double>(sw) / static_cast<double>(sh))));
+    if (r.auto_resize && stretch > std::log(1.25))
+      out.warnings.push_back("the source's aspect ratio (" + flux_size_text(W, H) +
+                             ") is far from FLUX Kontext's closest training resolution (" +
+                             flux_size_text(sw, sh) +
+                             "): it is stretched to it; crop it, or turn auto-resize off to keep "
+                             "its shape");
+    // Kontext encodes the posterior's mode (the mean).
+    encode_source(r.image, sh, sw, r.sampling.vae_tiling, {}, out);
+  }
+  out.image_latents_packed = models::flux_pack(out.image_latents);
+
+  const auto [width, height] =
+      edit_output_size(r.width > 0 ? r.width : static_cast<int>(sw),
+                       r.height > 0 ? r.height : static_cast<int>(sh), r.max_area);
+  const bool true_cfg = encode_prompts(r.prompt, r.negative_prompt, r.sampling, out);
+  const int64_t h = height / vae_scale_factor(), w = width / vae_scale_factor();
+  auto latents = models::flux_pack(initial_latents(r.sampling, h, w));
+  prepare_schedule(r.sampling.steps, latents.size(1));  // mu from the noisy tokens only
+  auto final_latents = denoise(r.sampling, latents, h, w, out.image_latents_packed, true_cfg, out);
+  out.image = decode_flow_latents(vae_, final_latents, r.sampling.vae_tiling, device_, out.timings,
+                                  out.warnings);
+  out.timings.total_s = flux_clock_s() - start;
+  out.image_latents = out.image_latents.to(torch::kCPU);
+  out.image_latents_packed = out.image_latents_packed.to(torch::kCPU);
+  return out;
+}
+
+}  // namespace diffuse::pipeline

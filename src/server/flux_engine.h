@@ -1,0 +1,27 @@
+// Runs the server's jobs on one FLUX model folder: text-to-image (FLUX.1 dev/schnell) and, on
+// a FLUX.1 Kontext folder, instruction editing. The text encoders stay loaded between jobs.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "pipeline/flux.h"
+#include "server/engine.h"
+#include "server/latent_preview.h"
+
+namespace diffuse::server {
+
+class FluxEngine : public Engine {
+ public:
+  FluxEngine(std::string model_path, const LoadOptions& options);
+
+  const PipelineInfo& info() const override { return info_; }
+  ModelDefaults defaults() const override;
+  JobOutput run(const JobRequest& request, JobContext& context) override;
+
+ private:
+  PipelineInfo info_;
+  std::unique_ptr<pipeline::FluxPipeline> pipe_;
+  LatentPreview preview_;
+};
+
+}  // namespace diffuse::server

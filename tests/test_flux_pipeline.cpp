@@ -1,0 +1,355 @@
+// FLUX.1 (dev, schnell) and FLUX.1 Kontext: every case of the flux-tiny and flux-kontext-tiny
+// golden sets (transformer, schedulers with FLUX's sigmas, encoders, VAE, pipelines) through
+// the verify code with every recorded tensor compared; latent packing; Pillow's Lanczos; bad
+// inputs; and the CLI on both folders.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "accel/dit_cache.h"
+#include "cli_run.h"
+#include "diffuse/errors.h"
+#include "diffuse/image.h"
+#include "io/pillow_resample.h"
+#include "io/safetensors.h"
+#include "models/flux_transformer.h"
+#include "pipeline/flux.h"
+#include "test_util.h"
+#include "verify/verify.h"
+
+namespace diffuse {
+namespace test_flux_pipeline {
+
+namespace fs = std::filesystem;
+
+bool have(const std::string& dir) {
+  return fs::exists(dir + "/cases.json");
+}
+
+// Every case passes, and every output the reference recorded was compared (ids, embeddings,
+// position ids, each step's transformer input/output and latents, the image; not only the
+// final image).
+void expect_set_passes(const std::string& dir) {
+  const auto set = verify::GoldenSet::load(dir);
+  const auto results = verify::run_all(set, verify::VerifyOptions{});
+  ASSERT_EQ(results.size(), set.cases.size());
+  for (const auto& r : results) {
+    EXPECT_TRUE(r.passed) << r.name << ": " << r.reason;
+    if (!r.passed)
+      for (const auto& d : r.details) std::cout << "  " << r.name << " " << d << "\n";
+    const auto* c = set.find(r.name);
+    ASSERT_NE(c, nullptr);
+    if (c->component != "pipeline" && c->component != "transformer") continue;
+    for (const auto& [name, spec] : c->raw.at("outputs").items()) {
+      bool compared = false;
+      for (const auto& d : r.details) compared = compared || d.rfind(name + ":", 0) == 0;
+      EXPECT_TRUE(compared) << r.name << ": " << name << " was not compared";
+    }
+  }
+}
+
+TEST(FluxGolden, EveryFluxCasePasses) {
+  if (!have(test::flux_golden_dir())) GTEST_SKIP() << "no set at " << test::flux_golden_dir();
+  expect_set_passes(test::flux_golden_dir());
+}
+
+TEST(FluxGolden, EveryKontextCasePasses) {
+  const auto dir = test::flux_kontext_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  expect_set_passes(dir);
+}
+
+TEST(FluxLatents, PackingIsTheReferenceLayoutAndUnpackInvertsIt) {
+  auto latents = torch::randn({2, 16, 6, 10});
+  auto tokens = models::flux_pack(latents);
+  ASSERT_EQ(tokens.sizes(), (std::vector<int64_t>{2, 15, 64}));
+  // Token (row 1, col 2), feature (c 3, py 1, px 0) is latent pixel (2*1+1, 2*2+0) of channel 3.
+  EXPECT_EQ(tokens[1][1 * 5 + 2][3 * 4 + 1 * 2 + 0].item<float>(),
+            latents[1][3][3][4].item<float>());
+  EXPECT_TRUE(torch::equal(models::flux_unpack(tokens, 6, 10), latents));
+  auto ids = models::flux_image_ids(6, 10, 1.0f);
+  ASSERT_EQ(ids.sizes(), (std::vector<int64_t>{15, 3}));
+  EXPECT_EQ(ids[7][0].item<float>(), 1.0f);
+  EXPECT_EQ(ids[7][1].item<float>(), 1.0f);
+  EXPECT_EQ(ids[7][2].item<float>(), 2.0f);
+  EXPECT_THROW(models::flux_pack(torch::zeros({1, 16, 5, 4})), InvalidArgument);
+  EXPECT_THROW(models::flux_unpack(tokens, 6, 12), InvalidArgument);
+}
+
+// The Kontext set's autoresize case stores the source as the reference resized it (Pillow,
+// Lanczos, 40x72 -> 720x1456): the same bytes.
+TEST(PillowLanczos, GivesPillowsBytes) {
+  const auto dir = test::flux_kontext_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  const auto set = verify::GoldenSet::load(dir);
+  int checked = 0;
+  for (const auto& c : set.cases) {
+    verify::CaseTensors t(c);
+    if (!t.has("image_uint8") || !t.has("image_resized_uint8")) continue;
+    const auto want = t.get("image_resized_uint8");
+    const auto got = io::pillow_lanczos_resize(t.get("image_uint8"), want.size(0), want.size(1));
+    EXPECT_TRUE(torch::equal(got, want))
+        << c.name << ": "
+        << (got.to(torch::kInt32) - want.to(torch::kInt32)).abs().max().item<int>()
+        << " max difference, " << (got != want).sum().item<int64_t>() << " bytes differ";
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(PillowLanczos, KeepsConstantsAndSizesAndRefusesBadImages) {
+  auto grey = torch::full({5, 7, 3}, 77, torch::kUInt8);
+  for (auto [h, w] : {std::pair<int64_t, int64_t>{5, 7}, {11, 3}, {2, 19}, {40, 40}}) {
+    auto out = io::pillow_lanczos_resize(grey, h, w);
+    ASSERT_EQ(out.sizes(), (std::vector<int64_t>{h, w, 3}));
+    // Weights sum to one in fixed point: a flat image stays flat (to the rounding of 22 bits).
+    EXPECT_EQ(out.min().item<int>(), 77);
+    EXPECT_EQ(out.max().item<int>(), 77);
+  }
+  auto ramp = torch::arange(0, 250, 10, torch::kInt64).to(torch::kUInt8).view({1, 25, 1});
+  auto half = io::pillow_lanczos_resize(ramp, 1, 5);
+  // Monotone input, monotone output within the ramp's range.
+  for (int i = 1; i < 5; ++i) EXPECT_GE(half[0][i][0].item<int>(), half[0][i - 1][0].item<int>());
+  EXPECT_THROW(io::pillow_lanczos_resize(torch::zeros({4, 4, 3}), 2, 2), InvalidArgument);
+  EXPECT_THROW(io::pillow_lanczos_resize(grey, 0, 4), InvalidArgument);
+  EXPECT_THROW(io::pillow_lanczos_resize(grey.view({35, 3}), 2, 2), InvalidArgument);
+}
+
+TEST(FluxTransformer, RefusesMalformedInputsWithTheExpectedShape) {
+  const auto dir = test::flux_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  const auto folder = io::ModelFolder::open(dir + "/model");
+  auto dev = models::load_flux_transformer(folder, torch::kCPU, torch::kFloat32, "transformer");
+  auto schnell =
+      models::load_flux_transformer(folder, torch::kCPU, torch::kFloat32, "transformer_schnell");
+  const auto& c = dev->config();
+  auto x = torch::randn({1, 4, c.in_channels});
+  auto enc = torch::randn({1, 3, c.joint_attention_dim});
+  auto pooled = torch::randn({1, c.pooled_projection_dim});
+  auto img_ids = models::flux_image_ids(4, 4);
+  auto txt_ids = torch::zeros({3, 3});
+  auto t = torch::full({1}, 0.5f), g = torch::full({1}, 3.5f);
+  torch::InferenceMode guard;
+  EXPECT_EQ(dev->forward(x, t, enc, pooled, img_ids, txt_ids, g).sizes(), x.sizes());
+  const auto message = [](auto f) { return test::expect_throw<InvalidArgument>(f); };
+  EXPECT_NE(message([&] { dev->forward(x, t, enc, pooled, img_ids, txt_ids); }).find("guidance"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              schnell->forward(x, t, enc, pooled, img_ids, txt_ids, g);
+            }).find("no guidance embedding"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              dev->forward(x.narrow(2, 0, 8), t, enc, pooled, img_ids, txt_ids, g);
+            }).find("hidden_states"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              dev->forward(x, t, enc, pooled, models::flux_image_ids(2, 4), txt_ids, g);
+            }).find("img_ids"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              dev->forward(x, t, enc.narrow(2, 0, 4), pooled, img_ids, txt_ids, g);
+            }).find("encoder_hidden_states"),
+            std::string::npos);
+}
+
+TEST(FluxPipeline, RefusesWhatItCannotRun) {
+  const auto dir = test::flux_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  pipeline::FluxPipeline pipe(io::ModelFolder::open(dir + "/model"), torch::kCPU, torch::kFloat32);
+  EXPECT_FALSE(pipe.is_kontext());
+  pipeline::FluxEdit e;
+  e.image = torch::zeros({32, 32, 3}, torch::kUInt8);
+  EXPECT_NE(test::expect_throw<InvalidArgument>([&] { pipe.edit(e); }).find("Kontext"),
+            std::string::npos);
+  pipeline::FluxTextToImage r;
+  r.width = 8;
+  EXPECT_THROW(pipe.text_to_image(r), InvalidArgument);
+  r.width = 32;
+  r.sampling.steps = 0;
+  EXPECT_THROW(pipe.text_to_image(r), InvalidArgument);
+  r.sampling.steps = 1;
+  r.sampling.max_sequence_length = 513;
+  EXPECT_THROW(pipe.text_to_image(r), InvalidArgument);
+  r.sampling.max_sequence_length = 8;
+  r.sampling.guidance_scale = std::nan("");
+  EXPECT_THROW(pipe.text_to_image(r), InvalidArgument);
+  // Sizes that are not multiples of 16 are floored, as the reference does, and said so.
+  EXPECT_EQ(pipe.floored_size(70, 40), (std::pair<int, int>{64, 32}));
+  // Kontext's source sizes: the closest training resolution by aspect (after flooring to 16).
+  EXPECT_EQ(pipe.source_size(72, 40, true), (std::pair<int64_t, int64_t>{1456, 720}));
+  EXPECT_EQ(pipe.source_size(72, 40, false), (std::pair<int64_t, int64_t>{64, 32}));
+  EXPECT_EQ(pipe.source_size(500, 500, true), (std::pair<int64_t, int64_t>{1024, 1024}));
+  EXPECT_THROW(pipe.source_size(15, 400, true), InvalidArgument);
+}
+
+TEST(FluxPipeline, ASeedGivesTheSameImageAndTrueCfgChangesIt) {
+  const auto dir = test::flux_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  pipeline::FluxPipeline pipe(io::ModelFolder::open(dir + "/model"), torch::kCPU, torch::kFloat32);
+  pipeline::FluxTextToImage r;
+  r.prompt = "a red boat";
+  r.width = 48;
+  r.height = 32;
+  r.sampling.steps = 2;
+  r.sampling.max_sequence_length = 16;
+  r.sampling.seed = 11;
+  const auto a = pipe.text_to_image(r);
+  const auto b = pipe.text_to_image(r);
+  ASSERT_EQ(a.image.sizes(), (std::vector<int64_t>{1, 32, 48, 3}));
+  EXPECT_TRUE(torch::equal(a.image, b.image));
+  r.negative_prompt = "blurry";
+  EXPECT_TRUE(torch::equal(pipe.text_to_image(r).image, a.image));  // true_cfg_scale 1: unused
+  r.sampling.true_cfg_scale = 2.0;
+  const auto c = pipe.text_to_image(r);
+  EXPECT_FALSE(torch::equal(c.image, a.image));
+  EXPECT_TRUE(c.negative_embeddings.t5.defined());
+}
+
+// img2img: the steps the reference runs for a strength, a low strength stays near the image,
+// and strengths outside (0, 1] are refused.
+TEST(FluxPipeline, ImageToImageRunsTheReferencesStepsAndStaysNearTheImageAtLowStrength) {
+  const auto dir = test::flux_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  pipeline::FluxPipeline pipe(io::ModelFolder::open(dir + "/model"), torch::kCPU, torch::kFloat32);
+  auto ramp = torch::linspace(0, 255, 48).view({1, 48, 1}).expand({32, 48, 3});
+  pipeline::FluxImageToImage r;
+  r.prompt = "a red boat";
+  r.image = ramp.to(torch::kUInt8).contiguous();
+  r.sampling.steps = 4;
+  r.sampling.max_sequence_length = 8;
+  r.sampling.seed = 5;
+  const auto distance = [&](double strength) {
+    r.strength = strength;
+    const auto out = pipe.image_to_image(r);
+    EXPECT_EQ(out.image.sizes(), (std::vector<int64_t>{1, 32, 48, 3}));
+    // diffusers' get_timesteps: t_start = int(4 - 4 * strength).
+    EXPECT_EQ(out.steps_run, 4 - static_cast<int>(4 - 4 * strength)) << strength;
+    // In latent space: the decoder of a random tiny VAE does not give the image back.
+    return (out.latents - out.image_latents).abs().mean().item<double>();
+  };
+  const double low = distance(0.3), full = distance(1.0);
+  EXPECT_LT(low, full);
+  r.strength = 0.0;
+  EXPECT_THROW(pipe.image_to_image(r), InvalidArgument);
+  r.strength = 1.5;
+  EXPECT_THROW(pipe.image_to_image(r), InvalidArgument);
+  r.strength = 0.05;  // int(4 - 0.2) = 3: the last step still runs, as in the reference
+  EXPECT_EQ(pipe.image_to_image(r).steps_run, 1);
+}
+
+// The DiT caches run on FLUX through the same block loop as HiDream's: a TaylorSeer cache skips
+// the blocks of some steps (and stays close to the full run), a block range outside the model is
+// refused before anything runs.
+TEST(FluxPipeline, DitCachesSkipBlocksAndRefuseRangesOutsideTheModel) {
+  const auto dir = test::flux_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  pipeline::FluxPipeline pipe(io::ModelFolder::open(dir + "/model"), torch::kCPU, torch::kFloat32);
+  pipeline::FluxTextToImage r;
+  r.prompt = "a red boat";
+  r.width = r.height = 32;
+  r.sampling.steps = 6;
+  r.sampling.max_sequence_length = 8;
+  r.negative_prompt = "blurry";
+  r.sampling.true_cfg_scale = 1.5;  // both prompts in one call: the cache sees one call a step
+  const auto full = pipe.text_to_image(r);
+  EXPECT_EQ(full.cache.cached_calls, 0);
+  r.sampling.cache = accel::parse_dit_cache("taylorseer:2:1");
+  const auto cached = pipe.text_to_image(r);
+  EXPECT_GT(cached.cache.cached_calls, 0);
+  EXPECT_LT(cached.cache.blocks_run, cached.cache.blocks_possible);
+  EXPECT_FALSE(torch::equal(cached.image, full.image));
+  EXPECT_LT((cached.image - full.image).abs().mean().item<double>(), 0.25);
+  const int64_t blocks =
+      pipe.transformer_config().num_layers + pipe.transformer_config().num_single_layers;
+  r.sampling.cache = accel::parse_dit_cache("ditcache:0:" + std::to_string(blocks + 3));
+  EXPECT_THROW(pipe.text_to_image(r), InvalidArgument);
+}
+
+// A diffusers/peft LoRA on one attention projection changes the image; at scale 0 it does not;
+// a file that names no module of the transformer is refused.
+TEST(FluxPipeline, LorasMergeByTheirDiffusersNames) {
+  const auto dir = test::flux_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  test::TempDir tmp;
+  const auto folder = io::ModelFolder::open(dir + "/model");
+  const int64_t D = models::FluxTransformerConfig::from_json(
+                        folder.component_config("transformer", "config.json"))
+                        .inner_dim();
+  const auto file = tmp.file("lora.safetensors");
+  io::save_safetensors(
+      file, {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", torch::randn({2, D})},
+             {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", torch::randn({D, 2})}});
+  const auto stray = tmp.file("stray.safetensors");
+  io::save_safetensors(stray, {{"transformer.nothing_here.lora_A.weight", torch::randn({2, D})},
+                               {"transformer.nothing_here.lora_B.weight", torch::randn({D, 2})}});
+  pipeline::FluxTextToImage r;
+  r.prompt = "a red boat";
+  r.width = r.height = 32;
+  r.sampling.steps = 1;
+  r.sampling.max_sequence_length = 8;
+  const auto run = [&](const std::string& lora, double scale) {
+    pipeline::FluxPipeline pipe(folder, torch::kCPU, torch::kFloat32);
+    if (!lora.empty()) pipe.add_lora(lora, scale);
+    return pipe.text_to_image(r).image;
+  };
+  const auto plain = run("", 0);
+  EXPECT_TRUE(torch::equal(run(file, 0.0), plain));
+  EXPECT_FALSE(torch::allclose(run(file, 1.0), plain));
+  EXPECT_THROW(run(stray, 1.0), Error);
+}
+
+Image read_png_file(const std::string& path) {
+  return read_png(path);
+}
+
+TEST(FluxCli, Txt2ImgOnFluxAndEditOnKontext) {
+  const auto flux = test::flux_golden_dir(), kontext = test::flux_kontext_golden_dir();
+  if (!have(flux) || !have(kontext)) GTEST_SKIP() << "no FLUX sets";
+  test::TempDir dir;
+  const auto out = dir.file("t2i.png");
+  auto r =
+      test::run_cli({"txt2img", "-m", flux + "/model", "-p", "a red boat", "-W", "48", "-H", "32",
+                     "--steps", "2", "--max-sequence-length", "16", "--seed", "3", "-o", out, "-q"},
+                    dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto img = read_png_file(out);
+  EXPECT_EQ(img.width, 48);
+  EXPECT_EQ(img.height, 32);
+
+  const auto redrawn = dir.file("img2img.png");
+  r = test::run_cli({"img2img", "-m", flux + "/model", "-i", out, "-p", "a blue boat", "--strength",
+                     "0.5", "--steps", "2", "--max-sequence-length", "16", "-o", redrawn, "-q"},
+                    dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_png_file(redrawn).width, 48);
+
+  const auto edited = dir.file("edit.png");
+  r = test::run_cli(
+      {"edit", "-m", kontext + "/model", "-i", out, "-p", "make the boat blue", "--steps", "2",
+       "--max-sequence-length", "16", "--no-auto-resize", "-o", edited, "-q"},
+      dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto e = read_png_file(edited);
+  EXPECT_EQ(e.width, 48);
+  EXPECT_EQ(e.height, 32);
+
+  // HiDream-only flags are refused with the reason, before anything loads.
+  r = test::run_cli({"edit", "-m", kontext + "/model", "-i", out, "-p", "x", "--image-guidance",
+                     "2", "-o", dir.file("x.png"), "-q"},
+                    dir);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("Kontext has no image guidance"), std::string::npos) << r.err;
+  // Editing needs a Kontext folder.
+  r = test::run_cli(
+      {"edit", "-m", flux + "/model", "-i", out, "-p", "x", "-o", dir.file("y.png"), "-q"}, dir);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("FLUX.1 Kontext"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir.file("y.png")));
+}
+
+}  // namespace test_flux_pipeline
+}  // namespace diffuse
