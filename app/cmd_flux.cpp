@@ -24,7 +24,6 @@
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
 #include "quant/quantized_weight.h"
-#include "run_summary.h"
 #include "schedulers/scheduler.h"
 #include "tensor_files.h"
 
@@ -137,16 +136,11 @@ int run_flux(const DitCliFlags& f, bool edit) {
   std::optional<std::string> negative;
   if (!f.negative_prompt.empty()) negative = f.negative_prompt;
   pipeline::FluxResult r;
-  const auto source_tensor = [&] {
-    return torch::from_blob(const_cast<uint8_t*>(source.rgb.data()),
-                            {source.height, source.width, 3}, torch::kUInt8)
-        .clone();
-  };
   if (img2img) {
     pipeline::FluxImageToImage i;
     i.prompt = f.prompt;
     i.negative_prompt = negative;
-    i.image = source_tensor();
+    i.image = pipeline::image_to_tensor(source);
     i.width = f.width;  // 0: the image's (txt2img's img2img route passes what was given)
     i.height = f.height;
     i.strength = f.strength;
@@ -156,7 +150,7 @@ int run_flux(const DitCliFlags& f, bool edit) {
     pipeline::FluxEdit e;
     e.prompt = f.prompt;
     e.negative_prompt = negative;
-    e.image = source_tensor();
+    e.image = pipeline::image_to_tensor(source);
     e.max_area = 0;  // the output keeps the (resized) source's size
     e.auto_resize = !f.no_auto_resize;
     e.sampling = s;
@@ -186,34 +180,15 @@ int run_flux(const DitCliFlags& f, bool edit) {
   params.width = static_cast<int>(r.image.size(2));
   params.height = static_cast<int>(r.image.size(1));
   write_png(f.out, pipeline::to_images(r.image)[0], params.png_chunks());
-  RunSummary summary;
-  summary.files = {f.out};
-  summary.seed = seed;
-  summary.device = params.device;
-  summary.dtype = params.dtype;
-  summary.vae_dtype = device::dtype_name(torch::kFloat32);  // force_upcast
-  summary.attention = nn::attention_backend_name(nn::default_attention_backend());
-  summary.scheduler = params.scheduler;
-  summary.load_s = load_s;
-  summary.loras = lora_lines;
-  summary.runs = {r.timings};
-  if (f.json) {
-    std::cout << summary.json().dump(2) << "\n";
-    return 0;
-  }
-  if (!f.quiet) {
-    std::cerr << "wrote " << f.out << " (" << params.width << "x" << params.height << ", seed "
-              << seed << ", " << params.scheduler << ")\n";
-    summary.print(edit);
-    if (cache.method != DitCacheOptions::Method::kOff)
-      std::cerr << accel::dit_cache_summary(cache, r.cache) << "\n";
-    if (const auto& q = pipe.quantized_layers(); q.layers > 0)
-      std::cerr << "weights " << f.weights << ": " << q.layers << " linear layers, "
-                << q.plain_bytes / (1 << 20) << " MiB -> " << q.quantized_bytes / (1 << 20)
-                << " MiB (" << q.kept_plain << " kept plain)\n";
-  }
-  std::cout << f.out << "\n";
-  return 0;
+  DitRunReport report;
+  report.params = params;
+  report.load_s = load_s;
+  report.loras = lora_lines;
+  report.timings = r.timings;
+  report.cache = cache;
+  report.cache_stats = r.cache;
+  report.quantized = pipe.quantized_layers();
+  return finish_dit_run(f, report, edit || img2img);
 }
 
 }  // namespace diffuse::app

@@ -174,9 +174,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     pipeline::HiDreamEdit e;
     e.prompt = f.prompt;
     e.negative_prompt = f.negative_prompt;
-    e.image = torch::from_blob(const_cast<uint8_t*>(source.rgb.data()),
-                               {source.height, source.width, 3}, torch::kUInt8)
-                  .clone();
+    e.image = pipeline::image_to_tensor(source);
     e.image_guidance_scale = image_guidance;
     e.clip_cfg_norm = !f.no_clip_cfg_norm;
     e.refine_strength = refine;
@@ -197,28 +195,41 @@ int run_hidream(const DitCliFlags& f, bool edit) {
   params.width = static_cast<int>(r.image.size(2));
   params.height = static_cast<int>(r.image.size(1));
   write_png(f.out, to_image(r.image), params.png_chunks());
+  DitRunReport report;
+  report.params = params;
+  report.load_s = load_s;
+  report.loras = lora_lines;
+  report.timings = r.timings;
+  report.cache = cache;
+  report.cache_stats = r.cache;
+  report.quantized = pipe.quantized_layers();
+  return finish_dit_run(f, report, edit);
+}
+
+int finish_dit_run(const DitCliFlags& f, const DitRunReport& report, bool edit) {
+  const auto& params = report.params;
   RunSummary summary;
   summary.files = {f.out};
-  summary.seed = seed;
+  summary.seed = params.seed;
   summary.device = params.device;
   summary.dtype = params.dtype;
   summary.vae_dtype = device::dtype_name(torch::kFloat32);  // the Flux VAE's force_upcast
   summary.attention = nn::attention_backend_name(nn::default_attention_backend());
   summary.scheduler = params.scheduler;
-  summary.load_s = load_s;
-  summary.loras = lora_lines;
-  summary.runs = {r.timings};
+  summary.load_s = report.load_s;
+  summary.loras = report.loras;
+  summary.runs = {report.timings};
   if (f.json) {
     std::cout << summary.json().dump(2) << "\n";
     return 0;
   }
   if (!f.quiet) {
     std::cerr << "wrote " << f.out << " (" << params.width << "x" << params.height << ", seed "
-              << seed << ", " << pipe.scheduler().class_name() << ")\n";
+              << params.seed << ", " << params.scheduler << ")\n";
     summary.print(edit);
-    if (cache.method != DitCacheOptions::Method::kOff)
-      std::cerr << accel::dit_cache_summary(cache, r.cache) << "\n";
-    if (const auto& q = pipe.quantized_layers(); q.layers > 0)
+    if (report.cache.method != DitCacheOptions::Method::kOff)
+      std::cerr << accel::dit_cache_summary(report.cache, report.cache_stats) << "\n";
+    if (const auto& q = report.quantized; q.layers > 0)
       std::cerr << "weights " << f.weights << ": " << q.layers << " linear layers, "
                 << q.plain_bytes / (1 << 20) << " MiB -> " << q.quantized_bytes / (1 << 20)
                 << " MiB (" << q.kept_plain << " kept plain)\n";

@@ -3,9 +3,12 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "accel/dit_cache.h"
 #include "bench/dit_cache_bench.h"
 #include "bench/pipeline_bench.h"
 #include "diffuse/pipeline.h"
+#include "nn/layers.h"
+#include "pipeline/image_parameters.h"
 
 #include <functional>
 #include <optional>
@@ -70,6 +73,19 @@ struct DitCliFlags {
 int run_hidream(const DitCliFlags& f, bool edit);
 // FLUX.1 text-to-image or FLUX.1 Kontext editing; writes f.out.
 int run_flux(const DitCliFlags& f, bool edit);
+// What a DiT run reports once its PNG is written.
+struct DitRunReport {
+  pipeline::ImageParameters params;  // seed, size, scheduler, device, dtype
+  double load_s = 0;
+  std::vector<std::string> loras;
+  StageTimings timings;
+  DitCacheOptions cache;
+  accel::DitCacheStats cache_stats;
+  nn::QuantizedLayers quantized;
+};
+// The JSON summary on stdout (--json), else the summary lines on stderr (unless --quiet), then
+// the output's path on stdout; returns the exit code.
+int finish_dit_run(const DitCliFlags& f, const DitRunReport& report, bool edit);
 // `bench --arch hidream-i1 | flux-dev | flux-schnell`: the DiT block benchmark with the bench
 // command's options.
 int run_dit_block_bench(const bench::PipelineBenchOptions& options, bool as_json);

@@ -253,14 +253,7 @@ FluxTransformer2DModel load_flux_transformer(const io::ModelFolder& folder, torc
     model = FluxTransformer2DModel(FluxTransformerConfig::from_json(cfg));
   }
   model->eval();
-  if (weight_type || component_is_gguf(folder, component)) {
-    const auto kept =
-        load_component_weights_quantized(*model, folder, component, weight_type, device);
-    if (quantized) *quantized = kept;
-  } else {
-    load_component_weights(*model, folder, component);
-  }
-  model->to(device, dtype);
+  load_component_weights_to(*model, folder, component, weight_type, device, dtype, quantized);
   return model;
 }
 

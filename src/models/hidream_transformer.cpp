@@ -269,20 +269,12 @@ HiDreamImageTransformer2DModel load_hidream_transformer(const io::ModelFolder& f
     model = HiDreamImageTransformer2DModel(HiDreamTransformerConfig::from_json(cfg));
   }
   model->eval();
-  if (weight_type || component_is_gguf(folder, component)) {
-    if (stream)
-      throw InvalidArgument(
-          "weight streaming reads plain weights from safetensors files; not with quantized "
-          "weights (--weights or a GGUF transformer)");
-    const auto kept =
-        load_component_weights_quantized(*model, folder, component, weight_type, device);
-    if (quantized) *quantized = kept;
-    model->to(device, dtype);  // the placeholders are on the device already: not copied
-    return model;
-  }
+  if (stream && (weight_type || component_is_gguf(folder, component)))
+    throw InvalidArgument(
+        "weight streaming reads plain weights from safetensors files; not with quantized "
+        "weights (--weights or a GGUF transformer)");
   if (!stream) {
-    load_component_weights(*model, folder, component);
-    model->to(device, dtype);
+    load_component_weights_to(*model, folder, component, weight_type, device, dtype, quantized);
     return model;
   }
   // The block parameters view the files; everything else is converted and placed now.

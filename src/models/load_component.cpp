@@ -139,4 +139,18 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
   return report;
 }
 
+void load_component_weights_to(torch::nn::Module& module, const io::ModelFolder& folder,
+                               const std::string& component, std::optional<quant::GgmlType> type,
+                               const torch::Device& device, torch::Dtype dtype,
+                               nn::QuantizedLayers* quantized) {
+  if (type || component_is_gguf(folder, component)) {
+    const auto kept = load_component_weights_quantized(module, folder, component, type, device);
+    if (quantized) *quantized = kept;
+  } else {
+    load_component_weights(module, folder, component);
+  }
+  // Quantized layers' placeholders are on the device already: not copied.
+  module.to(device, dtype);
+}
+
 }  // namespace diffuse::models

@@ -40,6 +40,14 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
                                                      std::optional<quant::GgmlType> type,
                                                      const torch::Device& device);
 
+// The component's weights into `module` (built under nn::SkipInitGuard), then the module onto
+// `device` in `dtype`: kept in ggml blocks (load_component_weights_quantized, what was kept
+// into `quantized`) with `type` or a GGUF file, else plain (load_component_weights).
+void load_component_weights_to(torch::nn::Module& module, const io::ModelFolder& folder,
+                               const std::string& component, std::optional<quant::GgmlType> type,
+                               const torch::Device& device, torch::Dtype dtype,
+                               nn::QuantizedLayers* quantized);
+
 // Whether the component's weights are a GGUF file.
 bool component_is_gguf(const io::ModelFolder& folder, const std::string& component);
 

@@ -111,13 +111,14 @@ JobResult sd_result(const GenerationResult& g, std::chrono::steady_clock::time_p
   return out;
 }
 
-JobResult hidream_result(const pipeline::HiDreamResult& h, uint64_t seed,
-                         std::chrono::steady_clock::time_point t0) {
+// A HiDream or FLUX result as the engine's job result.
+template <typename DitResult>
+JobResult dit_result(const DitResult& r, uint64_t seed, std::chrono::steady_clock::time_point t0) {
   JobResult out;
-  out.image = pipeline::to_images(h.image).at(0);
+  out.image = pipeline::to_images(r.image).at(0);
   out.seed = seed;
-  out.timings = h.timings;
-  out.warnings = h.warnings;
+  out.timings = r.timings;
+  out.warnings = r.warnings;
   out.seconds = seconds_since(t0);
   return out;
 }
@@ -212,17 +213,6 @@ pipeline::FluxSampling flux_sampling(const pipeline::FluxPipeline& flux, const J
   return s;
 }
 
-JobResult flux_result(const pipeline::FluxResult& f, uint64_t seed,
-                      std::chrono::steady_clock::time_point t0) {
-  JobResult out;
-  out.image = pipeline::to_images(f.image).at(0);
-  out.seed = seed;
-  out.timings = f.timings;
-  out.warnings = f.warnings;
-  out.seconds = seconds_since(t0);
-  return out;
-}
-
 std::optional<std::string> negative_or_none(const std::string& negative) {
   if (negative.empty()) return std::nullopt;
   return negative;
@@ -241,7 +231,7 @@ JobResult Engine::txt2img(const JobRequest& r) {
     t.width = r.width > 0 ? r.width : 1024;
     t.height = r.height > 0 ? r.height : 1024;
     t.sampling = flux_sampling(*impl_->flux, r, seed);
-    return flux_result(impl_->flux->text_to_image(t), seed, t0);
+    return dit_result(impl_->flux->text_to_image(t), seed, t0);
   }
   if (impl_->hidream) {
     pipeline::HiDreamTextToImage t;
@@ -250,7 +240,7 @@ JobResult Engine::txt2img(const JobRequest& r) {
     t.width = r.width > 0 ? r.width : impl_->hidream->area_side();
     t.height = r.height > 0 ? r.height : impl_->hidream->area_side();
     t.sampling = hidream_sampling(impl_->hidream_defaults, r, seed);
-    return hidream_result(impl_->hidream->text_to_image(t), seed, t0);
+    return dit_result(impl_->hidream->text_to_image(t), seed, t0);
   }
   return sd_result(impl_->text2image->generate(sd_config(r, seed), sd_progress(r)), t0);
 }
@@ -277,14 +267,12 @@ JobResult Engine::edit(const JobRequest& r, const Image& input) {
     pipeline::FluxEdit e;
     e.prompt = r.prompt;
     e.negative_prompt = negative_or_none(r.negative_prompt);
-    e.image = torch::from_blob(const_cast<uint8_t*>(input.rgb.data()),
-                               {input.height, input.width, 3}, torch::kUInt8)
-                  .clone();
+    e.image = pipeline::image_to_tensor(input);
     e.width = r.width;
     e.height = r.height;
     e.max_area = 0;  // the requested (or the resized source's) size as it is
     e.sampling = flux_sampling(*impl_->flux, r, seed);
-    return flux_result(impl_->flux->edit(e), seed, t0);
+    return dit_result(impl_->flux->edit(e), seed, t0);
   }
   if (!impl_->hidream)
     throw Unsupported(
@@ -301,13 +289,11 @@ JobResult Engine::edit(const JobRequest& r, const Image& input) {
   pipeline::HiDreamEdit e;
   e.prompt = r.prompt;
   e.negative_prompt = r.negative_prompt;
-  e.image = torch::from_blob(const_cast<uint8_t*>(input.rgb.data()), {input.height, input.width, 3},
-                             torch::kUInt8)
-                .clone();
+  e.image = pipeline::image_to_tensor(input);
   e.image_guidance_scale =
       r.image_guidance_scale.value_or(impl_->hidream_defaults.image_guidance_scale);
   e.sampling = hidream_sampling(impl_->hidream_defaults, r, seed);
-  return hidream_result(impl_->hidream->edit(e), seed, t0);
+  return dit_result(impl_->hidream->edit(e), seed, t0);
 }
 
 }  // namespace diffuse

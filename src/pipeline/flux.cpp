@@ -18,6 +18,7 @@
 #include "pipeline/finite_check.h"
 #include "pipeline/flow_decode.h"
 #include "pipeline/flow_denoise.h"
+#include "pipeline/initial_noise.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/vae_tiling_policy.h"
 #include "quant/quantized_weight.h"
@@ -230,20 +231,7 @@ bool FluxPipeline::encode_prompts(const std::string& prompt,
 }
 
 torch::Tensor FluxPipeline::initial_latents(const FluxSampling& s, int64_t h, int64_t w) const {
-  const int64_t C = tconfig_.in_channels / 4;
-  if (s.latents.defined()) {
-    if (s.latents.dim() != 4 || s.latents.size(0) != 1 || s.latents.size(1) != C ||
-        s.latents.size(2) != h || s.latents.size(3) != w)
-      throw InvalidArgument("initial latents must be [1, " + std::to_string(C) + ", " +
-                            std::to_string(h) + ", " + std::to_string(w) + "], got " +
-                            c10::str(s.latents.sizes()));
-    check_input_tensor(s.latents, "given latents");
-    return s.latents.to(device_, torch::kFloat32);
-  }
-  // Drawn on the CPU so a seed gives the same image on every device (as diffusers with a CPU
-  // generator: unpacked [1, C, h, w], then packed).
-  auto gen = at::detail::createCPUGenerator(s.seed);
-  return torch::randn({1, C, h, w}, gen, torch::kFloat32).to(device_);
+  return initial_flow_latents(s.latents, s.seed, tconfig_.in_channels / 4, h, w, device_);
 }
 
 void FluxPipeline::prepare_schedule(int steps, int64_t image_tokens) {

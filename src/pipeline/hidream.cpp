@@ -19,6 +19,7 @@
 #include "pipeline/flow_decode.h"
 #include "pipeline/flow_denoise.h"
 #include "pipeline/hidream_variant.h"
+#include "pipeline/initial_noise.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/vae_tiling_policy.h"
 #include "schedulers/flow_match.h"
@@ -178,19 +179,7 @@ std::pair<int, int> HiDreamPipeline::normalized_size(int width, int height, int 
 
 torch::Tensor HiDreamPipeline::initial_latents(const HiDreamSampling& s, int64_t h,
                                                int64_t w) const {
-  const int64_t C = tconfig_.in_channels;
-  if (s.latents.defined()) {
-    if (s.latents.dim() != 4 || s.latents.size(0) != 1 || s.latents.size(1) != C ||
-        s.latents.size(2) != h || s.latents.size(3) != w)
-      throw InvalidArgument("initial latents must be [1, " + std::to_string(C) + ", " +
-                            std::to_string(h) + ", " + std::to_string(w) + "], got " +
-                            c10::str(s.latents.sizes()));
-    check_input_tensor(s.latents, "given latents");
-    return s.latents.to(device_, torch::kFloat32);
-  }
-  // Drawn on the CPU so a seed gives the same image on every device.
-  auto gen = at::detail::createCPUGenerator(s.seed);
-  return torch::randn({1, C, h, w}, gen, torch::kFloat32).to(device_);
+  return initial_flow_latents(s.latents, s.seed, tconfig_.in_channels, h, w, device_);
 }
 
 void HiDreamPipeline::prepare_schedule(int steps) {

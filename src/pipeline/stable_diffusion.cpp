@@ -57,6 +57,12 @@ torch::Tensor cpu_randn(c10::IntArrayRef shape, at::Generator& gen) {
 
 }  // namespace
 
+torch::Tensor image_to_tensor(const Image& image) {
+  return torch::from_blob(const_cast<uint8_t*>(image.rgb.data()), {image.height, image.width, 3},
+                          torch::kUInt8)
+      .clone();
+}
+
 std::vector<Image> to_images(const torch::Tensor& nhwc) {
   // diffusers' numpy_to_pil: (x * 255).round() as uint8.
   auto u8 = (nhwc * 255).round().clamp(0, 255).to(torch::kUInt8).contiguous();

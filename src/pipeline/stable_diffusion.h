@@ -133,6 +133,8 @@ class StableDiffusion {
 
 // [N, H, W, 3] float in [0, 1] -> 8-bit images, rounded as diffusers' numpy_to_pil does.
 std::vector<Image> to_images(const torch::Tensor& nhwc);
+// An RGB image as a uint8 [H, W, 3] tensor (a copy), as the editing pipelines take it.
+torch::Tensor image_to_tensor(const Image& image);
 
 // Validates what every generate() call needs; throws InvalidArgument naming the field. Sizes
 // must be multiples of `size_multiple`: the model's VAE scale factor (1 where it is not known

@@ -10,6 +10,7 @@
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
 #include "nn/attention.h"
+#include "pipeline/stable_diffusion.h"  // image_to_tensor
 #include "server/dit_jobs.h"
 
 namespace diffuse::server {
@@ -104,9 +105,7 @@ JobOutput FluxEngine::run(const JobRequest& request, JobContext& context) {
           e.prompt = c.prompts[prompt];
           e.negative_prompt = negative;
           const auto& im = request.init_image;
-          e.image = torch::from_blob(const_cast<uint8_t*>(im.rgb.data()), {im.height, im.width, 3},
-                                     torch::kUInt8)
-                        .clone();
+          e.image = pipeline::image_to_tensor(im);
           e.max_area = 0;
           e.sampling = std::move(s);
           r = pipe_->edit(e);

@@ -11,6 +11,7 @@
 #include "io/model_folder.h"
 #include "nn/attention.h"
 #include "pipeline/hidream_variant.h"
+#include "pipeline/stable_diffusion.h"  // image_to_tensor
 #include "server/dit_jobs.h"
 
 namespace diffuse::server {
@@ -119,9 +120,7 @@ pipeline::HiDreamResult HiDreamEngine::run_one(const JobRequest& request, size_t
     e.prompt = c.prompts[prompt];
     e.negative_prompt = negative;
     const auto& im = request.init_image;
-    e.image = torch::from_blob(const_cast<uint8_t*>(im.rgb.data()), {im.height, im.width, 3},
-                               torch::kUInt8)
-                  .clone();
+    e.image = pipeline::image_to_tensor(im);
     e.image_guidance_scale = request.edit.image_guidance_scale;
     e.clip_cfg_norm = request.edit.clip_cfg_norm;
     e.refine_strength = request.edit.refine_strength;

@@ -25,4 +25,14 @@ void compare_intermediates(CaseResult& result, const CaseTensors& tensors,
     result.details.push_back(name + ": not captured by the engine (skipped)");
 }
 
+CaseResult compare_network_outputs(const GoldenCase& c, const CaseTensors& tensors,
+                                   const torch::Tensor& out,
+                                   const models::Intermediates& captured) {
+  const double atol = c.tol("atol", 1e-4), rtol = c.tol("rtol", 0.0);
+  CaseResult result;
+  result.add("out", compare("out", out, tensors.get("out"), atol, rtol));
+  compare_intermediates(result, tensors, captured, atol, rtol);
+  return result;
+}
+
 }  // namespace diffuse::verify

@@ -12,4 +12,9 @@ namespace diffuse::verify {
 void compare_intermediates(CaseResult& result, const CaseTensors& tensors,
                            const models::Intermediates& captured, double atol, double rtol);
 
+// A network case: its "out" and every captured intermediate, with the case's atol/rtol (1e-4,
+// 0 unless it says otherwise).
+CaseResult compare_network_outputs(const GoldenCase& c, const CaseTensors& tensors,
+                                   const torch::Tensor& out, const models::Intermediates& captured);
+
 }  // namespace diffuse::verify

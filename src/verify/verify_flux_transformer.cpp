@@ -34,11 +34,7 @@ CaseResult verify_flux_transformer(const GoldenSet& set, const GoldenCase& c,
   auto out = model->forward(tensors.get("x"), tensors.get("timestep"), tensors.get("enc"),
                             tensors.get("pooled"), tensors.get("img_ids"), tensors.get("txt_ids"),
                             guidance, {}, &captured);
-  const double atol = c.tol("atol", 1e-4), rtol = c.tol("rtol", 0.0);
-  CaseResult result;
-  result.add("out", compare("out", out, tensors.get("out"), atol, rtol));
-  compare_intermediates(result, tensors, captured, atol, rtol);
-  return result;
+  return compare_network_outputs(c, tensors, out, captured);
 }
 
 }  // namespace diffuse::verify

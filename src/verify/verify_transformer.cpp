@@ -28,11 +28,7 @@ CaseResult verify_transformer(const GoldenSet& set, const GoldenCase& c,
   auto out = model->forward(tensors.get("x").to(options.device), tensors.get("timesteps"),
                             tensors.get("t5"), tensors.get("llama"), tensors.get("pooled"), fwd,
                             &captured);
-  const double atol = c.tol("atol", 1e-4), rtol = c.tol("rtol", 0.0);
-  CaseResult result;
-  result.add("out", compare("out", out, tensors.get("out"), atol, rtol));
-  compare_intermediates(result, tensors, captured, atol, rtol);
-  return result;
+  return compare_network_outputs(c, tensors, out, captured);
 }
 
 }  // namespace diffuse::verify

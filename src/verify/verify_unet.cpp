@@ -27,11 +27,7 @@ CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOp
       unet->forward(sample, tensors.get("timestep"), ehs, &captured,
                     added.text_embeds.defined() || added.time_ids.defined() ? &added : nullptr);
 
-  const double atol = c.tol("atol", 1e-4), rtol = c.tol("rtol", 0.0);
-  CaseResult result;
-  result.add("out", compare("out", out, tensors.get("out"), atol, rtol));
-  compare_intermediates(result, tensors, captured, atol, rtol);
-  return result;
+  return compare_network_outputs(c, tensors, out, captured);
 }
 
 }  // namespace diffuse::verify
