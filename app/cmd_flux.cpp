@@ -15,6 +15,7 @@
 #include "device/device.h"
 #include "diffuse/errors.h"
 #include "diffuse/image.h"
+#include "dit_cli.h"
 #include "flag_checks.h"
 #include "io/atomic_file.h"
 #include "io/model_folder.h"
@@ -80,12 +81,7 @@ int run_flux(const DitCliFlags& f, bool edit) {
   if (talk) std::cerr << "loading " << f.model << " ...\n";
   const auto t0 = std::chrono::steady_clock::now();
   auto folder = io::ModelFolder::open(f.model);
-  if (!f.scheduler.empty()) {
-    const auto flow = schedulers::flow_scheduler_names();
-    if (std::find(flow.begin(), flow.end(), f.scheduler) == flow.end())
-      throw InvalidArgument("--scheduler " + f.scheduler +
-                            ": FLUX models run the flow-matching schedulers (flow_euler, ...)");
-  }
+  if (!f.scheduler.empty()) check_flow_scheduler_name(f.scheduler);
   pipeline::FluxPipeline pipe(folder, device, dtype, f.transformer);
   if (edit && !pipe.is_kontext())
     throw InvalidArgument(f.model + " is a FLUX.1 text-to-image folder (model_index.json: " +
@@ -93,16 +89,7 @@ int run_flux(const DitCliFlags& f, bool edit) {
                           "); instruction editing needs FLUX.1 Kontext (FluxKontextPipeline)");
   pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
   pipe.set_weight_type(f.weights);
-  if (!f.scheduler.empty())
-    pipe.set_scheduler(schedulers::make_scheduler(
-        f.scheduler, folder.component_config("scheduler", "scheduler_config.json")));
-  std::vector<std::string> lora_lines;
-  for (const auto& l : f.loras) {
-    adapters::LoraOptions lo;
-    lo.lenient = f.lora_lenient;
-    lora_lines.push_back(pipe.add_lora(l.path, l.scale, lo));
-    if (talk) std::cerr << "lora " << lora_lines.back() << "\n";
-  }
+  const auto lora_lines = apply_dit_flags(pipe, folder, f, talk);
   // The references' defaults: FLUX.1-dev 28 steps at guidance 3.5 (Kontext 2.5), schnell
   // (no guidance embedding) 4 steps and 256 T5 tokens.
   const bool distilled_guidance = pipe.transformer_config().guidance_embeds;

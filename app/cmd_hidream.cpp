@@ -15,6 +15,7 @@
 #include "device/device.h"
 #include "diffuse/errors.h"
 #include "diffuse/image.h"
+#include "dit_cli.h"
 #include "flag_checks.h"
 #include "io/atomic_file.h"
 #include "io/model_folder.h"
@@ -42,7 +43,8 @@ Image to_image(const torch::Tensor& nhwc) {
   return pipeline::to_images(nhwc.index({torch::indexing::Slice(0, 1)}))[0];
 }
 
-// HiDream denoises by flow matching: only the flow schedulers apply (checked before loading).
+}  // namespace
+
 void check_flow_scheduler_name(const std::string& name) {
   const auto flow = schedulers::flow_scheduler_names();
   if (std::find(flow.begin(), flow.end(), name) != flow.end()) return;
@@ -53,10 +55,8 @@ void check_flow_scheduler_name(const std::string& name) {
   throw InvalidArgument(
       "--scheduler " + name + ": " +
       (is_ddpm ? "a scheduler for noise-predicting (Stable Diffusion) models; " : "unknown; ") +
-      "HiDream models run the flow-matching schedulers: " + list);
+      "the DiT models (HiDream, FLUX) run the flow-matching schedulers: " + list);
 }
-
-}  // namespace
 
 int run_hidream(const DitCliFlags& f, bool edit) {
   if (pipeline::is_flux_folder(f.model)) return run_flux(f, edit);
@@ -128,16 +128,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     lo.rank = f.lora_rank;
     pipe.set_editing_lora(f.e1_lora, lo);
   }
-  if (!f.scheduler.empty())
-    pipe.set_scheduler(schedulers::make_scheduler(
-        f.scheduler, folder.component_config("scheduler", "scheduler_config.json")));
-  std::vector<std::string> lora_lines;
-  for (const auto& l : f.loras) {
-    adapters::LoraOptions lo;
-    lo.lenient = f.lora_lenient;
-    lora_lines.push_back(pipe.add_lora(l.path, l.scale, lo));
-    if (talk) std::cerr << "lora " << lora_lines.back() << "\n";
-  }
+  const auto lora_lines = apply_dit_flags(pipe, folder, f, talk);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Progress progress(!talk);

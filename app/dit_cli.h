@@ -1,0 +1,36 @@
+// What `diffuse txt2img/edit` does the same way on both DiT families (HiDream, FLUX): the
+// scheduler flag and the LoRA flags applied to a loaded pipeline.
+#pragma once
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "adapters/lora.h"
+#include "commands.h"
+#include "io/model_folder.h"
+#include "schedulers/scheduler.h"
+
+namespace diffuse::app {
+
+// InvalidArgument unless `name` is a flow-matching scheduler (the DiTs denoise by flow matching).
+void check_flow_scheduler_name(const std::string& name);
+
+// --scheduler and --lora on `pipe` (HiDreamPipeline or FluxPipeline); returns the LoRA lines
+// for the summary, printed as they load when `talk`.
+template <typename DitPipeline>
+std::vector<std::string> apply_dit_flags(DitPipeline& pipe, const io::ModelFolder& folder,
+                                         const DitCliFlags& f, bool talk) {
+  if (!f.scheduler.empty())
+    pipe.set_scheduler(schedulers::make_scheduler(
+        f.scheduler, folder.component_config("scheduler", "scheduler_config.json")));
+  std::vector<std::string> lora_lines;
+  for (const auto& l : f.loras) {
+    adapters::LoraOptions lo;
+    lo.lenient = f.lora_lenient;
+    lora_lines.push_back(pipe.add_lora(l.path, l.scale, lo));
+    if (talk) std::cerr << "lora " << lora_lines.back() << "\n";
+  }
+  return lora_lines;
+}
+
+}  // namespace diffuse::app
