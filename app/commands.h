@@ -100,5 +100,7 @@ int run_dit_cache_bench_command(const bench::DitCacheBenchOptions& options, bool
 std::pair<CLI::App*, Command> add_bench_lora(CLI::App& bench);
 std::pair<CLI::App*, Command> add_bench_hidream_stream(CLI::App& bench);
 std::pair<CLI::App*, Command> add_bench_vae_tiling(CLI::App& bench);
+// `bench gemm`: our bf16 product against oneDNN's on the models' shapes (bench/gemm_bench.h).
+std::pair<CLI::App*, Command> add_bench_gemm(CLI::App& bench);
 
 }  // namespace diffuse::app

@@ -9,6 +9,7 @@
 
 #include "device/memory.h"
 #include "diffuse/errors.h"
+#include "nn/cpu_bf16_linear.h"
 #include "nn/fused_ops.h"
 #include "nn/winograd_conv.h"
 
@@ -131,16 +132,20 @@ void LinearImpl::keep_quantized(quant::QuantizedWeight q) {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
-  auto y =
-      !quantized && weight.scalar_type() == input.scalar_type()
-          ? torch::nn::LinearImpl::forward(input)
-          : torch::nn::functional::linear(input, weight_for(input), as_input_dtype(bias, input));
+  const bool plain = !quantized && weight.scalar_type() == input.scalar_type();
+  const auto w = plain ? weight : weight_for(input);
+  auto y = cpu_bf16_linear(input, w, bias);
+  if (!y.defined())
+    y = plain ? torch::nn::LinearImpl::forward(input)
+              : torch::nn::functional::linear(input, w, as_input_dtype(bias, input));
   add_low_rank(y, input);
   return y;
 }
 
 torch::Tensor LinearImpl::product(const torch::Tensor& input) {
-  auto y = torch::nn::functional::linear(input, weight_for(input));
+  const auto w = weight_for(input);
+  auto y = cpu_bf16_linear(input, w);
+  if (!y.defined()) y = torch::nn::functional::linear(input, w);
   add_low_rank(y, input);
   return y;
 }
@@ -190,7 +195,15 @@ torch::Tensor LinearImpl::forward_add(const torch::Tensor& input, const torch::T
   if (!fused_bf16_epilogue({input, residual}, {weight, bias}) ||
       !residual.sizes().equals(out_sizes))
     return forward(input) + residual;
-  auto y = product(input);
+  // Our bf16 product takes the bias and the residual in its own epilogue.
+  const auto w = weight_for(input);
+  auto y = cpu_bf16_linear(input, w, bias, residual);
+  if (y.defined()) {
+    add_low_rank(y, input);
+    return y;
+  }
+  y = torch::nn::functional::linear(input, w);
+  add_low_rank(y, input);
   add_bias_residual_(y, bias, residual);
   return y;
 }
