@@ -82,7 +82,9 @@ int run_flux(const DitCliFlags& f, bool edit) {
   const auto t0 = std::chrono::steady_clock::now();
   auto folder = io::ModelFolder::open(f.model);
   if (!f.scheduler.empty()) check_flow_scheduler_name(f.scheduler);
-  pipeline::FluxPipeline pipe(folder, device, dtype, f.transformer);
+  // A component folder, or one file: diffusers names, or BFL's (flux1-dev.safetensors).
+  const auto transformer = io::use_transformer_weights(folder, f.transformer);
+  pipeline::FluxPipeline pipe(folder, device, dtype, transformer);
   if (edit && !pipe.is_kontext())
     throw InvalidArgument(f.model + " is a FLUX.1 text-to-image folder (model_index.json: " +
                           folder.model_index().get<std::string>("_class_name", "?") +

@@ -117,7 +117,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     std::cerr << "HiDream " << defaults.variant << ": " << steps << " steps, guidance " << cfg_scale
               << (edit ? ", image guidance " + c10::str(image_guidance) : "")
               << (refine > 0 ? ", refine " + c10::str(refine) : "") << "\n";
-  const auto transformer = pipeline::use_transformer_weights(folder, f.transformer);
+  const auto transformer = io::use_transformer_weights(folder, f.transformer);
   pipeline::HiDreamPipeline pipe(folder, device, dtype, transformer, placement);
   pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
   pipe.set_weight_streaming(f.stream_weights);
@@ -244,8 +244,8 @@ void add_flags(CLI::App& app, DitCliFlags& f, bool edit) {
   app.add_option("-n,--negative-prompt", f.negative_prompt, "Negative prompt");
   app.add_option("--transformer", f.transformer,
                  "Component folder of the transformer weights, or a *.gguf/*.safetensors file "
-                 "of its weights (e.g. a quantized GGUF; config.json from the folder's "
-                 "transformer/)")
+                 "of its weights (e.g. a quantized GGUF; FLUX also in BFL's original names, as "
+                 "flux1-dev.safetensors; config.json from the folder's transformer/)")
       ->capture_default_str();
   app.add_option("--variant", f.variant,
                  "auto|i1-full|i1-dev|i1-fast|e1|e1.1: the defaults of steps and guidance "

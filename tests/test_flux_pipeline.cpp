@@ -14,6 +14,8 @@
 #include "cli_run.h"
 #include "diffuse/errors.h"
 #include "diffuse/image.h"
+#include "io/gguf.h"
+#include "io/model_folder.h"
 #include "io/pillow_resample.h"
 #include "io/safetensors.h"
 #include "models/flux_transformer.h"
@@ -154,6 +156,145 @@ TEST(FluxTransformer, RefusesMalformedInputsWithTheExpectedShape) {
               dev->forward(x, t, enc.narrow(2, 0, 4), pooled, img_ids, txt_ids, g);
             }).find("encoder_hidden_states"),
             std::string::npos);
+}
+
+// The tiny model's diffusers weights written in BFL's original layout (as flux1-dev.safetensors
+// and city96's GGUFs hold them): fused qkv / linear1, (shift, scale) in the final layer, RMSNorm
+// ".scale", under ComfyUI's "model.diffusion_model." prefix.
+std::vector<std::pair<std::string, torch::Tensor>> bfl_named(
+    const std::map<std::string, torch::Tensor>& d, const models::FluxTransformerConfig& c) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  const std::string p = "model.diffusion_model.";
+  auto lin = [&](const std::string& bfl, const std::string& name) {
+    out.emplace_back(p + bfl + ".weight", d.at(name + ".weight"));
+    out.emplace_back(p + bfl + ".bias", d.at(name + ".bias"));
+  };
+  auto fused = [&](const std::string& bfl, const std::vector<std::string>& names) {
+    for (const char* s : {".weight", ".bias"}) {
+      std::vector<torch::Tensor> parts;
+      for (const auto& n : names) parts.push_back(d.at(n + s));
+      out.emplace_back(p + bfl + s, torch::cat(parts));
+    }
+  };
+  auto norm = [&](const std::string& bfl, const std::string& name) {
+    out.emplace_back(p + bfl + ".scale", d.at(name + ".weight"));
+  };
+  lin("img_in", "x_embedder");
+  lin("txt_in", "context_embedder");
+  lin("time_in.in_layer", "time_text_embed.timestep_embedder.linear_1");
+  lin("time_in.out_layer", "time_text_embed.timestep_embedder.linear_2");
+  lin("vector_in.in_layer", "time_text_embed.text_embedder.linear_1");
+  lin("vector_in.out_layer", "time_text_embed.text_embedder.linear_2");
+  if (c.guidance_embeds) {
+    lin("guidance_in.in_layer", "time_text_embed.guidance_embedder.linear_1");
+    lin("guidance_in.out_layer", "time_text_embed.guidance_embedder.linear_2");
+  }
+  lin("final_layer.linear", "proj_out");
+  for (const char* s : {".weight", ".bias"}) {  // BFL: (shift, scale)
+    const auto halves = d.at(std::string("norm_out.linear") + s).chunk(2);
+    out.emplace_back(p + "final_layer.adaLN_modulation.1" + s, torch::cat({halves[1], halves[0]}));
+  }
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const auto b = "double_blocks." + std::to_string(i) + ".";
+    const auto m = "transformer_blocks." + std::to_string(i) + ".";
+    lin(b + "img_mod.lin", m + "norm1.linear");
+    lin(b + "txt_mod.lin", m + "norm1_context.linear");
+    fused(b + "img_attn.qkv", {m + "attn.to_q", m + "attn.to_k", m + "attn.to_v"});
+    fused(b + "txt_attn.qkv",
+          {m + "attn.add_q_proj", m + "attn.add_k_proj", m + "attn.add_v_proj"});
+    norm(b + "img_attn.norm.query_norm", m + "attn.norm_q");
+    norm(b + "img_attn.norm.key_norm", m + "attn.norm_k");
+    norm(b + "txt_attn.norm.query_norm", m + "attn.norm_added_q");
+    norm(b + "txt_attn.norm.key_norm", m + "attn.norm_added_k");
+    lin(b + "img_attn.proj", m + "attn.to_out.0");
+    lin(b + "txt_attn.proj", m + "attn.to_add_out");
+    lin(b + "img_mlp.0", m + "ff.net.0.proj");
+    lin(b + "img_mlp.2", m + "ff.net.2");
+    lin(b + "txt_mlp.0", m + "ff_context.net.0.proj");
+    lin(b + "txt_mlp.2", m + "ff_context.net.2");
+  }
+  for (int64_t i = 0; i < c.num_single_layers; ++i) {
+    const auto b = "single_blocks." + std::to_string(i) + ".";
+    const auto m = "single_transformer_blocks." + std::to_string(i) + ".";
+    lin(b + "modulation.lin", m + "norm.linear");
+    fused(b + "linear1", {m + "attn.to_q", m + "attn.to_k", m + "attn.to_v", m + "proj_mlp"});
+    norm(b + "norm.query_norm", m + "attn.norm_q");
+    norm(b + "norm.key_norm", m + "attn.norm_k");
+    lin(b + "linear2", m + "proj_out");
+  }
+  return out;
+}
+
+// Every parameter of two models equal, bit for bit.
+void expect_same_parameters(torch::nn::Module& a, torch::nn::Module& b) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (const auto& item : pa) {
+    const auto* other = pb.find(item.key());
+    ASSERT_NE(other, nullptr) << item.key();
+    EXPECT_TRUE(torch::equal(item.value(), *other)) << item.key();
+  }
+}
+
+TEST(FluxTransformer, LoadsBflsOriginalNamesPlainAndAsAQuantizedGguf) {
+  const auto dir = test::flux_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  const std::string model = dir + "/model";
+  auto folder = io::ModelFolder::open(model);
+  auto reference = models::load_flux_transformer(folder, torch::kCPU, torch::kFloat32);
+  const auto& cfg = reference->config();
+  const auto bfl = bfl_named(folder.component_weights("transformer"), cfg);
+  test::TempDir tmp;
+  io::save_safetensors(tmp.file("flux1-tiny.safetensors"), bfl);
+
+  // safetensors in BFL names: the same model, bit for bit.
+  {
+    auto f = io::ModelFolder::open(model);
+    const auto component = io::use_transformer_weights(f, tmp.file("flux1-tiny.safetensors"));
+    auto loaded = models::load_flux_transformer(f, torch::kCPU, torch::kFloat32, component);
+    expect_same_parameters(*loaded, *reference);
+  }
+  // A GGUF in BFL names with the fused matrices in q8_0 (city96's layout): the fused rows split
+  // into the layers' blocks, equal to quantizing the diffusers model at load.
+  {
+    std::vector<io::GgufTensorToWrite> tensors;
+    for (const auto& [name, t] : bfl) {
+      const bool matrix = t.dim() == 2 && t.size(1) % 32 == 0;
+      tensors.push_back({name, t, matrix ? quant::GgmlType::Q8_0 : quant::GgmlType::F32});
+    }
+    io::write_gguf(tmp.file("flux1-tiny-Q8_0.gguf"), {{"general.architecture", "flux"}}, tensors);
+    auto f = io::ModelFolder::open(model);
+    const auto component = io::use_transformer_weights(f, tmp.file("flux1-tiny-Q8_0.gguf"));
+    nn::QuantizedLayers from_gguf, at_load;
+    auto loaded = models::load_flux_transformer(f, torch::kCPU, torch::kFloat32, component,
+                                                std::nullopt, &from_gguf);
+    auto quantized = models::load_flux_transformer(folder, torch::kCPU, torch::kFloat32,
+                                                   "transformer", quant::GgmlType::Q8_0, &at_load);
+    EXPECT_GT(from_gguf.layers, 0);
+    EXPECT_EQ(from_gguf.layers, at_load.layers);
+    EXPECT_EQ(from_gguf.quantized_bytes, at_load.quantized_bytes);
+    for (const auto& item : quantized->named_modules()) {
+      const auto* q = dynamic_cast<const nn::LinearImpl*>(item.value().get());
+      if (!q || !q->quantized) continue;
+      const auto* other = loaded->named_modules().find(item.key());
+      ASSERT_NE(other, nullptr);
+      const auto* l = dynamic_cast<const nn::LinearImpl*>(other->get());
+      ASSERT_TRUE(l && l->quantized) << item.key();
+      EXPECT_TRUE(torch::equal(l->quantized->blocks, q->quantized->blocks)) << item.key();
+    }
+  }
+  // A fused tensor with rows missing is refused naming it.
+  {
+    auto cut = bfl;
+    for (auto& [name, t] : cut)
+      if (name.find("single_blocks.0.linear1.weight") != std::string::npos) t = t.narrow(0, 0, 8);
+    io::save_safetensors(tmp.file("cut.safetensors"), cut);
+    auto f = io::ModelFolder::open(model);
+    const auto component = io::use_transformer_weights(f, tmp.file("cut.safetensors"));
+    const auto msg = test::expect_throw<FormatError>(
+        [&] { models::load_flux_transformer(f, torch::kCPU, torch::kFloat32, component); });
+    EXPECT_NE(msg.find("single_blocks.0.linear1.weight"), std::string::npos) << msg;
+  }
 }
 
 TEST(FluxPipeline, RefusesWhatItCannotRun) {

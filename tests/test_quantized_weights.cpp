@@ -232,7 +232,7 @@ TEST(QuantizedWeights, HiDreamLoadsAQuantizedGgufTransformerAsBlocks) {
   auto run = [&](const std::string& transformer, const std::string& weights,
                  nn::QuantizedLayers* kept) {
     auto folder = io::ModelFolder::open(model);
-    const auto component = pipeline::use_transformer_weights(folder, transformer);
+    const auto component = io::use_transformer_weights(folder, transformer);
     pipeline::HiDreamPipeline pipe(folder, torch::kCPU, torch::kFloat32, component);
     pipe.set_weight_type(weights);
     auto out = two_step_image(pipe, "a blue square", 4);
@@ -249,7 +249,7 @@ TEST(QuantizedWeights, HiDreamLoadsAQuantizedGgufTransformerAsBlocks) {
   // A missing file is named.
   auto folder = io::ModelFolder::open(model);
   const auto msg = test::expect_throw<IoError>(
-      [&] { pipeline::use_transformer_weights(folder, dir.file("missing.gguf")); });
+      [&] { io::use_transformer_weights(folder, dir.file("missing.gguf")); });
   EXPECT_NE(msg.find("missing.gguf"), std::string::npos) << msg;
 }
 

@@ -129,4 +129,11 @@ std::map<std::string, torch::Tensor> load_weights_file(const std::string& path) 
   return SafetensorsFile::open(path)->load_all();
 }
 
+std::string use_transformer_weights(ModelFolder& folder, const std::string& transformer) {
+  const auto ext = fs::path(transformer).extension();
+  if (ext != ".gguf" && ext != ".safetensors") return transformer;
+  folder.set_component_weights_file("transformer", transformer);
+  return "transformer";
+}
+
 }  // namespace diffuse::io

@@ -41,6 +41,13 @@ class ModelFolder {
   std::map<std::string, std::string> weights_files_;  // set_component_weights_file
 };
 
+// What --transformer names: a component folder of `folder` ("transformer", or HiDream-E1's
+// "transformer_e1"), returned as it is; or a *.gguf / *.safetensors weights file (diffusers
+// names, or a mapping table's, e.g. BFL's FLUX names), which becomes the "transformer"
+// component's weights (its config.json still from the folder) and "transformer" is returned.
+// IoError if such a file does not exist.
+std::string use_transformer_weights(ModelFolder& folder, const std::string& transformer);
+
 // Loads every tensor from a safetensors file, from the shards an *.index.json names, or from a
 // GGUF file (*.gguf: quantized tensors dequantized to float32).
 std::map<std::string, torch::Tensor> load_weights_file(const std::string& path);

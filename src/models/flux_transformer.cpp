@@ -7,6 +7,7 @@
 #include "accel/dit_block_loop.h"
 #include "diffuse/errors.h"
 #include "models/config_values.h"
+#include "models/flux_bfl_names.h"
 #include "models/load_component.h"
 #include "nn/fused_ops.h"
 #include "nn/rope.h"
@@ -253,7 +254,9 @@ FluxTransformer2DModel load_flux_transformer(const io::ModelFolder& folder, torc
     model = FluxTransformer2DModel(FluxTransformerConfig::from_json(cfg));
   }
   model->eval();
-  load_component_weights_to(*model, folder, component, weight_type, device, dtype, quantized);
+  // Diffusers names, or BFL's original ones (flux1-dev.safetensors, ComfyUI, city96's GGUFs).
+  load_component_weights_to(*model, folder, component, weight_type, device, dtype, quantized,
+                            flux_weight_layout_for(model->config()));
   return model;
 }
 

@@ -88,7 +88,8 @@ class FluxTransformer2DModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FluxTransformer2DModel);
 
-// Loads `<component>/` (config.json + weights) of a diffusers folder onto `device` in `dtype`.
+// Loads `<component>/` (config.json + weights) of a diffusers folder onto `device` in `dtype`;
+// the weights in diffusers' names or in BFL's original ones (models/flux_bfl_names.h).
 // ConfigError/FormatError naming the file on a bad config or missing/mis-shaped weights. With
 // `weight_type`, or a GGUF weights file, the linear weights stay in ggml blocks (what was kept
 // goes to `quantized`).

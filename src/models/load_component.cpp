@@ -20,6 +20,22 @@ io::JsonConfig component_config(const io::ModelFolder& folder, const std::string
   return cfg;
 }
 
+torch::Tensor take_slice(const torch::Tensor& stored, const WeightSlice& slice,
+                         const std::string& source) {
+  const int64_t total = stored.dim() > 0 ? stored.size(0) : 0;
+  const int64_t rows = slice.rows < 0 ? total - slice.row_begin : slice.rows;
+  if (stored.dim() == 0 || slice.row_begin < 0 || rows <= 0 || slice.row_begin + rows > total)
+    throw FormatError(source + ": tensor '" + slice.key + "' of shape " + c10::str(stored.sizes()) +
+                      " has no rows [" + std::to_string(slice.row_begin) + ", " +
+                      std::to_string(slice.row_begin + rows) + ") (does the config match it?)");
+  auto t = stored.narrow(0, slice.row_begin, rows);
+  if (!slice.swap_halves) return t;
+  if (rows % 2 != 0)
+    throw FormatError(source + ": tensor '" + slice.key + "' has an odd row count " +
+                      std::to_string(rows) + "; expected two halves");
+  return torch::cat({t.narrow(0, rows / 2, rows / 2), t.narrow(0, 0, rows / 2)});
+}
+
 namespace {
 
 void refuse_unexpected(const nn::LoadReport& report, const std::string& source) {
@@ -68,7 +84,8 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
                                                      const io::ModelFolder& folder,
                                                      const std::string& component,
                                                      std::optional<quant::GgmlType> type,
-                                                     const torch::Device& device) {
+                                                     const torch::Device& device,
+                                                     const WeightLayoutFor& layout_for) {
   const std::string source = folder.component_weights_path(component);
   std::shared_ptr<io::GgufFile> gguf;
   std::map<std::string, torch::Tensor> mapped;  // safetensors: views of the mapped file
@@ -79,6 +96,20 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
   auto has = [&](const std::string& key) {
     return gguf ? gguf->contains(key) : mapped.count(key) > 0;
   };
+  std::vector<std::string> file_keys;
+  if (gguf) {
+    file_keys = gguf->names();
+  } else {
+    for (const auto& item : mapped) file_keys.push_back(item.first);
+  }
+  const auto layout = layout_for ? layout_for(file_keys) : std::nullopt;
+  // Where a parameter's values are in the file: under its own name, or through the layout.
+  auto slice_of = [&](const std::string& key) -> std::optional<WeightSlice> {
+    if (!layout) return has(key) ? std::optional<WeightSlice>(WeightSlice{key}) : std::nullopt;
+    const auto it = layout->find(key);
+    if (it == layout->end() || !has(it->second.key)) return std::nullopt;
+    return it->second;
+  };
 
   torch::NoGradGuard no_grad;
   nn::QuantizedLayers report;
@@ -87,7 +118,8 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
     auto* lin = dynamic_cast<nn::LinearImpl*>(item.value().get());
     if (!lin) continue;
     const std::string key = (item.key().empty() ? "" : item.key() + ".") + "weight";
-    if (!has(key)) continue;  // load_state_dict names what is missing
+    const auto slice = slice_of(key);
+    if (!slice) continue;  // load_state_dict names what is missing
     const auto& w = lin->weight;
     const int64_t rows = w.size(0), cols = w.size(1);
     auto check_shape = [&](c10::IntArrayRef stored) {
@@ -96,19 +128,28 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
                           ", the model expects " + c10::str(w.sizes()));
     };
     std::optional<quant::QuantizedWeight> q;
-    if (gguf && quant::ggml_type_traits(gguf->info(key).type).quantized) {
-      const auto& info = gguf->info(key);
-      check_shape(info.shape);
+    const std::string& file_key = slice->key;
+    if (gguf && quant::ggml_type_traits(gguf->info(file_key).type).quantized) {
+      const auto& info = gguf->info(file_key);
+      if (info.shape.size() != 2 || info.shape[1] != cols || info.shape[0] <= 0)
+        check_shape(info.shape);
       if (device.is_cpu() || quant::dequantizes_on_device(info.type)) {
-        const auto bytes = torch::from_blob(const_cast<uint8_t*>(gguf->data(key)),
-                                            {static_cast<int64_t>(info.bytes)}, torch::kByte)
-                               .to(device, /*non_blocking=*/false, /*copy=*/true);
-        q = quant::quantized_from_blocks(bytes, info.type, rows, cols, source + ": " + key);
-        check_block_scales(*q, source, key);
+        // Rows of ggml blocks are independent: a slice of rows is a slice of the bytes.
+        const int64_t file_rows = info.shape[0];
+        auto bytes = torch::from_blob(const_cast<uint8_t*>(gguf->data(file_key)),
+                                      {file_rows, static_cast<int64_t>(info.bytes) / file_rows},
+                                      torch::kByte);
+        bytes = take_slice(bytes, *slice, source);
+        if (bytes.size(0) != rows) check_shape({bytes.size(0), cols});
+        bytes = bytes.reshape({-1});
+        bytes = bytes.to(device, /*non_blocking=*/false, /*copy=*/true);
+        q = quant::quantized_from_blocks(bytes, info.type, rows, cols, source + ": " + file_key);
+        check_block_scales(*q, source, file_key);
       }
     }
     if (!q && type && quant::can_keep_quantized(*type, cols)) {
-      const auto values = gguf ? gguf->get(key) : mapped.at(key);
+      const auto values =
+          take_slice(gguf ? gguf->get(file_key) : mapped.at(file_key), *slice, source);
       check_shape(values.sizes());
       if (!torch::isfinite(values).all().item<bool>())
         throw FormatError(source + ": tensor '" + key + "' has non-finite values (NaN/Inf)");
@@ -128,12 +169,19 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
 
   // Everything else, as load_component_weights loads it.
   std::map<std::string, torch::Tensor> rest;
-  if (gguf) {
-    for (const auto& name : gguf->names())
-      if (!kept.count(name)) rest.emplace(name, gguf->get(name));
+  auto get = [&](const std::string& name) { return gguf ? gguf->get(name) : mapped.at(name); };
+  if (layout) {
+    std::set<std::string> read;  // file tensors some parameter reads
+    for (const auto& [name, slice] : *layout) {
+      read.insert(slice.key);
+      if (!kept.count(name) && has(slice.key))
+        rest.emplace(name, take_slice(get(slice.key), slice, source));
+    }
+    for (const auto& name : file_keys)
+      if (!read.count(name)) rest.emplace(name, get(name));  // named as unexpected below
   } else {
-    for (auto& [name, t] : mapped)
-      if (!kept.count(name)) rest.emplace(name, t);
+    for (const auto& name : file_keys)
+      if (!kept.count(name)) rest.emplace(name, get(name));
   }
   refuse_unexpected(nn::load_state_dict(module, rest, source, kept), source);
   return report;
@@ -142,9 +190,10 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
 void load_component_weights_to(torch::nn::Module& module, const io::ModelFolder& folder,
                                const std::string& component, std::optional<quant::GgmlType> type,
                                const torch::Device& device, torch::Dtype dtype,
-                               nn::QuantizedLayers* quantized) {
-  if (type || component_is_gguf(folder, component)) {
-    const auto kept = load_component_weights_quantized(module, folder, component, type, device);
+                               nn::QuantizedLayers* quantized, const WeightLayoutFor& layout_for) {
+  if (type || layout_for || component_is_gguf(folder, component)) {
+    const auto kept =
+        load_component_weights_quantized(module, folder, component, type, device, layout_for);
     if (quantized) *quantized = kept;
   } else {
     load_component_weights(module, folder, component);

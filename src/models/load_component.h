@@ -2,15 +2,40 @@
 #pragma once
 #include <torch/nn/module.h>
 
+#include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "io/json_config.h"
 #include "io/model_folder.h"
 #include "nn/layers.h"
 
 namespace diffuse::models {
+
+// Where one of the module's parameters sits in a weights file written in another key layout
+// (a mapping table such as BFL's FLUX names, models/flux_bfl_names.h): the file's tensor, a
+// range of its rows (fused projections split on load), and whether its two row halves are in
+// the other order.
+struct WeightSlice {
+  std::string key;        // the tensor in the file
+  int64_t row_begin = 0;  // rows [row_begin, row_begin + rows) of dimension 0
+  int64_t rows = -1;      // -1: every row
+  bool swap_halves = false;
+};
+// The module's parameter name -> its slice of the file.
+using WeightLayout = std::map<std::string, WeightSlice>;
+// Given the file's tensor names, the layout to read it with, or nullopt for the module's own
+// names.
+using WeightLayoutFor =
+    std::function<std::optional<WeightLayout>(const std::vector<std::string>& file_keys)>;
+
+// `stored` (the file's tensor, or its ggml blocks as [rows, row_bytes]) cut down to `slice`;
+// FormatError naming `source` and the tensor when the rows are not there or do not halve.
+torch::Tensor take_slice(const torch::Tensor& stored, const WeightSlice& slice,
+                         const std::string& source);
 
 // `<component>/config.json`; ConfigError if its _class_name is present and not `expected_class`.
 io::JsonConfig component_config(const io::ModelFolder& folder, const std::string& component,
@@ -34,19 +59,23 @@ void load_component_weights(torch::nn::Module& module, const io::ModelFolder& fo
 // `device`; the rest loads as load_component_weights does (call module->to(device, dtype)
 // afterwards). A GGUF block type that `device` cannot dequantize (k-quants off the CPU) is
 // dequantized at load instead. Returns what was kept quantized.
+// With `layout_for`, a file in another key layout is read through its slices.
 nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
                                                      const io::ModelFolder& folder,
                                                      const std::string& component,
                                                      std::optional<quant::GgmlType> type,
-                                                     const torch::Device& device);
+                                                     const torch::Device& device,
+                                                     const WeightLayoutFor& layout_for = {});
 
 // The component's weights into `module` (built under nn::SkipInitGuard), then the module onto
 // `device` in `dtype`: kept in ggml blocks (load_component_weights_quantized, what was kept
-// into `quantized`) with `type` or a GGUF file, else plain (load_component_weights).
+// into `quantized`) with `type` or a GGUF file, else plain (load_component_weights). With
+// `layout_for` the file may be in another key layout (see WeightLayoutFor).
 void load_component_weights_to(torch::nn::Module& module, const io::ModelFolder& folder,
                                const std::string& component, std::optional<quant::GgmlType> type,
                                const torch::Device& device, torch::Dtype dtype,
-                               nn::QuantizedLayers* quantized);
+                               nn::QuantizedLayers* quantized,
+                               const WeightLayoutFor& layout_for = {});
 
 // Whether the component's weights are a GGUF file.
 bool component_is_gguf(const io::ModelFolder& folder, const std::string& component);

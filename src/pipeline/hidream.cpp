@@ -105,13 +105,6 @@ void HiDreamPipeline::set_weight_streaming(const std::string& mode) {
   weight_streaming_ = mode;
 }
 
-std::string use_transformer_weights(io::ModelFolder& folder, const std::string& transformer) {
-  const auto ext = std::filesystem::path(transformer).extension();
-  if (ext != ".gguf" && ext != ".safetensors") return transformer;
-  folder.set_component_weights_file("transformer", transformer);
-  return "transformer";
-}
-
 void HiDreamPipeline::set_weight_type(const std::string& type) {
   const auto parsed = quant::parse_weight_type(type, "weight type");
   if (transformer_ && parsed != weight_type_)

@@ -120,12 +120,6 @@ struct HiDreamPlacement {
 HiDreamPlacement hidream_placement(const std::string& text_encoder_device,
                                    const std::string& vae_device, const std::string& dtype);
 
-// What --transformer names: a component folder of `folder` ("transformer", or E1's
-// "transformer_e1"), returned as it is; or a *.gguf / *.safetensors weights file, which
-// becomes the "transformer" component's weights (its config.json still from the folder) and
-// "transformer" is returned. IoError if such a file does not exist.
-std::string use_transformer_weights(io::ModelFolder& folder, const std::string& transformer);
-
 class HiDreamPipeline {
  public:
   // A HiDream model folder on `device` (transformer and text encoders in `dtype`, the VAE in

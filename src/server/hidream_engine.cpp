@@ -41,7 +41,7 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
       nn::attention_backend_from_flag_or_env(options.attention, device));
   auto folder = io::ModelFolder::open(this->model_path());
   variant_ = pipeline::hidream_defaults(folder);
-  const auto transformer = pipeline::use_transformer_weights(folder, hidream.transformer);
+  const auto transformer = io::use_transformer_weights(folder, hidream.transformer);
   pipe_ = std::make_unique<pipeline::HiDreamPipeline>(
       folder, device, dtype, transformer,
       pipeline::hidream_placement(options.text_encoder_device, options.vae_device, options.dtype));
