@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "accel/dit_cache.h"
+#include "adapters/lora.h"
 #include "cli_run.h"
 #include "diffuse/errors.h"
 #include "diffuse/image.h"
@@ -18,6 +19,7 @@
 #include "io/model_folder.h"
 #include "io/pillow_resample.h"
 #include "io/safetensors.h"
+#include "models/flux_bfl_names.h"
 #include "models/flux_transformer.h"
 #include "pipeline/flux.h"
 #include "test_util.h"
@@ -441,6 +443,76 @@ TEST(FluxPipeline, LorasMergeByTheirDiffusersNames) {
   EXPECT_TRUE(torch::equal(run(file, 0.0), plain));
   EXPECT_FALSE(torch::allclose(run(file, 1.0), plain));
   EXPECT_THROW(run(stray, 1.0), Error);
+}
+
+TEST(FluxPipeline, LorasInKohyasAndBflsNamesSplitTheFusedLayers) {
+  const auto dir = test::flux_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  const auto folder = io::ModelFolder::open(dir + "/model");
+  auto model = models::load_flux_transformer(folder, torch::kCPU, torch::kFloat32);
+  const auto& c = model->config();
+  const int64_t D = c.inner_dim(), mlp = 4 * D, r = 2;
+  auto gen = at::detail::createCPUGenerator(5);
+  auto rnd = [&](int64_t rows, int64_t cols) {
+    return torch::randn({rows, cols}, gen, torch::TensorOptions().dtype(torch::kFloat32));
+  };
+  const torch::Tensor qkv_up = rnd(3 * D, r), linear1_up = rnd(3 * D + mlp, r),
+                      final_up = rnd(2 * D, r), down = rnd(r, D), proj_up = rnd(D, r);
+  const auto alpha = torch::full({}, 4.0);
+  // kohya's flattened BFL names, and ComfyUI's peft-style BFL names with the checkpoint prefix.
+  const std::map<std::string, torch::Tensor> bfl = {
+      {"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", down},
+      {"lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", qkv_up},
+      {"lora_unet_double_blocks_0_img_attn_qkv.alpha", alpha},
+      {"lora_unet_single_blocks_0_linear1.lora_down.weight", down},
+      {"lora_unet_single_blocks_0_linear1.lora_up.weight", linear1_up},
+      {"lora_unet_single_blocks_0_linear1.alpha", alpha},
+      {"lora_unet_final_layer_adaLN_modulation_1.lora_down.weight", down},
+      {"lora_unet_final_layer_adaLN_modulation_1.lora_up.weight", final_up},
+      {"lora_unet_final_layer_adaLN_modulation_1.alpha", alpha},
+      {"diffusion_model.double_blocks.0.txt_attn.proj.lora_A.weight", down},
+      {"diffusion_model.double_blocks.0.txt_attn.proj.lora_B.weight", proj_up},
+      {"diffusion_model.double_blocks.0.txt_attn.proj.alpha", alpha},
+  };
+  // The same update in diffusers' names.
+  std::map<std::string, torch::Tensor> diffusers;
+  auto pair = [&](const std::string& module, const torch::Tensor& up) {
+    diffusers["transformer." + module + ".lora_A.weight"] = down;
+    diffusers["transformer." + module + ".lora_B.weight"] = up;
+    diffusers["transformer." + module + ".alpha"] = alpha;
+  };
+  const std::string d0 = "transformer_blocks.0.", s0 = "single_transformer_blocks.0.";
+  pair(d0 + "attn.to_q", qkv_up.narrow(0, 0, D));
+  pair(d0 + "attn.to_k", qkv_up.narrow(0, D, D));
+  pair(d0 + "attn.to_v", qkv_up.narrow(0, 2 * D, D));
+  pair(s0 + "attn.to_q", linear1_up.narrow(0, 0, D));
+  pair(s0 + "attn.to_k", linear1_up.narrow(0, D, D));
+  pair(s0 + "attn.to_v", linear1_up.narrow(0, 2 * D, D));
+  pair(s0 + "proj_mlp", linear1_up.narrow(0, 3 * D, mlp));
+  pair("norm_out.linear", torch::cat({final_up.narrow(0, D, D), final_up.narrow(0, 0, D)}));
+  pair(d0 + "attn.to_add_out", proj_up);
+
+  adapters::Network net{io::lora::transformer_names(), model.get()};
+  net.file_layout = models::flux_bfl_layout({}, c);
+  const auto a = adapters::make_lora(bfl, {}, "bfl.safetensors", {net}, {});
+  const auto b = adapters::make_lora(diffusers, {}, "diffusers.safetensors", {net}, {});
+  ASSERT_EQ(a.pairs.size(), 9u);
+  ASSERT_EQ(b.pairs.size(), 9u);
+  std::map<std::string, const adapters::LoraPair*> by_param;
+  for (const auto& p : b.pairs) by_param[p.param] = &p;
+  for (const auto& p : a.pairs) {
+    ASSERT_TRUE(by_param.count(p.param)) << p.param << " from " << p.key;
+    const auto& q = *by_param[p.param];
+    EXPECT_TRUE(torch::equal(p.up, q.up)) << p.param;
+    EXPECT_TRUE(torch::equal(p.down, q.down)) << p.param;
+    EXPECT_EQ(p.factor, q.factor) << p.param;
+  }
+  // A fused up matrix with rows missing is refused, naming the file's tensor.
+  auto cut = bfl;
+  cut["lora_unet_single_blocks_0_linear1.lora_up.weight"] = linear1_up.narrow(0, 0, D);
+  const auto msg = test::expect_throw<FormatError>(
+      [&] { adapters::make_lora(cut, {}, "cut.safetensors", {net}, {}); });
+  EXPECT_NE(msg.find("lora_unet_single_blocks_0_linear1.lora_up.weight"), std::string::npos) << msg;
 }
 
 Image read_png_file(const std::string& path) {

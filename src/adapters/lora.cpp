@@ -3,11 +3,13 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
 #include "diffuse/errors.h"
 #include "io/safetensors.h"
+#include "io/weight_layout.h"
 
 namespace diffuse::adapters {
 namespace {
@@ -22,6 +24,46 @@ struct Target {
   size_t network = 0;
   std::string param;
   std::vector<int64_t> shape;
+  // A pair named after the network's other layout (Network::file_layout) on a fused weight:
+  // the rows of its up matrix that belong to this parameter. Empty key: the whole pair.
+  io::WeightSlice rows;
+};
+
+// The network's other naming (Network::file_layout) as LoRA files write it: the file's module
+// ("double_blocks.0.img_attn.qkv") and its kohya flattening ("double_blocks_0_img_attn_qkv"),
+// each with the parameters it feeds and their rows.
+class LayoutIndex {
+ public:
+  explicit LayoutIndex(const Network& n) : names_(n.names) {
+    for (const auto& [param, slice] : n.file_layout) {
+      const std::string suffix = ".weight";
+      if (slice.key.size() <= suffix.size() ||
+          slice.key.compare(slice.key.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;  // biases and norms take no LoRA
+      const std::string module = slice.key.substr(0, slice.key.size() - suffix.size());
+      std::string flat = module;
+      std::replace(flat.begin(), flat.end(), '.', '_');
+      by_module_[module].push_back({param, slice});
+      by_flat_[flat].push_back({param, slice});
+    }
+  }
+  // The parameters a pair named in the file layout patches, with their rows; empty if none.
+  std::vector<std::pair<std::string, io::WeightSlice>> targets(const io::lora::PairKeys& pk) const {
+    const auto& table = pk.kohya ? by_flat_ : by_module_;
+    std::vector<std::string> prefixes = pk.kohya ? names_.kohya_prefixes : names_.peft_prefixes;
+    if (!pk.kohya)  // ComfyUI / ai-toolkit write the checkpoint's own prefix
+      prefixes.insert(prefixes.end(), {"diffusion_model.", "model.diffusion_model.", ""});
+    for (const auto& p : prefixes) {
+      if (pk.prefix.compare(0, p.size(), p) != 0) continue;
+      const auto it = table.find(pk.prefix.substr(p.size()));
+      if (it != table.end()) return it->second;
+    }
+    return {};
+  }
+
+ private:
+  io::lora::NetworkNames names_;
+  std::map<std::string, std::vector<std::pair<std::string, io::WeightSlice>>> by_module_, by_flat_;
 };
 
 // Parameter names and shapes of every network, with the name index of each.
@@ -37,9 +79,11 @@ class Targets {
         shapes[p.key()] = p.value().sizes().vec();
       }
       index_.emplace_back(n.names, names);
+      layouts_.emplace_back(n);
       shapes_.push_back(std::move(shapes));
     }
   }
+  const LayoutIndex& layout(size_t i) const { return layouts_[i]; }
   size_t size() const { return index_.size(); }
   const io::lora::ModuleIndex& index(size_t i) const { return index_[i]; }
   const std::vector<int64_t>& shape(size_t i, const std::string& p) const {
@@ -48,6 +92,7 @@ class Targets {
 
  private:
   std::vector<io::lora::ModuleIndex> index_;
+  std::vector<LayoutIndex> layouts_;
   std::vector<std::map<std::string, std::vector<int64_t>>> shapes_;
 };
 
@@ -122,82 +167,93 @@ LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
   out.source = source;
   std::vector<std::string> unmatched;
   for (const auto& pk : file.pairs) {
-    std::optional<Target> target;
+    std::vector<Target> pair_targets;
     bool ambiguous = false;
-    for (size_t i = 0; i < targets.size() && !target; ++i) {
+    for (size_t i = 0; i < targets.size() && pair_targets.empty(); ++i) {
       bool amb = false;
       std::string p = targets.index(i).pair_target(pk, &amb);
       ambiguous |= amb;
-      if (!p.empty()) target = Target{i, p, targets.shape(i, p)};
+      if (!p.empty()) pair_targets.push_back(Target{i, p, targets.shape(i, p)});
     }
-    if (!target) {
+    // Named after the network's other layout: a fused weight's pair patches each part.
+    for (size_t i = 0; i < targets.size() && pair_targets.empty(); ++i)
+      for (const auto& [param, rows] : targets.layout(i).targets(pk))
+        pair_targets.push_back(Target{i, param, targets.shape(i, param), rows});
+    if (pair_targets.empty()) {
       unmatched.push_back(pk.prefix + (ambiguous ? " (ambiguous kohya name)" : ""));
       continue;
     }
     const torch::Tensor& down = tensors.at(pk.down);
-    const torch::Tensor& up = tensors.at(pk.up);
-    if (down.dim() != 2 && down.dim() != 4)
-      check.fail("'" + pk.down + "' has shape " + shape_str(down.sizes()) +
-                 ", expected [rank, in] or [rank, in, kh, kw]");
-    if (!(up.dim() == 2 || (up.dim() == 4 && up.size(2) == 1 && up.size(3) == 1)))
-      check.fail("'" + pk.up + "' has shape " + shape_str(up.sizes()) +
-                 ", expected [out, rank] or [out, rank, 1, 1]");
-    check.floating(pk.down, down);
-    check.floating(pk.up, up);
-    if (down.size(0) == 0)
-      check.fail("'" + pk.down + "' has rank 0 (shape " + shape_str(down.sizes()) + ")");
-    if (up.size(1) != down.size(0))
-      check.fail("rank mismatch: '" + pk.down + "' has rank " + std::to_string(down.size(0)) +
-                 " (shape " + shape_str(down.sizes()) + ") but '" + pk.up + "' has rank " +
-                 std::to_string(up.size(1)) + " (shape " + shape_str(up.sizes()) + ")");
-    if (!fits(up, down, target->shape)) {
-      std::vector<int64_t> delta{up.size(0), down.size(1)};
-      if (down.dim() == 4) delta.insert(delta.end(), {down.size(2), down.size(3)});
-      check.fail("'" + pk.prefix + "' gives an update of shape " + shape_str(delta) + " (up " +
-                 shape_str(up.sizes()) + ", down " + shape_str(down.sizes()) +
-                 ") that fits no target: its module " + networks[target->network].names.name + "." +
-                 target->param + " has shape " + shape_str(target->shape));
-    }
-    check.finite(pk.down, down);
-    check.finite(pk.up, up);
-    check.once(pk.prefix, networks[target->network].names.name + "." + target->param);
+    const torch::Tensor& whole_up = tensors.at(pk.up);
+    for (const auto& target_part : pair_targets) {
+      const Target* target = &target_part;
+      const torch::Tensor up =
+          target->rows.key.empty()
+              ? whole_up
+              : io::take_slice(whole_up, target->rows, source + ": LoRA '" + pk.up + "'");
+      if (down.dim() != 2 && down.dim() != 4)
+        check.fail("'" + pk.down + "' has shape " + shape_str(down.sizes()) +
+                   ", expected [rank, in] or [rank, in, kh, kw]");
+      if (!(up.dim() == 2 || (up.dim() == 4 && up.size(2) == 1 && up.size(3) == 1)))
+        check.fail("'" + pk.up + "' has shape " + shape_str(up.sizes()) +
+                   ", expected [out, rank] or [out, rank, 1, 1]");
+      check.floating(pk.down, down);
+      check.floating(pk.up, up);
+      if (down.size(0) == 0)
+        check.fail("'" + pk.down + "' has rank 0 (shape " + shape_str(down.sizes()) + ")");
+      if (up.size(1) != down.size(0))
+        check.fail("rank mismatch: '" + pk.down + "' has rank " + std::to_string(down.size(0)) +
+                   " (shape " + shape_str(down.sizes()) + ") but '" + pk.up + "' has rank " +
+                   std::to_string(up.size(1)) + " (shape " + shape_str(up.sizes()) + ")");
+      if (!fits(up, down, target->shape)) {
+        std::vector<int64_t> delta{up.size(0), down.size(1)};
+        if (down.dim() == 4) delta.insert(delta.end(), {down.size(2), down.size(3)});
+        check.fail("'" + pk.prefix + "' gives an update of shape " + shape_str(delta) + " (up " +
+                   shape_str(up.sizes()) + ", down " + shape_str(down.sizes()) +
+                   ") that fits no target: its module " + networks[target->network].names.name +
+                   "." + target->param + " has shape " + shape_str(target->shape));
+      }
+      check.finite(pk.down, down);
+      check.finite(pk.up, up);
+      check.once(pk.prefix, networks[target->network].names.name + "." + target->param);
 
-    const double rank = static_cast<double>(down.size(0));
-    double alpha = rank;
-    std::string alpha_from = "the rank (no alpha given)";
-    if (!pk.alpha.empty()) {
-      const torch::Tensor& a = tensors.at(pk.alpha);
-      if (a.numel() != 1) check.fail("alpha '" + pk.alpha + "' is not a scalar");
-      check.finite(pk.alpha, a);
-      alpha = a.to(torch::kFloat64).item<double>();
-      alpha_from = "tensor '" + pk.alpha + "'";
-    } else if (options.alpha) {
-      alpha = *options.alpha * rank / options.rank.value_or(rank);
-      alpha_from = "--lora-alpha";
-    } else if (meta_alpha) {
-      alpha = *meta_alpha * rank / meta_rank.value_or(rank);
-      alpha_from = "the file's lora_alpha metadata";
+      const double rank = static_cast<double>(down.size(0));
+      double alpha = rank;
+      std::string alpha_from = "the rank (no alpha given)";
+      if (!pk.alpha.empty()) {
+        const torch::Tensor& a = tensors.at(pk.alpha);
+        if (a.numel() != 1) check.fail("alpha '" + pk.alpha + "' is not a scalar");
+        check.finite(pk.alpha, a);
+        alpha = a.to(torch::kFloat64).item<double>();
+        alpha_from = "tensor '" + pk.alpha + "'";
+      } else if (options.alpha) {
+        alpha = *options.alpha * rank / options.rank.value_or(rank);
+        alpha_from = "--lora-alpha";
+      } else if (meta_alpha) {
+        alpha = *meta_alpha * rank / meta_rank.value_or(rank);
+        alpha_from = "the file's lora_alpha metadata";
+      }
+      // alpha / rank scales the update (trained adapters: about 0.5-16). Far outside that the
+      // patched weights overflow into Inf/NaN and the run would end in a NaN stage error that
+      // names neither the adapter nor its alpha.
+      constexpr double kMaxFactor = 1000.0;
+      if (!(std::abs(alpha / rank) <= kMaxFactor)) {
+        std::ostringstream msg;
+        msg << "'" << pk.prefix << "': alpha " << alpha << " (from " << alpha_from << ") over rank "
+            << rank << " scales the update by " << alpha / rank << ", outside [-" << kMaxFactor
+            << ", " << kMaxFactor << "]";
+        check.fail(msg.str());
+      }
+      LoraPair pair;
+      pair.key = pk.prefix;
+      pair.network = target->network;
+      pair.param = target->param;
+      pair.up = up.to(torch::kFloat32).reshape({up.size(0), up.size(1)}).contiguous();
+      pair.down = down.to(torch::kFloat32).reshape({down.size(0), -1}).contiguous();
+      pair.factor = alpha / rank;
+      out.pairs.push_back(std::move(pair));
+      out.touched[networks[target->network].names.name]++;
     }
-    // alpha / rank scales the update (trained adapters: about 0.5-16). Far outside that the
-    // patched weights overflow into Inf/NaN and the run would end in a NaN stage error that
-    // names neither the adapter nor its alpha.
-    constexpr double kMaxFactor = 1000.0;
-    if (!(std::abs(alpha / rank) <= kMaxFactor)) {
-      std::ostringstream msg;
-      msg << "'" << pk.prefix << "': alpha " << alpha << " (from " << alpha_from << ") over rank "
-          << rank << " scales the update by " << alpha / rank << ", outside [-" << kMaxFactor
-          << ", " << kMaxFactor << "]";
-      check.fail(msg.str());
-    }
-    LoraPair pair;
-    pair.key = pk.prefix;
-    pair.network = target->network;
-    pair.param = target->param;
-    pair.up = up.to(torch::kFloat32).reshape({up.size(0), up.size(1)}).contiguous();
-    pair.down = down.to(torch::kFloat32).reshape({down.size(0), -1}).contiguous();
-    pair.factor = alpha / rank;
-    out.pairs.push_back(std::move(pair));
-    out.touched[networks[target->network].names.name]++;
   }
   for (const auto& key : file.full) {
     std::optional<Target> target;

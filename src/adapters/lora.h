@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/lora_key_map.h"
+#include "io/weight_layout.h"
 
 namespace diffuse::adapters {
 
@@ -20,6 +21,10 @@ namespace diffuse::adapters {
 struct Network {
   io::lora::NetworkNames names;
   torch::nn::Module* module = nullptr;  // not owned; must outlive what was built from it
+  // Another naming of the module's weights that LoRA files may use (BFL's FLUX names, without
+  // a checkpoint prefix): a pair on such a file's module, fused ones included, patches the rows
+  // each parameter takes of it. Empty: the module's own names only.
+  io::WeightLayout file_layout;
 };
 
 struct LoraOptions {

@@ -30,7 +30,7 @@ struct Entry {
   bool norm = false;  // an RMSNorm: BFL's ".scale" is diffusers' ".weight", no bias
 };
 
-void add(WeightLayout& layout, const std::string& prefix, const Entry& e) {
+void add(io::WeightLayout& layout, const std::string& prefix, const Entry& e) {
   if (e.norm) {
     layout[e.module + ".weight"] = {prefix + e.bfl + ".scale", e.row_begin, e.rows, e.swap_halves};
     return;
@@ -48,12 +48,12 @@ bool is_bfl_flux_layout(const std::vector<std::string>& file_keys) {
   });
 }
 
-WeightLayout flux_bfl_layout(const std::vector<std::string>& file_keys,
-                             const FluxTransformerConfig& c) {
+io::WeightLayout flux_bfl_layout(const std::vector<std::string>& file_keys,
+                                 const FluxTransformerConfig& c) {
   const std::string p = file_prefix(file_keys);
   const int64_t inner = c.inner_dim();
   const auto mlp = static_cast<int64_t>(static_cast<double>(inner) * c.block_options().mlp_ratio);
-  WeightLayout layout;
+  io::WeightLayout layout;
   const std::vector<Entry> top = {
       {"x_embedder", "img_in"},
       {"context_embedder", "txt_in"},
@@ -123,7 +123,7 @@ WeightLayout flux_bfl_layout(const std::vector<std::string>& file_keys,
 }
 
 WeightLayoutFor flux_weight_layout_for(const FluxTransformerConfig& config) {
-  return [config](const std::vector<std::string>& keys) -> std::optional<WeightLayout> {
+  return [config](const std::vector<std::string>& keys) -> std::optional<io::WeightLayout> {
     if (!is_bfl_flux_layout(keys)) return std::nullopt;
     return flux_bfl_layout(keys, config);
   };

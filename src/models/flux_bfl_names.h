@@ -22,8 +22,8 @@ bool is_bfl_flux_layout(const std::vector<std::string>& file_keys);
 // Every parameter of the diffusers model `config` describes, and where it is in a BFL-named
 // file with these keys (the prefix the file uses is kept in the slices' keys). Tensors of the
 // file no parameter reads are left to the loader, which names them as unexpected.
-WeightLayout flux_bfl_layout(const std::vector<std::string>& file_keys,
-                             const FluxTransformerConfig& config);
+io::WeightLayout flux_bfl_layout(const std::vector<std::string>& file_keys,
+                                 const FluxTransformerConfig& config);
 
 // For load_component_weights_to: the BFL layout when the file uses it, else none (diffusers names).
 WeightLayoutFor flux_weight_layout_for(const FluxTransformerConfig& config);

@@ -20,22 +20,6 @@ io::JsonConfig component_config(const io::ModelFolder& folder, const std::string
   return cfg;
 }
 
-torch::Tensor take_slice(const torch::Tensor& stored, const WeightSlice& slice,
-                         const std::string& source) {
-  const int64_t total = stored.dim() > 0 ? stored.size(0) : 0;
-  const int64_t rows = slice.rows < 0 ? total - slice.row_begin : slice.rows;
-  if (stored.dim() == 0 || slice.row_begin < 0 || rows <= 0 || slice.row_begin + rows > total)
-    throw FormatError(source + ": tensor '" + slice.key + "' of shape " + c10::str(stored.sizes()) +
-                      " has no rows [" + std::to_string(slice.row_begin) + ", " +
-                      std::to_string(slice.row_begin + rows) + ") (does the config match it?)");
-  auto t = stored.narrow(0, slice.row_begin, rows);
-  if (!slice.swap_halves) return t;
-  if (rows % 2 != 0)
-    throw FormatError(source + ": tensor '" + slice.key + "' has an odd row count " +
-                      std::to_string(rows) + "; expected two halves");
-  return torch::cat({t.narrow(0, rows / 2, rows / 2), t.narrow(0, 0, rows / 2)});
-}
-
 namespace {
 
 void refuse_unexpected(const nn::LoadReport& report, const std::string& source) {
@@ -104,8 +88,9 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
   }
   const auto layout = layout_for ? layout_for(file_keys) : std::nullopt;
   // Where a parameter's values are in the file: under its own name, or through the layout.
-  auto slice_of = [&](const std::string& key) -> std::optional<WeightSlice> {
-    if (!layout) return has(key) ? std::optional<WeightSlice>(WeightSlice{key}) : std::nullopt;
+  auto slice_of = [&](const std::string& key) -> std::optional<io::WeightSlice> {
+    if (!layout)
+      return has(key) ? std::optional<io::WeightSlice>(io::WeightSlice{key}) : std::nullopt;
     const auto it = layout->find(key);
     if (it == layout->end() || !has(it->second.key)) return std::nullopt;
     return it->second;
@@ -139,7 +124,7 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
         auto bytes = torch::from_blob(const_cast<uint8_t*>(gguf->data(file_key)),
                                       {file_rows, static_cast<int64_t>(info.bytes) / file_rows},
                                       torch::kByte);
-        bytes = take_slice(bytes, *slice, source);
+        bytes = io::take_slice(bytes, *slice, source);
         if (bytes.size(0) != rows) check_shape({bytes.size(0), cols});
         bytes = bytes.reshape({-1});
         bytes = bytes.to(device, /*non_blocking=*/false, /*copy=*/true);
@@ -149,7 +134,7 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
     }
     if (!q && type && quant::can_keep_quantized(*type, cols)) {
       const auto values =
-          take_slice(gguf ? gguf->get(file_key) : mapped.at(file_key), *slice, source);
+          io::take_slice(gguf ? gguf->get(file_key) : mapped.at(file_key), *slice, source);
       check_shape(values.sizes());
       if (!torch::isfinite(values).all().item<bool>())
         throw FormatError(source + ": tensor '" + key + "' has non-finite values (NaN/Inf)");
@@ -175,7 +160,7 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
     for (const auto& [name, slice] : *layout) {
       read.insert(slice.key);
       if (!kept.count(name) && has(slice.key))
-        rest.emplace(name, take_slice(get(slice.key), slice, source));
+        rest.emplace(name, io::take_slice(get(slice.key), slice, source));
     }
     for (const auto& name : file_keys)
       if (!read.count(name)) rest.emplace(name, get(name));  // named as unexpected below

@@ -11,31 +11,15 @@
 
 #include "io/json_config.h"
 #include "io/model_folder.h"
+#include "io/weight_layout.h"
 #include "nn/layers.h"
 
 namespace diffuse::models {
 
-// Where one of the module's parameters sits in a weights file written in another key layout
-// (a mapping table such as BFL's FLUX names, models/flux_bfl_names.h): the file's tensor, a
-// range of its rows (fused projections split on load), and whether its two row halves are in
-// the other order.
-struct WeightSlice {
-  std::string key;        // the tensor in the file
-  int64_t row_begin = 0;  // rows [row_begin, row_begin + rows) of dimension 0
-  int64_t rows = -1;      // -1: every row
-  bool swap_halves = false;
-};
-// The module's parameter name -> its slice of the file.
-using WeightLayout = std::map<std::string, WeightSlice>;
-// Given the file's tensor names, the layout to read it with, or nullopt for the module's own
-// names.
+// Given the file's tensor names, the layout to read it with (io/weight_layout.h), or nullopt
+// for the module's own names.
 using WeightLayoutFor =
-    std::function<std::optional<WeightLayout>(const std::vector<std::string>& file_keys)>;
-
-// `stored` (the file's tensor, or its ggml blocks as [rows, row_bytes]) cut down to `slice`;
-// FormatError naming `source` and the tensor when the rows are not there or do not halve.
-torch::Tensor take_slice(const torch::Tensor& stored, const WeightSlice& slice,
-                         const std::string& source);
+    std::function<std::optional<io::WeightLayout>(const std::vector<std::string>& file_keys)>;
 
 // `<component>/config.json`; ConfigError if its _class_name is present and not `expected_class`.
 io::JsonConfig component_config(const io::ModelFolder& folder, const std::string& component,

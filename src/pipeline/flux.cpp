@@ -14,6 +14,7 @@
 #include "device/memory.h"
 #include "diffuse/errors.h"
 #include "io/pillow_resample.h"
+#include "models/flux_bfl_names.h"
 #include "models/load_component.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/flow_decode.h"
@@ -117,9 +118,12 @@ std::string FluxPipeline::add_lora(const std::string& path, double scale,
     throw InvalidArgument(
         "a LoRA merges into the transformer's plain weights, which quantized "
         "weights (--weights, or a GGUF transformer) give up");
-  if (!lora_)
-    lora_ = std::make_unique<adapters::LoraMerger>(
-        std::vector<adapters::Network>{{io::lora::transformer_names(), transformer().get()}});
+  if (!lora_) {
+    // Files name the transformer in diffusers' names or in BFL's (kohya's FLUX LoRAs).
+    adapters::Network net{io::lora::transformer_names(), transformer().get()};
+    net.file_layout = models::flux_bfl_layout({}, transformer()->config());
+    lora_ = std::make_unique<adapters::LoraMerger>(std::vector<adapters::Network>{std::move(net)});
+  }
   const int id = lora_->add(path, scale, options);
   return adapters::describe(lora_->adapter(id), path, scale);
 }
