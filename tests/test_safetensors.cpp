@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include "diffuse/errors.h"
@@ -113,6 +115,54 @@ TEST(Safetensors, MisalignedDataIsCopied) {
   EXPECT_EQ(f->get("a").item<uint8_t>(), 7);
 }
 
+// fp8 tensors (ComfyUI's checkpoints) read as bf16 holding each value exactly: every byte of both
+// formats against its definition (sign, exponent with bias 7 / 15, mantissa; subnormals; e4m3fn's
+// single NaN pattern and no infinities; e5m2's IEEE specials).
+TEST(Safetensors, Fp8TensorsWidenExactlyToBf16) {
+  test::TempDir dir;
+  std::string data;
+  for (int b = 0; b < 256; ++b) data += static_cast<char>(b);
+  data += data;
+  const std::string header =
+      R"({"e4m3":{"dtype":"F8_E4M3","shape":[16,16],"data_offsets":[0,256]},)"
+      R"("e5m2":{"dtype":"F8_E5M2","shape":[256],"data_offsets":[256,512]}})";
+  write_raw(dir.file("fp8.safetensors"), with_header(header, data));
+  auto f = io::SafetensorsFile::open(dir.file("fp8.safetensors"));
+  const auto e4m3 = f->get("e4m3"), e5m2 = f->get("e5m2");
+  ASSERT_EQ(e4m3.scalar_type(), torch::kBFloat16);
+  ASSERT_EQ(e4m3.sizes(), (std::vector<int64_t>{16, 16}));
+  const auto a = e4m3.reshape({-1}).to(torch::kFloat64), b = e5m2.to(torch::kFloat64);
+  for (int byte = 0; byte < 256; ++byte) {
+    const int sign = byte & 0x80 ? -1 : 1;
+    {
+      const int e = (byte >> 3) & 15, m = byte & 7;
+      const double v = a[byte].item<double>();
+      if (e == 15 && m == 7) {
+        EXPECT_TRUE(std::isnan(v)) << byte;
+      } else {
+        const double want = e == 0 ? sign * m / 8.0 * std::ldexp(1.0, -6)
+                                   : sign * (1 + m / 8.0) * std::ldexp(1.0, e - 7);
+        EXPECT_EQ(v, want) << "e4m3 byte " << byte;
+      }
+    }
+    {
+      const int e = (byte >> 2) & 31, m = byte & 3;
+      const double v = b[byte].item<double>();
+      if (e == 31 && m != 0) {
+        EXPECT_TRUE(std::isnan(v)) << byte;
+      } else if (e == 31) {
+        EXPECT_EQ(v, sign * std::numeric_limits<double>::infinity()) << byte;
+      } else {
+        const double want = e == 0 ? sign * m / 4.0 * std::ldexp(1.0, -14)
+                                   : sign * (1 + m / 4.0) * std::ldexp(1.0, e - 15);
+        EXPECT_EQ(v, want) << "e5m2 byte " << byte;
+      }
+    }
+  }
+  EXPECT_EQ(a[0x7e].item<double>(), 448.0);  // e4m3fn's largest
+  EXPECT_EQ(b[0x7b].item<double>(), 57344.0);
+}
+
 TEST(Safetensors, RejectsBadFilesWithClearErrors) {
   test::TempDir dir;
   auto p = dir.file("bad.safetensors");
@@ -126,8 +176,8 @@ TEST(Safetensors, RejectsBadFilesWithClearErrors) {
   expect_format_error(p, "not valid JSON");
   write_raw(p, with_header("[1,2]", ""));
   expect_format_error(p, "not a JSON object");
-  write_raw(p, with_header(R"({"x":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", "a"));
-  expect_format_error(p, "unknown dtype 'F8_E4M3'");
+  write_raw(p, with_header(R"({"x":{"dtype":"F4","shape":[1],"data_offsets":[0,1]}})", "a"));
+  expect_format_error(p, "unknown dtype 'F4'");
   write_raw(p, with_header(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "abcd"));
   expect_format_error(p, "beyond the data section");
   write_raw(p,

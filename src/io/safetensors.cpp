@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <torch/torch.h>
+#include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -24,17 +26,57 @@ namespace {
 // Larger headers are certainly corrupt; the reference implementation uses the same bound.
 constexpr uint64_t kMaxHeaderSize = 100u * 1024 * 1024;
 
+enum class Fp8 { none, e4m3fn, e5m2 };
+
 struct DtypeEntry {
   const char* name;
-  torch::Dtype dtype;
-  size_t size;
+  torch::Dtype dtype;  // what get() returns
+  size_t size;         // bytes per element in the file
+  Fp8 fp8 = Fp8::none;
 };
+// LibTorch 1.13 has no float8 types: fp8 tensors (ComfyUI's FLUX/SD3 checkpoints) are widened to
+// bf16 on read, which holds every e4m3fn and e5m2 value exactly.
 const DtypeEntry kDtypes[] = {
-    {"F64", torch::kFloat64, 8},   {"F32", torch::kFloat32, 4}, {"F16", torch::kFloat16, 2},
-    {"BF16", torch::kBFloat16, 2}, {"I64", torch::kInt64, 8},   {"I32", torch::kInt32, 4},
-    {"I16", torch::kInt16, 2},     {"I8", torch::kInt8, 1},     {"U8", torch::kUInt8, 1},
+    {"F64", torch::kFloat64, 8},
+    {"F32", torch::kFloat32, 4},
+    {"F16", torch::kFloat16, 2},
+    {"BF16", torch::kBFloat16, 2},
+    {"I64", torch::kInt64, 8},
+    {"I32", torch::kInt32, 4},
+    {"I16", torch::kInt16, 2},
+    {"I8", torch::kInt8, 1},
+    {"U8", torch::kUInt8, 1},
     {"BOOL", torch::kBool, 1},
+    {"F8_E4M3", torch::kBFloat16, 1, Fp8::e4m3fn},
+    {"F8_E5M2", torch::kBFloat16, 1, Fp8::e5m2},
 };
+
+// The value of every fp8 byte as bf16 bits (exact): e4m3fn has bias 7, no infinities and NaN at
+// S.1111.111; e5m2 has bias 15 and IEEE infinities and NaNs.
+const std::array<uint16_t, 256>& fp8_to_bf16(Fp8 kind) {
+  static const auto make = [](Fp8 k) {
+    std::array<uint16_t, 256> t{};
+    const int mbits = k == Fp8::e4m3fn ? 3 : 2, bias = k == Fp8::e4m3fn ? 7 : 15;
+    const int emax = k == Fp8::e4m3fn ? 15 : 31;
+    for (int b = 0; b < 256; ++b) {
+      const int sign = b >> 7, e = (b >> mbits) & emax, m = b & ((1 << mbits) - 1);
+      float v;
+      if (k == Fp8::e4m3fn && e == 15 && m == 7)
+        v = std::numeric_limits<float>::quiet_NaN();
+      else if (k == Fp8::e5m2 && e == 31)
+        v = m == 0 ? std::numeric_limits<float>::infinity()
+                   : std::numeric_limits<float>::quiet_NaN();
+      else if (e == 0)
+        v = std::ldexp(static_cast<float>(m), 1 - bias - mbits);
+      else
+        v = std::ldexp(1.0f + static_cast<float>(m) / static_cast<float>(1 << mbits), e - bias);
+      t[b] = c10::BFloat16(sign ? -v : v).x;
+    }
+    return t;
+  };
+  static const auto e4m3 = make(Fp8::e4m3fn), e5m2 = make(Fp8::e5m2);
+  return kind == Fp8::e4m3fn ? e4m3 : e5m2;
+}
 
 const DtypeEntry* find_dtype(const std::string& name) {
   for (const auto& e : kDtypes)
@@ -306,6 +348,13 @@ torch::Tensor SafetensorsFile::get(const std::string& name) const {
   uint8_t* ptr = const_cast<uint8_t*>(data_ + ti.begin);
   uint64_t nbytes = ti.end - ti.begin;
   if (nbytes == 0) return torch::empty(ti.shape, options);
+  if (dt->fp8 != Fp8::none) {
+    const auto& table = fp8_to_bf16(dt->fp8);
+    auto t = torch::empty(ti.shape, options);
+    auto* out = reinterpret_cast<uint16_t*>(t.data_ptr());
+    for (uint64_t i = 0; i < nbytes; ++i) out[i] = table[ptr[i]];
+    return t;
+  }
   if (dt->dtype == torch::kBool) {
     // Any byte other than 0/1 is not a valid bool and is undefined behaviour once read as one.
     for (uint64_t i = 0; i < nbytes; ++i)
