@@ -106,6 +106,7 @@ TEST(Bf16Gemm, NotANumberAndInfinityPropagate) {
 }
 
 TEST(Bf16Gemm, TakesOnlyWhatItCanAndTheLayersAgreeEitherWay) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   torch::NoGradGuard no_grad;
   const auto x = bf16_randn({2, 11, 64}, 6);
   const auto w = bf16_randn({24, 64}, 7, 0.2);

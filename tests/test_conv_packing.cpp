@@ -55,6 +55,7 @@ torch::Tensor plain_output(Net& net, const torch::Tensor& x) {
 }
 
 TEST(ConvPacking, PackedConvolutionsGiveThePlainResultBitForBit) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   torch::NoGradGuard no_grad;
   auto net = bf16_net(1);
   const auto x = input({2, 64, 12, 10}, 2);  // 3x3, a stride-2 3x3 and a 1x1 convolution
@@ -75,6 +76,7 @@ TEST(ConvPacking, PackedConvolutionsGiveThePlainResultBitForBit) {
 }
 
 TEST(ConvPacking, TheCopyFollowsInPlaceWritesAndReplacedWeights) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   torch::NoGradGuard no_grad;
   auto net = bf16_net(3);
   const auto x = input({2, 64, 8, 8}, 4);
@@ -107,6 +109,7 @@ TEST(ConvPacking, TheCopyFollowsInPlaceWritesAndReplacedWeights) {
 }
 
 TEST(ConvPacking, InferenceTensorWritersDropTheCopies) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   // Networks built under InferenceMode hold inference tensors, which count no versions.
   c10::InferenceMode inference;
   auto net = bf16_net(5);
@@ -122,6 +125,7 @@ TEST(ConvPacking, InferenceTensorWritersDropTheCopies) {
 }
 
 TEST(ConvPacking, MergedLoraReachesPackedConvolutions) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   c10::InferenceMode inference;
   auto net = bf16_net(7);
   const auto x = input({1, 64, 8, 8}, 8);
@@ -179,6 +183,7 @@ TEST(ConvPacking, ThePackedCopyReplacesThePlainWeight) {
 }
 
 TEST(ConvPacking, NoCopyWhereItDoesNotApply) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   auto net = bf16_net(9);
   nn::set_weight_packing(*net, true);
   {

@@ -170,6 +170,7 @@ TEST(FusedOps, GroupNormOverwritingItsInputGivesTheSameResult) {
 }
 
 TEST(ResnetBlock2D, ReusesOnlyAMovedInInputAndComputesTheSame) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   torch::NoGradGuard no_grad;
   for (auto dtype : {torch::kBFloat16, torch::kFloat32}) {
     for (int64_t out : {32, 64}) {  // with and without conv_shortcut
@@ -266,6 +267,7 @@ TEST(FusedOps, GegluMatchesChunkGelu) {
 // rounding of the exact sum, for plain, bias-free and low-rank-updated layers; other dtypes
 // and shapes take LibTorch's ops and give exactly forward(x) + residual.
 TEST(FusedOps, LinearForwardAddMatchesForwardPlusResidual) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   torch::NoGradGuard no_grad;
   for (bool bias : {true, false}) {
     nn::Linear lin(torch::nn::LinearOptions(48, 40).bias(bias));
@@ -299,6 +301,7 @@ TEST(FusedOps, LinearForwardAddMatchesForwardPlusResidual) {
 }
 
 TEST(Layers, SkipInitGuardBuildsTheSameParametersUninitialised) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   auto build = [] {
     return std::vector<torch::nn::AnyModule>{
         torch::nn::AnyModule(nn::make_linear(torch::nn::LinearOptions(6, 5).bias(false))),

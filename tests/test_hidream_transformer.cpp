@@ -187,6 +187,7 @@ TEST(HiDreamTransformer, FlashAttentionMatchesMathOnPaddedAndE1Inputs) {
 }
 
 TEST(HiDreamTransformer, Bf16StaysCloseToFloat32) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   auto m = tiny_model();
   auto in = tiny_inputs(2, 4, 6);
   auto ref = run(m, in);

@@ -246,6 +246,7 @@ TEST(UNetModel, ConvProjectionVariantBuildsAndRuns) {
 }
 
 TEST(UNetModel, UpcastAttentionInBFloat16StaysCloseToFloat32) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   auto j = tiny_config();
   j["upcast_attention"] = true;
   j["use_linear_projection"] = true;

@@ -139,6 +139,7 @@ TEST(VaeModel, QuantConvsAreOptional) {
 }
 
 TEST(VaeModel, BFloat16StaysCloseToFloat32) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   torch::manual_seed(4);
   AutoencoderKL vae(parse(tiny_config()));
   torch::InferenceMode guard;

@@ -81,6 +81,7 @@ TEST(WeightStreaming, ZeroCopyOnTheCpuGivesTheResidentOutput) {
 }
 
 TEST(WeightStreaming, PerBlockCopiesInAnotherDtypeGiveTheResidentOutput) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   if (!have_set()) GTEST_SKIP() << "no golden set at " << test::hidream_golden_dir();
   const auto folder = golden_folder();
   const torch::Device cpu(torch::kCPU);
@@ -134,6 +135,7 @@ TEST(WeightStreaming, AMergedLoraSurvivesDroppedPages) {
 // that blocks spread over several shards): every tensor is bf16, the folder loads by name,
 // resident or streamed zero-copy, with the same output.
 TEST(WeightStreaming, RandomTransformerWriterMakesALoadableShardedFolder) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();
   test::TempDir dir;
   pipeline::RandomHiDreamOptions o;
   o.config = test::tiny_hidream_config();

@@ -210,7 +210,16 @@ torch::Dtype choose_dtype(const DtypeSupport& s, const std::string& component) {
 torch::Dtype resolve_dtype(const std::string& spec, const torch::Device& device,
                            const std::string& component) {
   if (spec == "fp32" || spec == "float32" || spec == "f32") return torch::kFloat32;
-  if (spec == "bf16" || spec == "bfloat16") return torch::kBFloat16;
+  if (spec == "bf16" || spec == "bfloat16") {
+    // oneDNN has no bf16 convolution below AVX-512 (an AVX2-only CPU): refused here with the
+    // reason, instead of failing in the first convolution with "could not create a primitive
+    // descriptor iterator".
+    if (device.is_cpu() && !probe_dtype(device, torch::kBFloat16))
+      throw InvalidArgument(
+          "dtype bf16 is not supported on this CPU: its math library (oneDNN) has no bf16 "
+          "convolution without AVX-512 (use fp32 or auto)");
+    return torch::kBFloat16;
+  }
   if (spec == "fp16" || spec == "float16" || spec == "f16" || spec == "half") {
     if (device.is_cpu())
       throw InvalidArgument("dtype fp16 is not supported on cpu (use bf16 or fp32)");

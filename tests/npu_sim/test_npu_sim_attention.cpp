@@ -12,6 +12,7 @@
 #include "nn/random_init.h"
 #include "nn/transformer_2d.h"
 #include "npu_sim/sim_fixture.h"
+#include "test_util.h"
 
 namespace diffuse {
 namespace test_npu_sim_attention {
@@ -99,6 +100,7 @@ TEST_F(SimulatedNpuTest, AutoBackendUsesTheFusedKernelOnTheNpuOnly) {
 }
 
 TEST_F(SimulatedNpuTest, PromptFlashAttentionWhereFusionIsMissing) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();  // the simulated device runs the CPU's kernels
   // A 310P-like device: prompt flash attention in fp16 only.
   auto caps = device::sim::SimulatedNpuOptions::default_capabilities();
   caps.fusion_attention = false;

@@ -11,6 +11,7 @@
 #include "device/npu_backend.h"
 #include "diffuse/errors.h"
 #include "npu_sim/sim_fixture.h"
+#include "test_util.h"
 
 namespace diffuse {
 namespace test_npu_sim_device {
@@ -196,6 +197,7 @@ TEST_F(SimulatedNpuTest, PipelineBenchReportsDeviceMemoryPerStage) {
 }
 
 TEST_F(SimulatedNpuTest, DtypePolicyProbesTheDevice) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();  // the simulated device runs the CPU's kernels
   auto d = npu(0);
   auto support = device::dtype_support(d);
   EXPECT_FALSE(support.is_cpu);

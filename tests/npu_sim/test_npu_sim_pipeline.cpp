@@ -149,6 +149,7 @@ TEST_F(SimulatedNpuTest, ComponentsPlacedOnDifferentDevices) {
 }
 
 TEST_F(SimulatedNpuTest, DefaultDtypePolicyOnTheNpuRuns) {
+  DIFFUSE_SKIP_WITHOUT_CPU_BF16();  // the simulated device runs the CPU's kernels
   auto set = verify::GoldenSet::load(test::golden_dir());
   LoadOptions lo;
   lo.device = "npu:0";
