@@ -21,6 +21,7 @@
 #include "test_util.h"
 #include "train/scene.h"
 #include "train/scene_scorer.h"
+#include "verify/verify.h"
 
 namespace diffuse {
 namespace test_quantized_weights {
@@ -251,6 +252,34 @@ TEST(QuantizedWeights, HiDreamLoadsAQuantizedGgufTransformerAsBlocks) {
   const auto msg = test::expect_throw<IoError>(
       [&] { io::use_transformer_weights(folder, dir.file("missing.gguf")); });
   EXPECT_NE(msg.find("missing.gguf"), std::string::npos) << msg;
+}
+
+// Issue 39's check: the golden sets' denoiser cases verify after a q8_0 round trip of their
+// linear weights within the stated tolerance (relative RMS error 5 %), every output and
+// captured intermediate compared; and the round trip really moved the outputs (further than
+// the float32 tolerance of 1e-4 somewhere), so the weights were quantized.
+TEST(QuantizedWeights, GoldenDenoiserCasesVerifyAfterAQ8RoundTrip) {
+  verify::VerifyOptions o;
+  o.weights = quant::GgmlType::Q8_0;
+  int sets = 0;
+  for (const auto& dir : {test::golden_dir(), test::hidream_golden_dir(), test::flux_golden_dir(),
+                          test::sdxl_golden_dir()}) {
+    if (!std::filesystem::exists(dir + "/cases.json")) continue;
+    const auto set = verify::GoldenSet::load(dir);
+    const auto results = verify::run_all(set, o);
+    double largest = 0;
+    for (const auto& r : results) {
+      EXPECT_TRUE(verify::quantizable_component(r.component)) << r.name;
+      EXPECT_TRUE(r.passed) << dir << " " << r.name << ": " << r.reason;
+      largest = std::max(largest, r.max_abs_err);
+    }
+    if (results.empty()) continue;
+    ++sets;
+    EXPECT_GT(largest, 1e-4) << dir << ": the outputs did not move; were the weights quantized?";
+  }
+  EXPECT_GT(sets, 0);
+  o.weights = quant::GgmlType::Q4_K;  // no stated tolerance: refused before any case runs
+  EXPECT_THROW(verify::run_all(verify::GoldenSet::load(test::golden_dir()), o), InvalidArgument);
 }
 
 }  // namespace test_quantized_weights

@@ -242,6 +242,39 @@ Comparison compare(const std::string& what, const torch::Tensor& got, const torc
   return c;
 }
 
+Comparison compare_relative_rms(const std::string& what, const torch::Tensor& got,
+                                const torch::Tensor& expected, double max_relative) {
+  Comparison c;
+  if (got.sizes() != expected.sizes()) {
+    c.reason =
+        what + ": shape " + c10::str(got.sizes()) + ", expected " + c10::str(expected.sizes());
+    c.max_abs_err = std::numeric_limits<double>::infinity();
+    return c;
+  }
+  auto g = got.detach().to(torch::kCPU, torch::kFloat64);
+  auto e = expected.detach().to(torch::kCPU, torch::kFloat64);
+  if (!torch::isfinite(g).all().item<bool>()) {
+    c.reason = what + ": result has non-finite values";
+    c.max_abs_err = std::numeric_limits<double>::infinity();
+    return c;
+  }
+  if (g.numel() == 0) {
+    c.passed = true;
+    return c;
+  }
+  c.max_abs_err = (g - e).abs().max().item<double>();
+  const double err = (g - e).norm().item<double>(), ref = e.norm().item<double>();
+  const double relative =
+      ref > 0 ? err / ref : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+  c.passed = relative <= max_relative;
+  std::ostringstream os;
+  os << what << ": relative RMS error " << relative << (c.passed ? " <= " : " > ") << max_relative
+     << " (max abs err " << c.max_abs_err << ")";
+  if (!c.passed) c.reason = os.str();
+  c.note = os.str();
+  return c;
+}
+
 Comparison compare_exact(const std::string& what, const torch::Tensor& got,
                          const torch::Tensor& expected) {
   Comparison c;
@@ -273,6 +306,7 @@ void CaseResult::add(const std::string& what, const Comparison& c) {
   max_abs_err = std::max(max_abs_err, c.max_abs_err);
   std::ostringstream os;
   os << what << ": max_abs_err=" << c.max_abs_err << (c.passed ? " ok" : " FAIL");
+  if (!c.note.empty()) os << " [" << c.note << "]";
   details.push_back(os.str());
   if (!c.passed) {
     passed = false;

@@ -92,12 +92,19 @@ struct Comparison {
   bool passed = false;
   double max_abs_err = 0;
   std::string reason;  // empty when passed
+  std::string note;    // what was measured, for the case's details (compare_relative_rms)
 };
 
 // Element-wise |got - expected| <= atol + rtol * |expected| (after converting both to
 // float64 on the CPU). Shape mismatch or non-finite values fail with a reason.
 Comparison compare(const std::string& what, const torch::Tensor& got, const torch::Tensor& expected,
                    double atol, double rtol);
+// Relative RMS error ||got - expected|| / ||expected|| <= max_relative (float64): how far a
+// quantization round trip may move a network's output, where one value's error says little
+// (an MoE token routed to another expert after a tie moved). Shape mismatch or non-finite
+// values fail with a reason; max_abs_err is reported as well.
+Comparison compare_relative_rms(const std::string& what, const torch::Tensor& got,
+                                const torch::Tensor& expected, double max_relative);
 // Exact comparison for integer tensors (token ids, timesteps).
 Comparison compare_exact(const std::string& what, const torch::Tensor& got,
                          const torch::Tensor& expected);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "diffuse/errors.h"
 #include "verify/runners.h"
 
 namespace diffuse::verify {
@@ -63,14 +64,32 @@ CaseResult run_case(const GoldenSet& set, const GoldenCase& c, const VerifyOptio
   return result;
 }
 
+double quantized_tolerance(quant::GgmlType type) {
+  switch (type) {
+    case quant::GgmlType::Q8_0:
+      return 0.05;
+    case quant::GgmlType::Q4_0:
+      return 0.6;
+    default:
+      throw InvalidArgument(std::string("verify: no stated tolerance for weights in ") +
+                            quant::ggml_type_traits(type).name + " (q8_0 and q4_0 have one)");
+  }
+}
+
+bool quantizable_component(const std::string& component) {
+  return component == "unet" || component == "transformer";
+}
+
 std::vector<CaseResult> run_all(const GoldenSet& set, const VerifyOptions& options) {
   set.check_model_files();
+  if (options.weights) quantized_tolerance(*options.weights);  // refused before any case runs
   std::vector<CaseResult> out;
   for (const auto& c : set.cases) {
     if (!options.components.empty() &&
         std::find(options.components.begin(), options.components.end(), c.component) ==
             options.components.end())
       continue;
+    if (options.weights && !quantizable_component(c.component)) continue;
     out.push_back(run_case(set, c, options));
   }
   return out;

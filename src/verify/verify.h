@@ -2,9 +2,11 @@
 #pragma once
 #include <torch/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "quant/ggml_blocks.h"
 #include "verify/golden.h"
 
 namespace diffuse::verify {
@@ -12,7 +14,21 @@ namespace diffuse::verify {
 struct VerifyOptions {
   torch::Device device = torch::kCPU;
   std::vector<std::string> components;  // empty = all
+  // The denoisers' cases (unet, transformer) run with the linear layers' weights kept in this
+  // ggml type (a quantization round trip of the float32 model), and every output is compared
+  // within quantized_tolerance(type) of the largest magnitude of its expected tensor instead of
+  // the case's tolerance. Cases of other components are not run.
+  std::optional<quant::GgmlType> weights;
 };
+
+// The stated tolerance of a verify run with quantized weights, as the relative RMS error of each
+// compared tensor (compare_relative_rms): q8_0 0.05, q4_0 0.6. Rounding moves each weight by
+// at most half a step of its 32-value block (RMS ~1/440 of the block's largest value for q8_0,
+// ~1/28 for q4_0); through the networks' layers the golden sets measure at most 1.9 % (q8_0)
+// and 42 % (q4_0, an intermediate of the padded HiDream case; outputs up to 21 %).
+double quantized_tolerance(quant::GgmlType type);
+// Components whose cases a quantized verify run covers.
+bool quantizable_component(const std::string& component);
 
 // Runs one case; never throws: errors become a failed result with the message as reason.
 // A component without a runner fails with reason "unsupported component".

@@ -27,14 +27,14 @@ CaseResult verify_flux_transformer(const GoldenSet& set, const GoldenCase& c,
                                    const VerifyOptions& options) {
   const auto [dir, component] = case_component(set, c, "model", "transformer");
   auto model = models::load_flux_transformer(io::ModelFolder::open(dir), options.device,
-                                             torch::kFloat32, component);
+                                             torch::kFloat32, component, options.weights);
   CaseTensors tensors(c);
   models::Intermediates captured;
   const auto guidance = model->config().guidance_embeds ? tensors.get("guidance") : torch::Tensor();
   auto out = model->forward(tensors.get("x"), tensors.get("timestep"), tensors.get("enc"),
                             tensors.get("pooled"), tensors.get("img_ids"), tensors.get("txt_ids"),
                             guidance, {}, &captured);
-  return compare_network_outputs(c, tensors, out, captured);
+  return compare_network_outputs(c, tensors, out, captured, options.weights);
 }
 
 }  // namespace diffuse::verify

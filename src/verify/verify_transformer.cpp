@@ -20,7 +20,8 @@ CaseResult verify_transformer(const GoldenSet& set, const GoldenCase& c,
   if (folder.component_config(component, "config.json").get<std::string>("_class_name", "") ==
       "FluxTransformer2DModel")
     return verify_flux_transformer(set, c, options);
-  auto model = models::load_hidream_transformer(folder, options.device, torch::kFloat32, component);
+  auto model = models::load_hidream_transformer(folder, options.device, torch::kFloat32, component,
+                                                /*stream=*/false, options.weights);
   CaseTensors tensors(c);
   models::HiDreamForwardOptions fwd;
   fwd.max_seq = c.param("max_seq", int64_t{0});
@@ -28,7 +29,7 @@ CaseResult verify_transformer(const GoldenSet& set, const GoldenCase& c,
   auto out = model->forward(tensors.get("x").to(options.device), tensors.get("timesteps"),
                             tensors.get("t5"), tensors.get("llama"), tensors.get("pooled"), fwd,
                             &captured);
-  return compare_network_outputs(c, tensors, out, captured);
+  return compare_network_outputs(c, tensors, out, captured, options.weights);
 }
 
 }  // namespace diffuse::verify

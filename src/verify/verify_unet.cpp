@@ -5,6 +5,7 @@
 
 #include "io/model_folder.h"
 #include "models/unet2d_condition.h"
+#include "nn/layers.h"
 #include "verify/compare_intermediates.h"
 #include "verify/runners.h"
 
@@ -13,6 +14,7 @@ namespace diffuse::verify {
 CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options) {
   auto folder = io::ModelFolder::open(set.model_dir());
   auto unet = models::load_unet(folder, options.device, torch::kFloat32);
+  if (options.weights) nn::quantize_linear_layers(*unet, *options.weights);
   CaseTensors tensors(c);
   auto input = [&](const char* name, const char* other) {
     return tensors.get(tensors.has(name) ? name : other).to(options.device);
@@ -27,7 +29,7 @@ CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOp
       unet->forward(sample, tensors.get("timestep"), ehs, &captured,
                     added.text_embeds.defined() || added.time_ids.defined() ? &added : nullptr);
 
-  return compare_network_outputs(c, tensors, out, captured);
+  return compare_network_outputs(c, tensors, out, captured, options.weights);
 }
 
 }  // namespace diffuse::verify
