@@ -10,6 +10,7 @@
 #include "nn/attention.h"
 #include "nn/attention/backends.h"
 #include "nn/attention/flash.h"
+#include "cpu_bf16.h"
 
 using namespace diffuse;
 using nn::AttentionBackend;

@@ -30,6 +30,7 @@
 #include "nn/random_init.h"
 #include "nn/winograd_conv.h"
 #include "pipeline/step_work.h"
+#include "cpu_bf16.h"
 #include "test_util.h"
 #include "verify/golden.h"
 

@@ -10,6 +10,7 @@
 
 #include "nn/cpu_bf16_linear.h"
 #include "nn/layers.h"
+#include "cpu_bf16.h"
 
 using namespace diffuse;
 

@@ -9,6 +9,7 @@
 #include "device/cpu_info.h"
 #include "io/lora_key_map.h"
 #include "nn/layers.h"
+#include "cpu_bf16.h"
 
 using namespace diffuse;
 

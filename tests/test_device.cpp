@@ -11,6 +11,7 @@
 #include "device/memory.h"
 #include "device/npu_backend.h"
 #include "diffuse/errors.h"
+#include "cpu_bf16.h"
 #include "test_util.h"
 
 namespace diffuse {

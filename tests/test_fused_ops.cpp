@@ -8,6 +8,7 @@
 #include "nn/kernels/cpu_features.h"
 #include "nn/layers.h"
 #include "nn/resnet.h"
+#include "cpu_bf16.h"
 
 using namespace diffuse;
 

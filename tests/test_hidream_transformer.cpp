@@ -20,6 +20,7 @@
 #include "nn/moe_feed_forward.h"
 #include "nn/rope.h"
 #include "pipeline/hidream.h"
+#include "cpu_bf16.h"
 #include "test_util.h"
 #include "verify/verify.h"
 

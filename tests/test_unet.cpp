@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "models/unet2d_condition.h"
 #include "nn/embeddings.h"
+#include "cpu_bf16.h"
 #include "test_util.h"
 #include "verify/verify.h"
 

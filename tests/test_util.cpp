@@ -8,13 +8,7 @@
 #include <iterator>
 #include <random>
 
-#include "device/device.h"
-
 namespace diffuse::test {
-
-bool cpu_runs_bf16() {
-  return device::probe_dtype(torch::kCPU, torch::kBFloat16);
-}
 namespace test_util {
 // The engine uses every CPU for intra-op threads (device/cpu_threads.h). The test models are
 // tiny: a second thread only adds synchronisation, and on a busy machine each parallel region

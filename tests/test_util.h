@@ -54,14 +54,6 @@ std::string expect_throw(F&& f) {
   return "";
 }
 
-// Whether LibTorch runs bf16 on this CPU: oneDNN has no bf16 convolution or matmul without
-// AVX-512 (an AVX2-only CPU, or scripts/bench_isa.sh avx2), and the engine refuses --dtype bf16
-// there. Tests of bf16 behaviour skip on such CPUs.
-bool cpu_runs_bf16();
-#define DIFFUSE_SKIP_WITHOUT_CPU_BF16()  \
-  if (!::diffuse::test::cpu_runs_bf16()) \
-  GTEST_SKIP() << "LibTorch runs no bf16 on this CPU (oneDNN's bf16 kernels need AVX-512)"
-
 // A whole file's bytes ("" when it cannot be read).
 std::string read_file(const std::string& path);
 

@@ -9,6 +9,7 @@
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
 #include "models/autoencoder_kl.h"
+#include "cpu_bf16.h"
 #include "test_util.h"
 
 namespace diffuse {

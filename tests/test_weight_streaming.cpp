@@ -19,6 +19,7 @@
 #include "models/hidream_transformer.h"
 #include "pipeline/hidream.h"
 #include "pipeline/hidream_random_model.h"
+#include "cpu_bf16.h"
 #include "test_util.h"
 #include "verify/verify.h"
 

@@ -12,6 +12,7 @@
 #include "nn/random_init.h"
 #include "nn/transformer_2d.h"
 #include "npu_sim/sim_fixture.h"
+#include "cpu_bf16.h"
 #include "test_util.h"
 
 namespace diffuse {

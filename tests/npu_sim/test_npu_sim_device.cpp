@@ -11,6 +11,7 @@
 #include "device/npu_backend.h"
 #include "diffuse/errors.h"
 #include "npu_sim/sim_fixture.h"
+#include "cpu_bf16.h"
 #include "test_util.h"
 
 namespace diffuse {

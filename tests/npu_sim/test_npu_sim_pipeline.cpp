@@ -7,6 +7,7 @@
 
 #include "diffuse/pipeline.h"
 #include "npu_sim/sim_fixture.h"
+#include "cpu_bf16.h"
 #include "test_util.h"
 #include "verify/pipeline_replay.h"
 #include "verify/verify.h"
