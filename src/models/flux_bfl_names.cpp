@@ -39,6 +39,20 @@ void add(io::WeightLayout& layout, const std::string& prefix, const Entry& e) {
     layout[e.module + p] = {prefix + e.bfl + p, e.row_begin, e.rows, e.swap_halves};
 }
 
+// `count` blocks: each entry's names under "<diffusers>.<i>." and "<bfl>.<i>.".
+void add_blocks(io::WeightLayout& layout, const std::string& prefix, int64_t count,
+                const std::string& diffusers, const std::string& bfl,
+                const std::vector<Entry>& entries) {
+  for (int64_t i = 0; i < count; ++i) {
+    const std::string n = std::to_string(i) + ".";
+    for (auto e : entries) {
+      e.module = diffusers + n + e.module;
+      e.bfl = bfl + n + e.bfl;
+      add(layout, prefix, e);
+    }
+  }
+}
+
 }  // namespace
 
 bool is_bfl_flux_layout(const std::vector<std::string>& file_keys) {
@@ -90,15 +104,7 @@ io::WeightLayout flux_bfl_layout(const std::vector<std::string>& file_keys,
       {"ff_context.net.0.proj", "txt_mlp.0"},
       {"ff_context.net.2", "txt_mlp.2"},
   };
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string d = "transformer_blocks." + std::to_string(i) + ".";
-    const std::string b = "double_blocks." + std::to_string(i) + ".";
-    for (auto e : double_block) {
-      e.module = d + e.module;
-      e.bfl = b + e.bfl;
-      add(layout, p, e);
-    }
-  }
+  add_blocks(layout, p, c.num_layers, "transformer_blocks.", "double_blocks.", double_block);
   // linear1 holds q, k, v and the MLP's input projection, in that order.
   const std::vector<Entry> single_block = {
       {"norm.linear", "modulation.lin"},
@@ -110,15 +116,8 @@ io::WeightLayout flux_bfl_layout(const std::vector<std::string>& file_keys,
       {"attn.norm_k", "norm.key_norm", 0, -1, false, true},
       {"proj_out", "linear2"},
   };
-  for (int64_t i = 0; i < c.num_single_layers; ++i) {
-    const std::string d = "single_transformer_blocks." + std::to_string(i) + ".";
-    const std::string b = "single_blocks." + std::to_string(i) + ".";
-    for (auto e : single_block) {
-      e.module = d + e.module;
-      e.bfl = b + e.bfl;
-      add(layout, p, e);
-    }
-  }
+  add_blocks(layout, p, c.num_single_layers, "single_transformer_blocks.", "single_blocks.",
+             single_block);
   return layout;
 }
 

@@ -208,26 +208,39 @@ std::vector<std::string> CaseTensors::names_with_prefix(const std::string& prefi
   return out;
 }
 
-Comparison compare(const std::string& what, const torch::Tensor& got, const torch::Tensor& expected,
-                   double atol, double rtol) {
-  Comparison c;
+namespace {
+
+// Both tensors in float64 on the CPU, or false with `c` failed (shapes differ, or the result
+// holds NaN/Inf) or passed (nothing to compare).
+bool float64_pair(const std::string& what, const torch::Tensor& got, const torch::Tensor& expected,
+                  Comparison& c, torch::Tensor& g, torch::Tensor& e) {
   if (got.sizes() != expected.sizes()) {
     c.reason =
         what + ": shape " + c10::str(got.sizes()) + ", expected " + c10::str(expected.sizes());
     c.max_abs_err = std::numeric_limits<double>::infinity();
-    return c;
+    return false;
   }
-  auto g = got.detach().to(torch::kCPU, torch::kFloat64);
-  auto e = expected.detach().to(torch::kCPU, torch::kFloat64);
+  g = got.detach().to(torch::kCPU, torch::kFloat64);
+  e = expected.detach().to(torch::kCPU, torch::kFloat64);
   if (g.numel() == 0) {
     c.passed = true;
-    return c;
+    return false;
   }
   if (!torch::isfinite(g).all().item<bool>()) {
     c.reason = what + ": result has non-finite values";
     c.max_abs_err = std::numeric_limits<double>::infinity();
-    return c;
+    return false;
   }
+  return true;
+}
+
+}  // namespace
+
+Comparison compare(const std::string& what, const torch::Tensor& got, const torch::Tensor& expected,
+                   double atol, double rtol) {
+  Comparison c;
+  torch::Tensor g, e;
+  if (!float64_pair(what, got, expected, c, g, e)) return c;
   auto diff = (g - e).abs();
   c.max_abs_err = diff.max().item<double>();
   auto bad = diff > (atol + rtol * e.abs());
@@ -245,23 +258,8 @@ Comparison compare(const std::string& what, const torch::Tensor& got, const torc
 Comparison compare_relative_rms(const std::string& what, const torch::Tensor& got,
                                 const torch::Tensor& expected, double max_relative) {
   Comparison c;
-  if (got.sizes() != expected.sizes()) {
-    c.reason =
-        what + ": shape " + c10::str(got.sizes()) + ", expected " + c10::str(expected.sizes());
-    c.max_abs_err = std::numeric_limits<double>::infinity();
-    return c;
-  }
-  auto g = got.detach().to(torch::kCPU, torch::kFloat64);
-  auto e = expected.detach().to(torch::kCPU, torch::kFloat64);
-  if (!torch::isfinite(g).all().item<bool>()) {
-    c.reason = what + ": result has non-finite values";
-    c.max_abs_err = std::numeric_limits<double>::infinity();
-    return c;
-  }
-  if (g.numel() == 0) {
-    c.passed = true;
-    return c;
-  }
+  torch::Tensor g, e;
+  if (!float64_pair(what, got, expected, c, g, e)) return c;
   c.max_abs_err = (g - e).abs().max().item<double>();
   const double err = (g - e).norm().item<double>(), ref = e.norm().item<double>();
   const double relative =
