@@ -173,7 +173,7 @@ LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
       bool amb = false;
       std::string p = targets.index(i).pair_target(pk, &amb);
       ambiguous |= amb;
-      if (!p.empty()) pair_targets.push_back(Target{i, p, targets.shape(i, p)});
+      if (!p.empty()) pair_targets.push_back(Target{i, p, targets.shape(i, p), {}});
     }
     // Named after the network's other layout: a fused weight's pair patches each part.
     for (size_t i = 0; i < targets.size() && pair_targets.empty(); ++i)
@@ -259,7 +259,7 @@ LoraAdapter make_lora(const std::map<std::string, torch::Tensor>& tensors,
     std::optional<Target> target;
     for (size_t i = 0; i < targets.size() && !target; ++i) {
       std::string p = targets.index(i).full_target(key);
-      if (!p.empty()) target = Target{i, p, targets.shape(i, p)};
+      if (!p.empty()) target = Target{i, p, targets.shape(i, p), {}};
     }
     if (!target) {
       unmatched.push_back(key);

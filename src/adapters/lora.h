@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/lora_key_map.h"
@@ -19,6 +20,10 @@ namespace diffuse::adapters {
 
 // A network adapters may patch, and how files name it.
 struct Network {
+  Network() = default;
+  Network(io::lora::NetworkNames names, torch::nn::Module* module,
+          io::WeightLayout file_layout = {})
+      : names(std::move(names)), module(module), file_layout(std::move(file_layout)) {}
   io::lora::NetworkNames names;
   torch::nn::Module* module = nullptr;  // not owned; must outlive what was built from it
   // Another naming of the module's weights that LoRA files may use (BFL's FLUX names, without

@@ -7,6 +7,7 @@
 
 #include "bench/bench_util.h"
 #include "device/cpu_info.h"
+#include "device/cpu_threads.h"
 #include "io/json_config.h"
 #include "models/builtin_configs.h"
 #include "models/clip_text_model.h"
@@ -72,6 +73,9 @@ struct PolicyRestore {
 GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
   GemmBenchResult r;
   r.cpu = device::cpu_info().model;
+  // The engine's thread policy (every available CPU unless the user chose), as a generation
+  // runs; LibTorch's own default may be one thread per physical core.
+  device::configure_cpu_threads();
   r.threads = at::get_num_threads();
   PolicyRestore restore;
   nn::set_bf16_gemm_policy(nn::Bf16GemmPolicy::own);

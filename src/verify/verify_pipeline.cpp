@@ -42,7 +42,7 @@ torch::Tensor run_one(const GoldenSet& set, const GoldenCase& c, const VerifyOpt
   PipelineReplay replay = replay_pipeline_case(set, c, model_path, lo);
   const auto& traced = replay.traced;
   if (!replay.all_noise_used)
-    r->add(label + "noise consumed", Comparison{false, 0, "not all supplied noise was used"});
+    r->add(label + "noise consumed", Comparison{false, 0, "not all supplied noise was used", {}});
   compare_traced_tensors(c, t, traced, label, r);
   if (!t.has("image") || !traced.count("image")) return torch::Tensor();
   return traced.at("image");
@@ -101,7 +101,7 @@ void compare_traced_tensors(const GoldenCase& c, const CaseTensors& t,
     }
   }
   if (!t.has("image") || !traced.count("image"))
-    r->add(label + "image", Comparison{false, 0, "no final image to compare"});
+    r->add(label + "image", Comparison{false, 0, "no final image to compare", {}});
 }
 
 PipelineReplay replay_pipeline_case(const GoldenSet& set, const GoldenCase& c,
