@@ -179,7 +179,8 @@ Command add_serve_command(CLI::App& app) {
   app.add_flag("-q,--quiet", f->quiet, "No log output");
   add_load_flags(app, f->load);
   app.add_option("--transformer", f->hidream.transformer,
-                 "HiDream: component folder of the transformer weights")
+                 "HiDream/FLUX: component folder of the transformer weights, or one "
+                 "*.safetensors/*.gguf file of them (FLUX also in BFL's original names)")
       ->capture_default_str();
   app.add_option("--e1-lora", f->hidream.e1_lora,
                  "HiDream-E1-Full: peft LoRA file on the I1 transformer (the server then runs "

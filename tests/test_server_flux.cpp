@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "diffuse/errors.h"
 #include "io/model_folder.h"
 #include "pipeline/flux.h"
 #include "pipeline/stable_diffusion.h"
@@ -115,6 +116,30 @@ TEST(ServerFlux, Txt2ImgServerRunsNegativePromptsAndRefusesEdits) {
           json{{"mode", "edit"}, {"prompt", "x"}, {"init_image", demo_png_base64(32, 32)}}.dump(),
           "application/json"),
       400, "edit");
+}
+
+// `diffuse serve --transformer FILE` on a FLUX folder: the engine loads the transformer from
+// the file (here the folder's own weights given as a file: the same image); --e1-lora is
+// HiDream's only.
+TEST(ServerFlux, TransformerFromAFileAndHiDreamOnlyFlagsRefused) {
+  const auto set = test::flux_golden_dir();
+  if (!have(set)) GTEST_SKIP() << "no FLUX model at " << set;
+  LoadOptions lo;
+  lo.device = "cpu";
+  lo.dtype = "fp32";
+  server::HiDreamEngineOptions from_file;
+  from_file.transformer = set + "/model/transformer/diffusion_pytorch_model.safetensors";
+  auto e = server::load_engine(set + "/model", lo, from_file);
+  EXPECT_EQ(e->info().model, set + "/model");
+  EXPECT_EQ(e->defaults().kinds, std::vector<server::JobKind>{server::JobKind::txt2img});
+  server::HiDreamEngineOptions e1;
+  e1.e1_lora = set + "/model/transformer/diffusion_pytorch_model.safetensors";
+  const auto msg =
+      test::expect_throw<InvalidArgument>([&] { server::load_engine(set + "/model", lo, e1); });
+  EXPECT_NE(msg.find("--e1-lora"), std::string::npos) << msg;
+  server::HiDreamEngineOptions missing;
+  missing.transformer = set + "/nothing.safetensors";
+  EXPECT_THROW(server::load_engine(set + "/model", lo, missing), IoError);
 }
 
 }  // namespace test_server_flux

@@ -56,10 +56,14 @@ std::unique_ptr<Engine> load_engine(const std::string& path, const LoadOptions& 
                                     const HiDreamEngineOptions& hidream) {
   if (pipeline::is_hidream_folder(path))
     return std::make_unique<HiDreamEngine>(path, options, hidream);
-  if (!hidream.e1_lora.empty() || hidream.transformer != HiDreamEngineOptions{}.transformer)
-    throw InvalidArgument("--e1-lora/--transformer: only for HiDream model folders, and '" + path +
+  const bool flux = pipeline::is_flux_folder(path);
+  if (!hidream.e1_lora.empty())
+    throw InvalidArgument("--e1-lora: only for HiDream model folders, and '" + path +
                           "' is not one");
-  if (pipeline::is_flux_folder(path)) return std::make_unique<FluxEngine>(path, options);
+  if (!flux && hidream.transformer != HiDreamEngineOptions{}.transformer)
+    throw InvalidArgument("--transformer: only for HiDream and FLUX model folders, and '" + path +
+                          "' is neither");
+  if (flux) return std::make_unique<FluxEngine>(path, options, hidream.transformer);
   return std::make_unique<SdEngine>(path, options);
 }
 

@@ -35,10 +35,12 @@ class Engine {
   std::string model_path_;
 };
 
-// What only a HiDream model folder takes.
+// What only a DiT model folder takes (all of it HiDream; `transformer` FLUX too).
 struct HiDreamEngineOptions {
-  std::string transformer = "transformer";  // component folder of the transformer
-  std::string e1_lora;                      // HiDream-E1-Full: peft LoRA file on the I1 transformer
+  // The transformer's component folder, or one *.safetensors / *.gguf file of its weights
+  // (io::use_transformer_weights; FLUX also in BFL's original names).
+  std::string transformer = "transformer";
+  std::string e1_lora;  // HiDream-E1-Full: peft LoRA file on the I1 transformer
   std::optional<double> lora_alpha, lora_rank;
 };
 

@@ -15,7 +15,8 @@
 
 namespace diffuse::server {
 
-FluxEngine::FluxEngine(std::string model_path, const LoadOptions& options)
+FluxEngine::FluxEngine(std::string model_path, const LoadOptions& options,
+                       const std::string& transformer)
     : Engine(std::move(model_path)) {
   const auto t0 = std::chrono::steady_clock::now();
   if (options.offload)
@@ -29,8 +30,9 @@ FluxEngine::FluxEngine(std::string model_path, const LoadOptions& options)
   const auto dtype = device::resolve_dtype(options.dtype, device, "transformer");
   nn::set_default_attention_backend(
       nn::attention_backend_from_flag_or_env(options.attention, device));
-  pipe_ = std::make_unique<pipeline::FluxPipeline>(io::ModelFolder::open(this->model_path()),
-                                                   device, dtype);
+  auto folder = io::ModelFolder::open(this->model_path());
+  const auto component = io::use_transformer_weights(folder, transformer);
+  pipe_ = std::make_unique<pipeline::FluxPipeline>(folder, device, dtype, component);
   pipe_->set_weight_type(options.weights);
   for (const auto& l : options.loras) {
     adapters::LoraOptions lo;

@@ -12,7 +12,9 @@ namespace diffuse::server {
 
 class FluxEngine : public Engine {
  public:
-  FluxEngine(std::string model_path, const LoadOptions& options);
+  // `transformer`: the folder's component, or one weights file (io::use_transformer_weights).
+  FluxEngine(std::string model_path, const LoadOptions& options,
+             const std::string& transformer = "transformer");
 
   const PipelineInfo& info() const override { return info_; }
   ModelDefaults defaults() const override;
