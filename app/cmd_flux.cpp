@@ -169,15 +169,9 @@ int run_flux(const DitCliFlags& f, bool edit) {
   params.width = static_cast<int>(r.image.size(2));
   params.height = static_cast<int>(r.image.size(1));
   write_png(f.out, pipeline::to_images(r.image)[0], params.png_chunks());
-  DitRunReport report;
-  report.params = params;
-  report.load_s = load_s;
-  report.loras = lora_lines;
-  report.timings = r.timings;
-  report.cache = cache;
-  report.cache_stats = r.cache;
-  report.quantized = pipe.quantized_layers();
-  return finish_dit_run(f, report, edit || img2img);
+  return finish_dit_run(
+      f, {params, load_s, lora_lines, r.timings, cache, r.cache, pipe.quantized_layers()},
+      edit || img2img);
 }
 
 }  // namespace diffuse::app

@@ -186,15 +186,8 @@ int run_hidream(const DitCliFlags& f, bool edit) {
   params.width = static_cast<int>(r.image.size(2));
   params.height = static_cast<int>(r.image.size(1));
   write_png(f.out, to_image(r.image), params.png_chunks());
-  DitRunReport report;
-  report.params = params;
-  report.load_s = load_s;
-  report.loras = lora_lines;
-  report.timings = r.timings;
-  report.cache = cache;
-  report.cache_stats = r.cache;
-  report.quantized = pipe.quantized_layers();
-  return finish_dit_run(f, report, edit);
+  return finish_dit_run(
+      f, {params, load_s, lora_lines, r.timings, cache, r.cache, pipe.quantized_layers()}, edit);
 }
 
 int finish_dit_run(const DitCliFlags& f, const DitRunReport& report, bool edit) {
