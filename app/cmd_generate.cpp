@@ -59,6 +59,7 @@ struct GenerateFlags {
   std::string latents_file, noise_file;
   std::string prompt_syntax = "a1111";
   std::string lora_dir;
+  std::string transformer;  // HiDream/FLUX: the transformer's folder or file (DitCliFlags)
   LoadFlags load;
   ParallelFlags parallel;
   AccelFlags accel;
@@ -113,6 +114,11 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
       ->check(int_range(1, kMaxBatchCount, "a batch count"));
   app.add_option("-o,--out", f.out, "Output PNG (numbered when several images)")
       ->capture_default_str();
+  app.add_option("--transformer", f.transformer,
+                 "HiDream/FLUX: component folder of the transformer weights, or one "
+                 "*.safetensors/*.gguf file of them (FLUX also in BFL's original names); Stable "
+                 "Diffusion takes --unet FILE")
+      ->check(non_empty());
   app.add_option("--true-cfg-scale", f.true_cfg_scale,
                  "FLUX: above 1 with a negative prompt, a second transformer pass per step on it");
   app.add_option("--max-sequence-length", f.max_sequence_length,
@@ -183,6 +189,9 @@ void check_hidream_generate_flags(const GenerateFlags& f, const std::string& fam
   const auto& l = f.load;
   if (l.vae_dtype != "auto" && l.vae_dtype != "fp32")
     refuse("--vae-dtype " + l.vae_dtype, family + "'s Flux VAE runs in float32 (force_upcast)");
+  if (!l.unet_file.empty())
+    refuse("--unet", "a Stable Diffusion UNet file; " + family +
+                         " folders take their transformer's file with --transformer FILE");
   if (l.widen_weights) refuse("--widen-weights", "a Stable Diffusion UNet option");
   if (l.no_pack_weights) refuse("--no-pack-weights", "a Stable Diffusion UNet option");
   if (l.lora_mode != "merged")
@@ -255,6 +264,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     check_hidream_generate_flags(f, flux ? "FLUX" : "HiDream");
     DitCliFlags h;
     h.model = f.model;
+    if (!f.transformer.empty()) h.transformer = f.transformer;
     h.prompt = f.prompts[0];
     if (!f.negative_prompts.empty()) h.negative_prompt = f.negative_prompts[0];
     if (f.width > 0) h.width = f.width;
@@ -291,6 +301,9 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     }
     return run_hidream(h, /*edit=*/false);
   }
+  if (!f.transformer.empty())
+    throw InvalidArgument("--transformer: only for HiDream and FLUX model folders, and '" +
+                          f.model + "' is neither (a Stable Diffusion UNet file: --unet FILE)");
   if (f.true_cfg_scale || f.max_sequence_length)
     throw InvalidArgument("--true-cfg-scale/--max-sequence-length: FLUX options; '" + f.model +
                           "' is not a FLUX folder");

@@ -69,6 +69,10 @@ void add_load_flags(CLI::App& app, LoadFlags& f) {
                  "bf16's bytes), q4_0 (~28 %); dequantized per layer as it runs (LoRAs unmerged)")
       ->capture_default_str()
       ->check(non_empty());
+  app.add_option("--unet", f.unet_file,
+                 "A UNet file replacing the model's (safetensors or GGUF, e.g. city96's; "
+                 "diffusers or original LDM names); a GGUF's quantized matrices stay quantized")
+      ->check(CLI::ExistingFile);
   app.add_option("--lora", f.loras,
                  "LoRA adapter PATH[:SCALE] (default scale 1; repeat for several) merged into "
                  "the UNet and text encoder");
@@ -112,6 +116,7 @@ LoadOptions to_load_options(const LoadFlags& f) {
   lo.lora_mode = f.lora_mode;
   quant::parse_weight_type(f.weights, "--weights");
   lo.weights = f.weights;
+  lo.unet_file = f.unet_file;
   return lo;
 }
 

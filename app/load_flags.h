@@ -21,6 +21,7 @@ struct LoadFlags {
   bool lora_lenient = false;
   std::string lora_mode = "merged";
   std::string weights = "none";
+  std::string unet_file;
 };
 
 void add_load_flags(CLI::App& app, LoadFlags& f);

@@ -315,13 +315,13 @@ TEST_F(LdmCheckpoint, Sd1LayoutWithTransformersClipAndConvProjections) {
 
 TEST_F(LdmCheckpoint, UnknownOrInconsistentKeysAreFormatErrors) {
   auto tensors = ldm_tensors();
-  tensors.emplace_back("model.diffusion_model.label_emb.0.0.weight", torch::ones({2, 2}));
+  tensors.emplace_back("model.diffusion_model.mystery.0.weight", torch::ones({2, 2}));
   tensors.emplace_back("first_stage_model.encoder.mystery.weight", torch::ones({2}));
   tensors.emplace_back("some_other_thing", torch::ones({1}));
   std::string p = tmp_.file("extra.safetensors");
   io::save_safetensors(p, tensors);
   expect_error("leftovers", [&] { io::load_single_file_checkpoint(p); },
-               {p, "3 tensors", "model.diffusion_model.label_emb.0.0.weight",
+               {p, "3 tensors", "model.diffusion_model.mystery.0.weight",
                 "first_stage_model.encoder.mystery.weight", "some_other_thing"});
 
   // Without the first downsampler, input and output levels no longer mirror each other.

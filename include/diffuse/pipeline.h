@@ -73,6 +73,11 @@ struct LoadOptions {
   // bytes) or "q4_0" (~28 %), dequantized per layer as it runs; its convolutions stay plain.
   // LoRAs then run unmerged (there is no plain weight to merge into).
   std::string weights = "none";
+  // The UNet from a file of its own instead of the model's (city96's GGUFs, a UNet saved by
+  // ComfyUI): safetensors or GGUF, in diffusers names or the original LDM names (with or
+  // without "model.diffusion_model."). The model's unet config must describe it; a GGUF's
+  // quantized matrices stay quantized (LoRAs then run unmerged).
+  std::string unet_file;
 };
 
 // DeepCache (arXiv 2312.00858): the UNet's deep features change little between neighbouring

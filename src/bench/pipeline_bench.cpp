@@ -42,6 +42,11 @@ Source open_source(const PipelineBenchOptions& o) {
   Source s;
   if (!o.model.empty()) {
     s.model = pipeline::open_model_source(o.model, {});
+    if (s.model->unet_file)
+      throw InvalidArgument(o.model +
+                            ": a GGUF checkpoint's UNet loads quantized, which this bench does "
+                            "not build; time it with txt2img --json, or bench the model's "
+                            "safetensors form with --weights q8_0");
     s.unet = s.model->unet_config;
     s.vae = s.model->vae_config;
     s.text_encoder = s.model->text_encoders.front().config;

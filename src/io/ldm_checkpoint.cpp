@@ -109,6 +109,7 @@ void collect_leftovers(const TensorMap& pool, const std::string& prefix,
 struct CheckpointTensors {
   std::vector<std::string> names;
   std::function<torch::Tensor(const std::string&)> get;
+  std::function<std::vector<int64_t>(const std::string&)> shape;
   std::optional<bool> prediction;  // as recorded by the tool that wrote the file
 };
 
@@ -118,11 +119,13 @@ CheckpointTensors open_checkpoint_tensors(const std::string& path) {
     auto file = GgufFile::open(path);
     t.names = file->names();
     t.get = [file](const std::string& name) { return file->get(name); };
+    t.shape = [file](const std::string& name) { return file->info(name).shape; };
     return t;
   }
   auto file = SafetensorsFile::open(path);
   t.names = file->names();
   t.get = [file](const std::string& name) { return file->get(name); };
+  t.shape = [file](const std::string& name) { return file->info(name).shape; };
   t.prediction = prediction_from_file(*file);
   return t;
 }
@@ -171,7 +174,10 @@ SingleFileComponents load_single_file_checkpoint(const std::string& path,
   for (const auto& name : file.names) {
     if (ignored(name)) continue;
     if (starts_with(name, ldm::kUnetPrefix))
-      unet[name.substr(ldm::kUnetPrefix.size())] = file.get(name);
+      unet[name.substr(ldm::kUnetPrefix.size())] =
+          options.unet_shapes_only
+              ? at::empty(file.shape(name), at::TensorOptions().device(c10::DeviceType::Meta))
+              : file.get(name);
     else if (starts_with(name, ldm::kVaePrefix))
       vae[name.substr(ldm::kVaePrefix.size())] = file.get(name);
     else if (starts_with(name, ldm::kOpenClipPrefix))

@@ -84,6 +84,10 @@ struct SingleFileOptions {
   // (diffusers' from_single_file assumes SD 2.1-768's v_prediction for every SD2 file; we do
   // not guess: 2.x-base files are epsilon.)
   std::optional<bool> v_prediction;
+  // The UNet's tensors are not read: SingleFileComponents::unet holds storage-less (meta)
+  // tensors of their shapes, for a caller that reads them itself (a GGUF's quantized blocks
+  // kept as stored, io/unet_file.h).
+  bool unet_shapes_only = false;
 };
 
 // Loads and maps a single-file checkpoint. Throws IoError (cannot read), FormatError (not a

@@ -106,7 +106,7 @@ enum class Reshape { kNone, kSqueeze1x1 };
 // unmapped by the caller).
 void move(TensorMap& pool, const std::string& from, const std::string& to,
           const std::vector<Rename>& table, TensorMap& out, const std::string& file,
-          Reshape reshape = Reshape::kNone) {
+          Reshape reshape = Reshape::kNone, std::map<std::string, std::string>* sources = nullptr) {
   auto it = pool.lower_bound(from);
   while (it != pool.end() && starts_with(it->first, from)) {
     std::string rest = it->first.substr(from.size());
@@ -133,6 +133,7 @@ void move(TensorMap& pool, const std::string& from, const std::string& to,
     }
     if (!out.emplace(name, t).second)
       throw FormatError(file + ": two tensors map to '" + name + "'");
+    if (sources) (*sources)[name] = it->first;
     it = pool.erase(it);
   }
 }
@@ -244,13 +245,17 @@ UnetLayout parse_unet_layout(const TensorMap& unet, const std::string& file) {
   return L;
 }
 
-TensorMap map_unet(TensorMap& pool, const UnetLayout& L, const std::string& file) {
+TensorMap map_unet(TensorMap& pool, const UnetLayout& L, const std::string& file,
+                   std::map<std::string, std::string>* sources) {
   TensorMap out;
   auto mv = [&](const std::string& from, const std::string& to, const std::vector<Rename>& t) {
-    move(pool, from, to, t, out, file);
+    move(pool, from, to, t, out, file, Reshape::kNone, sources);
   };
   mv("time_embed.0.", "time_embedding.linear_1.", kWhole);
   mv("time_embed.2.", "time_embedding.linear_2.", kWhole);
+  // SDXL's added conditioning (pooled text + size/crop embeddings).
+  mv("label_emb.0.0.", "add_embedding.linear_1.", kWhole);
+  mv("label_emb.0.2.", "add_embedding.linear_2.", kWhole);
   mv("input_blocks.0.0.", "conv_in.", kWhole);
   mv("out.0.", "conv_norm_out.", kWhole);
   mv("out.2.", "conv_out.", kWhole);

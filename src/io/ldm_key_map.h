@@ -43,8 +43,10 @@ struct UnetLayout {
 
 // Throws FormatError (naming `source`) when the keys do not form an LDM UNet.
 UnetLayout parse_unet_layout(const TensorMap& unet, const std::string& source);
-// Moves the UNet tensors out of `pool` into diffusers names.
-TensorMap map_unet(TensorMap& pool, const UnetLayout& layout, const std::string& source);
+// Moves the UNet tensors out of `pool` into diffusers names; with `sources`, also records each
+// diffusers name's key in `pool` (a mapping table for files read tensor by tensor).
+TensorMap map_unet(TensorMap& pool, const UnetLayout& layout, const std::string& source,
+                   std::map<std::string, std::string>* sources = nullptr);
 
 // ---- VAE (keys without "first_stage_model.") ----
 

@@ -4,6 +4,7 @@
 
 #include "diffuse/errors.h"
 #include "io/gguf.h"
+#include "io/ldm_checkpoint.h"
 #include "io/safetensors.h"
 #include "io/string_affixes.h"
 #include "nn/load_weights.h"
@@ -70,21 +71,32 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
                                                      std::optional<quant::GgmlType> type,
                                                      const torch::Device& device,
                                                      const WeightLayoutFor& layout_for) {
-  const std::string source = folder.component_weights_path(component);
+  return load_weights_file_quantized(module, folder.component_weights_path(component), type, device,
+                                     layout_for);
+}
+
+nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
+                                                const std::string& source,
+                                                std::optional<quant::GgmlType> type,
+                                                const torch::Device& device,
+                                                const WeightLayoutFor& layout_for,
+                                                const std::string& file_prefix) {
   std::shared_ptr<io::GgufFile> gguf;
   std::map<std::string, torch::Tensor> mapped;  // safetensors: views of the mapped file
-  if (io::ends_with(source, ".gguf"))
+  if (io::is_gguf_file(source))                 // by its magic: a file's name says nothing certain
     gguf = io::GgufFile::open(source);
   else
     mapped = io::load_weights_file(source);
   auto has = [&](const std::string& key) {
     return gguf ? gguf->contains(key) : mapped.count(key) > 0;
   };
-  std::vector<std::string> file_keys;
+  std::vector<std::string> file_keys;  // the module's part of the file
   if (gguf) {
-    file_keys = gguf->names();
+    for (const auto& name : gguf->names())
+      if (io::starts_with(name, file_prefix)) file_keys.push_back(name);
   } else {
-    for (const auto& item : mapped) file_keys.push_back(item.first);
+    for (const auto& item : mapped)
+      if (io::starts_with(item.first, file_prefix)) file_keys.push_back(item.first);
   }
   const auto layout = layout_for ? layout_for(file_keys) : std::nullopt;
   // Where a parameter's values are in the file: under its own name, or through the layout.

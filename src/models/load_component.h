@@ -51,6 +51,14 @@ nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,
                                                      const torch::Device& device,
                                                      const WeightLayoutFor& layout_for = {});
 
+// load_component_weights_quantized on one weights file (.safetensors or .gguf) at `path`, of
+// which only the tensors named with `file_prefix` are the module's (a checkpoint's UNet).
+nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module, const std::string& path,
+                                                std::optional<quant::GgmlType> type,
+                                                const torch::Device& device,
+                                                const WeightLayoutFor& layout_for = {},
+                                                const std::string& file_prefix = "");
+
 // The component's weights into `module` (built under nn::SkipInitGuard), then the module onto
 // `device` in `dtype`: kept in ggml blocks (load_component_weights_quantized, what was kept
 // into `quantized`) with `type` or a GGUF file, else plain (load_component_weights). With

@@ -94,6 +94,10 @@ ModelSource from_single_file(const std::string& path, const ModelSourceOptions& 
   io::SingleFileOptions so;
   so.config_dir = options.config_dir;
   so.v_prediction = options.v_prediction;
+  // A GGUF (stable-diffusion.cpp's all-in-one files) keeps its UNet's quantized blocks: the
+  // UNet is read at load through its table instead of dequantized here.
+  const bool gguf = io::is_gguf_file(path);
+  so.unet_shapes_only = gguf;
   auto parts = io::load_single_file_checkpoint(path, so);
   ModelSource s;
   s.path = path;
@@ -104,7 +108,10 @@ ModelSource from_single_file(const std::string& path, const ModelSourceOptions& 
   text.component = "text_encoder";
   text.config = io::JsonConfig(parts.text_encoder_config, path + " (inferred text_encoder config)");
   s.scheduler_config = io::JsonConfig(parts.scheduler_config, path + " (scheduler config)");
-  s.unet_weights = std::move(parts.unet);
+  if (gguf)
+    s.unet_file = io::unet_in_checkpoint(path);
+  else
+    s.unet_weights = std::move(parts.unet);
   s.vae_weights = std::move(parts.vae);
   text.weights = std::move(parts.text_encoder);
   // A checkpoint carries no tokenizer: take it from the config folder, or from a diffusers
@@ -128,7 +135,9 @@ ModelSource from_single_file(const std::string& path, const ModelSourceOptions& 
 
 }  // namespace
 
-ModelSource open_model_source(const std::string& path, const ModelSourceOptions& options) {
+namespace {
+
+ModelSource open_model(const std::string& path, const ModelSourceOptions& options) {
   if (!fs::exists(path)) throw IoError("model '" + path + "' does not exist");
   if (fs::is_directory(path)) return from_folder(path);
   auto ext = fs::path(path).extension().string();
@@ -137,6 +146,21 @@ ModelSource open_model_source(const std::string& path, const ModelSourceOptions&
         "'" + path +
         "' is a pickled checkpoint; diffuse only reads .safetensors (convert it first)");
   return from_single_file(path, options);
+}
+
+}  // namespace
+
+ModelSource open_model_source(const std::string& path, const ModelSourceOptions& options) {
+  // The UNet file's header first: a wrong file fails before the model's weights are read.
+  std::optional<io::UnetFile> unet_file;
+  if (!options.unet_file.empty()) unet_file = io::open_unet_file(options.unet_file);
+  auto s = open_model(path, options);
+  if (unet_file) {
+    io::check_unet_file_against_config(*unet_file, s.unet_config.json(), s.unet_config.source());
+    s.unet_weights.clear();
+    s.unet_file = std::move(unet_file);
+  }
+  return s;
 }
 
 int vae_scale_factor_of(const std::string& path, const std::string& config_dir) {

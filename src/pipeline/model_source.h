@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/json_config.h"
+#include "io/unet_file.h"
 
 namespace diffuse::pipeline {
 
@@ -32,11 +33,17 @@ struct ModelSource {
   std::vector<TextEncoderSource> text_encoders;
   io::JsonConfig model_index;  // empty for a single file
   std::map<std::string, torch::Tensor> unet_weights, vae_weights;
+  // The UNet from a file of its own (ModelSourceOptions::unet_file), read tensor by tensor at
+  // load (a GGUF's quantized blocks as stored); unet_weights is then empty.
+  std::optional<io::UnetFile> unet_file;
 };
 
 struct ModelSourceOptions {
   std::string config_dir;
   std::optional<bool> v_prediction;
+  // A UNet file replacing the model's UNet weights (io/unet_file.h: diffusers or LDM names,
+  // safetensors or GGUF); the model's unet config must describe it.
+  std::string unet_file;
 };
 
 // Throws IoError when `path` does not exist, FormatError/ConfigError when it is not a model.

@@ -14,8 +14,10 @@
 #include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
+#include "io/ldm_checkpoint.h"
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
+#include "models/load_component.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
 #include "nn/attention_npu.h"
@@ -161,7 +163,26 @@ struct StableDiffusion::Components {
     for (auto& t : text_encoders) done_with(t.module, text_device);
   }
   models::UNet2DConditionModel& unet() {
+    if (source.unet_file && !unet_module) return unet_from_file(*source.unet_file);
     return loaded(unet_module, unet_config, source.unet_weights, "unet", device, unet_dtype);
+  }
+  // A UNet file (--unet) is read tensor by tensor through its naming's table: a GGUF's
+  // quantized matrices stay in their blocks, and with `weights` every other linear weight is
+  // quantized as it is read, as for a folder's UNet.
+  models::UNet2DConditionModel& unet_from_file(const io::UnetFile& file) {
+    {
+      nn::SkipInitGuard skip_init(unet_dtype);
+      unet_module = models::UNet2DConditionModel(unet_config);
+    }
+    const auto layout = file.layout;
+    models::load_weights_file_quantized(
+        *unet_module, file.path, unet_weight_type, device,
+        [layout](const std::vector<std::string>&) { return layout; }, file.prefix);
+    unet_module->to(device, unet_dtype);  // quantized layers' placeholders are there already
+    unet_module->eval();
+    if (pack_conv_weights && !offload) nn::set_weight_packing(*unet_module, true);
+    bind_loras("unet", *unet_module);
+    return unet_module;
   }
   models::AutoencoderKL& vae() {
     return loaded(vae_module, vae_config, source.vae_weights, "vae", vae_device, vae_dtype);
@@ -231,6 +252,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   ModelSourceOptions so;
   so.config_dir = options.config_dir;
   so.v_prediction = options.v_prediction;
+  so.unet_file = options.unet_file;
   c_->source = open_model_source(path, so);
   auto& src = c_->source;
   // A single file carries no config: its configs were inferred from the weights' shapes, and
@@ -278,11 +300,13 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
                           options.lora_mode + "\"");
   c_->unet_weight_type = quant::parse_weight_type(options.weights, "weights");
   // Quantized layers have no plain weight to merge into: their adapters run unmerged.
-  c_->loras.set_unmerged(options.lora_mode == "unmerged" || c_->unet_weight_type);
+  const bool gguf_unet = src.unet_file && io::is_gguf_file(src.unet_file->path);
+  c_->loras.set_unmerged(options.lora_mode == "unmerged" || c_->unet_weight_type || gguf_unet);
   c_->load_loras = options.loras;
   c_->lora_lenient = options.lora_lenient;
   if (!options.loras.empty()) apply_loras({});  // a bad adapter fails the load, not a run
   for (const auto& [name, w] : src.unet_weights) c_->unet_parameters += w.numel();
+  if (src.unet_file) c_->unet_parameters = src.unet_file->parameters;
   if (!c_->offload) {
     for (size_t k = 0; k < c_->text_encoders.size(); ++k)
       info_.weight_bytes += nn::resident_parameter_bytes(*c_->text_encoder(k));
@@ -301,7 +325,8 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   info_.text_encoder_device = device::device_name(c_->text_device);
   info_.vae_device = device::device_name(c_->vae_device);
   info_.unet_dtype = device::dtype_name(c_->unet_dtype);
-  info_.weights = options.weights;
+  // A GGUF UNet's own block types, unless --weights quantizes the rest too.
+  info_.weights = gguf_unet && options.weights == "none" ? "gguf" : options.weights;
   info_.text_encoder_dtype = device::dtype_name(c_->text_dtype);
   info_.vae_dtype = device::dtype_name(c_->vae_dtype);
   info_.offload = c_->offload;

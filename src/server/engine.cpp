@@ -54,6 +54,10 @@ nlohmann::json timings_json(const StageTimings& t) {
 
 std::unique_ptr<Engine> load_engine(const std::string& path, const LoadOptions& options,
                                     const HiDreamEngineOptions& hidream) {
+  if (!options.unet_file.empty() &&
+      (pipeline::is_hidream_folder(path) || pipeline::is_flux_folder(path)))
+    throw InvalidArgument("--unet: a Stable Diffusion UNet file, and '" + path +
+                          "' is a DiT model folder (give its transformer with --transformer FILE)");
   if (pipeline::is_hidream_folder(path))
     return std::make_unique<HiDreamEngine>(path, options, hidream);
   const bool flux = pipeline::is_flux_folder(path);
