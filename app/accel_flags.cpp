@@ -36,6 +36,12 @@ void add_accel_flags(CLI::App& app, AccelFlags& f) {
   app.add_option("--tome-layers", f.tome_layers,
                  "Transformers token merging applies to (e.g. down_blocks.0.attentions.0); "
                  "default: the first two down and last two up at the highest resolution");
+  app.add_option("--tome-policy", f.tome_policy,
+                 "auto: time the merged self-attentions against the plain ones at the run's "
+                 "size first and leave merging out (with a warning) where it is not faster; "
+                 "always: merge without measuring")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "always"}));
   app.add_option("--cache", f.cache,
                  "DiT models (HiDream): skip part of the transformer on some steps: off, "
                  "fbcache[:THRESHOLD] (0.1), taylorseer[:INTERVAL[:ORDER]] (3:1), "
@@ -44,7 +50,8 @@ void add_accel_flags(CLI::App& app, AccelFlags& f) {
 }
 
 bool any_accel_flag(const AccelFlags& f) {
-  return !f.deepcache.empty() || !f.tome.empty() || !f.tome_layers.empty();
+  return !f.deepcache.empty() || !f.tome.empty() || !f.tome_layers.empty() ||
+         f.tome_policy != AccelFlags{}.tome_policy;
 }
 
 void apply_accel_flags(const AccelFlags& f, GenerationConfig& g) {
@@ -78,6 +85,7 @@ void apply_accel_flags(const AccelFlags& f, GenerationConfig& g) {
     g.token_merging.ratio = ratio;
   }
   g.token_merging.layers = f.tome_layers;
+  g.token_merging.always = f.tome_policy == "always";
   if (!f.cache.empty()) g.dit_cache = accel::parse_dit_cache(f.cache);
 }
 

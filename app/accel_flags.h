@@ -14,7 +14,8 @@ struct AccelFlags {
   std::string deepcache_schedule = "uniform";
   std::string tome;  // a ratio in [0, 1); empty = off
   std::vector<std::string> tome_layers;
-  std::string cache;  // a DiT cache spec (accel/dit_cache.h); empty = off
+  std::string tome_policy = "auto";  // auto: measured, left out where it does not pay; always
+  std::string cache;                 // a DiT cache spec (accel/dit_cache.h); empty = off
 };
 
 void add_accel_flags(CLI::App& app, AccelFlags& flags);

@@ -90,6 +90,10 @@ std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench) {
                             {"denoise_s", row.denoise_s},
                             {"speedup", row.speedup},
                             {"full_unet_steps", row.full_steps}};
+        if (row.tome_site_speedup > 0) {
+          j["tome_site_speedup"] = row.tome_site_speedup;
+          j["tome_auto_policy"] = row.tome_kept ? "kept" : "left out";
+        }
         if (quality) {
           j["background_accuracy"] = row.tally.background_accuracy();
           j["colour_position_accuracy"] = row.tally.colour_position_accuracy();
@@ -129,6 +133,9 @@ std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench) {
                     100 * row.tally.background_accuracy(),
                     100 * row.tally.colour_position_accuracy(), 100 * row.tally.shape_accuracy(),
                     row.psnr_mean, row.psnr_min, row.ssim_mean);
+      if (row.tome_site_speedup > 0)
+        std::printf("   auto policy: %s (merged sites %.2fx)", row.tome_kept ? "kept" : "left out",
+                    row.tome_site_speedup);
       std::printf("\n");
     }
     std::printf("(speed-up and PSNR/SSIM against \"%s\" in the same run; PSNR %.0f = identical)\n",

@@ -16,6 +16,7 @@
 
 #include "accel/deepcache.h"
 #include "accel/token_merging.h"
+#include "accel/token_merging_payoff.h"
 #include "accel/unet_accelerator.h"
 #include "cli_run.h"
 #include "diffuse/pipeline.h"
@@ -324,6 +325,7 @@ TEST(TokenMerging, OffIsBitIdenticalOnChangesTheImageAndTheSeedRepeatsIt) {
   cfg.token_merging.ratio = 0;
   EXPECT_TRUE(same(pipe.generate(cfg), base));
   cfg.token_merging.ratio = 0.5;
+  cfg.token_merging.always = true;  // merged whatever it measures (the policy's own test below)
   const auto merged = pipe.generate(cfg);
   EXPECT_FALSE(torch::equal(merged.latents, base.latents));
   // Half the tokens of an 8x8 grid is a coarse approximation (SD merges on 64x64): near, not
@@ -378,6 +380,66 @@ TEST(Accel, BadParametersAreRefusedNamingThem) {
   EXPECT_THROW(pipeline::validate_generation_config(g, false), InvalidArgument);
 }
 
+TEST(TokenMerging, PaysOnlyBelowTheMargin) {
+  accel::TokenMergingPayoff p;
+  p.plain_s = 1.0;
+  p.merged_s = 0.96;
+  EXPECT_TRUE(p.pays());
+  p.merged_s = 0.98;  // a tie within timing noise gains nothing: left out
+  EXPECT_FALSE(p.pays());
+  p.merged_s = 1.2;
+  EXPECT_FALSE(p.pays());
+  EXPECT_NEAR(p.speedup(), 1 / 1.2, 1e-12);
+  p.tokens = 4096;
+  const auto note = accel::token_merging_skipped_note(p, 0.5, "cpu");
+  for (const char* word : {"0.50", "4096 tokens", "cpu", "0.83x", "always"})
+    EXPECT_NE(note.find(word), std::string::npos) << note;
+}
+
+// The measurement runs on the UNet's own sites at the run's grid: the demo's sites sit one
+// level down, so their grid is the latent's halved (read from the config, as the policy does).
+TEST(TokenMerging, PayoffIsMeasuredAtTheSitesGrid) {
+  auto unet = load_unet_fp32(kDemo);
+  const auto cfg =
+      models::UNet2DConditionConfig::from_json(io::JsonConfig::load(kDemo + "/unet/config.json"));
+  TokenMergingOptions o;
+  o.ratio = 0.5;
+  const auto sites = accel::token_merging_sites(o, cfg);
+  const int64_t latent = cfg.sample_size.at(0);
+  const auto payoff = accel::measure_token_merging(*unet, cfg, sites, 2, latent, latent, 0.5,
+                                                   torch::TensorOptions(torch::kFloat32));
+  const int64_t grid = (latent + 1) / 2;  // down_blocks.1 / up_blocks.1: one level down
+  EXPECT_EQ(payoff.tokens, grid * grid);
+  EXPECT_GT(payoff.plain_s, 0);
+  EXPECT_GT(payoff.merged_s, 0);
+}
+
+// Auto (the default): whatever the timing decided on this machine, the run is exactly one of
+// the two and says which: merged (the "always" image, no note), or left out (the plain image,
+// with the note). The decision is kept for the model and size: a second run repeats it.
+TEST(TokenMerging, AutoPolicyRunIsEitherTheMergedOrThePlainImageAndSaysWhich) {
+  auto& pipe = demo_pipe();
+  const auto plain = pipe.generate(demo_config());
+  auto cfg = demo_config();
+  cfg.token_merging.ratio = 0.5;
+  cfg.token_merging.always = true;
+  const auto merged = pipe.generate(cfg);
+  ASSERT_FALSE(same(merged, plain));
+  cfg.token_merging.always = false;
+  const auto automatic = pipe.generate(cfg);
+  const auto noted = std::count_if(
+      automatic.warnings.begin(), automatic.warnings.end(),
+      [](const std::string& w) { return w.find("token merging 0.50 left out") == 0; });
+  if (noted) {
+    EXPECT_TRUE(same(automatic, plain));
+  } else {
+    EXPECT_TRUE(same(automatic, merged));
+  }
+  const auto again = pipe.generate(cfg);
+  EXPECT_TRUE(same(again, automatic));
+  EXPECT_EQ(again.warnings, automatic.warnings);
+}
+
 TEST(Accel, NativeJobApiFields) {
   server::ModelDefaults model;
   server::ServerLimits limits;
@@ -386,8 +448,10 @@ TEST(Accel, NativeJobApiFields) {
                                                      {"deepcache_layer", 1},
                                                      {"deepcache_block", 0},
                                                      {"deepcache_schedule", "non-uniform"},
-                                                     {"tome", 0.5}},
+                                                     {"tome", 0.5},
+                                                     {"tome_policy", "always"}},
                                       model, limits);
+  EXPECT_TRUE(job.config.token_merging.always);
   EXPECT_EQ(job.config.deep_cache.interval, 3);
   EXPECT_EQ(job.config.deep_cache.layer_id, 1);
   EXPECT_TRUE(job.config.deep_cache.non_uniform);
@@ -395,7 +459,9 @@ TEST(Accel, NativeJobApiFields) {
   auto plain = server::parse_native_job(nlohmann::json{{"prompt", "x"}}, model, limits);
   EXPECT_EQ(plain.config.deep_cache.interval, 1);
   EXPECT_EQ(plain.config.token_merging.ratio, 0);
+  EXPECT_FALSE(plain.config.token_merging.always);
   for (const auto& bad : {nlohmann::json{{"prompt", "x"}, {"tome", 1.0}},
+                          nlohmann::json{{"prompt", "x"}, {"tome_policy", "sometimes"}},
                           nlohmann::json{{"prompt", "x"}, {"deepcache", 0}},
                           nlohmann::json{{"prompt", "x"}, {"deepcache_schedule", "sometimes"}}})
     EXPECT_THROW(server::parse_native_job(bad, model, limits), InvalidArgument) << bad.dump();
@@ -431,6 +497,7 @@ TEST(AccelCli, DeepCacheAndTomeFlagsMakeImagesAndBadValuesAreOneLineErrors) {
   EXPECT_TRUE(std::filesystem::exists(dir.file("both.png")));
   for (const auto& [flags, word] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--tome", "1.5"}, "--tome"},
+           {{"--tome", "0.5", "--tome-policy", "never"}, "--tome-policy"},
            {{"--deepcache", "0"}, "--deepcache"},
            {{"--deepcache", "3:7:0"}, "cache_layer_id"}}) {
     r = with(flags, "bad.png");

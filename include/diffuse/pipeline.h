@@ -102,6 +102,11 @@ struct TokenMergingOptions {
   // Transformer2DModel names ("down_blocks.0.attentions.1"). Empty = the usual choice: the first
   // two of the first down block with attention and the last two of the last up block with it.
   std::vector<std::string> layers;
+  // false ("auto"): before the run, the sites' self-attentions are timed plain and merged at the
+  // run's size on its device (once per size for a loaded model); where merging does not make
+  // them faster it is left out and the result says so in a warning (an acceleration never
+  // makes a run slower). true ("always"): merge without measuring.
+  bool always = false;
 };
 
 // Training-free caches for DiT denoisers (HiDream; designed for every DiT): on some steps part

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "accel/deepcache.h"
+#include "accel/token_merging_payoff.h"
 #include "accel/unet_accelerator.h"
 #include "bench/bench_util.h"
 #include "bench/unet_inputs.h"
@@ -31,6 +32,7 @@ AccelSetting setting(const std::string& name, int interval, double ratio) {
   s.name = name;
   s.deep_cache.interval = interval;
   s.token_merging.ratio = ratio;
+  s.token_merging.always = true;  // the method itself is measured; its policy beside it
   return s;
 }
 
@@ -170,6 +172,13 @@ AccelBenchResult run_speed(const AccelBenchOptions& o) {
     row.name = s.name;
     row.full_steps = count_full_steps(s, o.steps);
     row.denoise_s = 1e30;
+    if (s.token_merging.ratio > 0) {
+      const auto payoff = accel::measure_token_merging(
+          *unet, unet_cfg, accel::token_merging_sites(s.token_merging, unet_cfg), 2, start.size(2),
+          start.size(3), s.token_merging.ratio, torch::TensorOptions(dtype).device(device));
+      row.tome_site_speedup = payoff.speedup();
+      row.tome_kept = payoff.pays();
+    }
     r.rows.push_back(row);
   }
   // Round 0 is an untimed warm-up of 2 steps (a full and a shallow one). In the timed rounds

@@ -46,6 +46,11 @@ struct AccelBenchRow {
   double psnr_mean = 0, psnr_min = 0, ssim_mean = 0;  // vs the reference image; identical =
                                                       // kIdenticalPsnr
   int images = 0;
+  // Speed mode, settings with token merging: what the pipeline's auto policy measures at this
+  // size (accel/token_merging_payoff.h), to set beside the whole loop's speed-up: the merged
+  // sites' self-attentions' speed-up, and whether a run would keep merging.
+  double tome_site_speedup = 0;
+  bool tome_kept = false;
 };
 
 struct AccelBenchResult {

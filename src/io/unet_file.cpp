@@ -2,6 +2,7 @@
 
 #include "diffuse/errors.h"
 #include "io/gguf.h"
+#include "io/input_file.h"
 #include "io/ldm_checkpoint.h"
 #include "io/safetensors.h"
 #include "io/string_affixes.h"

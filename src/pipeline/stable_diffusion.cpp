@@ -8,6 +8,7 @@
 #include <random>
 
 #include "accel/dit_cache.h"
+#include "accel/token_merging_payoff.h"
 #include "accel/unet_accelerator.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_load.h"
@@ -108,6 +109,8 @@ struct StableDiffusion::Components {
   models::UNet2DConditionModel unet_module{nullptr};
   models::AutoencoderKL vae_module{nullptr};
   int64_t unet_parameters = 0;  // for the estimate of a step's work (its CPU threads)
+  // Token merging's measured payoff per run shape (batch, latent size, ratio, sites).
+  std::map<std::string, accel::TokenMergingPayoff> tome_payoffs;
   io::JsonConfig scheduler_config;
 
   // Each network is built without LibTorch's random initialisation, in its final dtype, and
@@ -761,7 +764,20 @@ GenerationResult StableDiffusion::denoise_and_decode(
   }
   latents = latents.to(c_->device, torch::kFloat32);
   int64_t n = timesteps.size(0);
-  accel::UNetAccelerator unet_accel(config, c_->unet_config, n, seed);
+  GenerationConfig accel_config = config;
+  std::vector<std::string> accel_warnings;
+  if (config.token_merging.ratio > 0 && !config.token_merging.always) {
+    int64_t batch = latents.size(0) * (guidance ? 2 : 1);
+    if (shard) batch = shard->local(torch::zeros({batch})).size(0);
+    const auto payoff =
+        token_merging_payoff(config.token_merging, batch, latents.size(2), latents.size(3));
+    if (!payoff.pays()) {
+      accel_config.token_merging.ratio = 0;
+      accel_warnings.push_back(accel::token_merging_skipped_note(payoff, config.token_merging.ratio,
+                                                                 device::device_name(c_->device)));
+    }
+  }
+  accel::UNetAccelerator unet_accel(accel_config, c_->unet_config, n, seed);
   device::CpuShareMeter cpu_meter(at::get_num_threads());
   bool interrupted = false;
   int steps_run = 0;
@@ -841,6 +857,7 @@ GenerationResult StableDiffusion::denoise_and_decode(
   const int64_t f = vae_scale_factor();
   auto tiling = vae_tiling_for(config, latents.size(0), latents.size(2) * f, latents.size(3) * f);
   if (!tiling.warning.empty()) result.warnings.push_back(tiling.warning);
+  result.warnings.insert(result.warnings.end(), accel_warnings.begin(), accel_warnings.end());
   result.images_float = decode_latents(latents, tiling.tiling);
   check_stage_finite(result.images_float, "VAE decoder", c_->vae_device, c_->vae_dtype);
   timings.vae_decode_s = now_s() - d0;
@@ -855,6 +872,34 @@ GenerationResult StableDiffusion::denoise_and_decode(
   timings.peak_rss_bytes = device::memory_stats().peak_rss_bytes;
   result.timings = std::move(timings);
   return result;
+}
+
+accel::TokenMergingPayoff StableDiffusion::token_merging_payoff(const TokenMergingOptions& tome,
+                                                                int64_t batch,
+                                                                int64_t latent_height,
+                                                                int64_t latent_width) {
+  const auto sites = accel::token_merging_sites(tome, c_->unet_config);
+  std::string key = std::to_string(batch) + ":" + std::to_string(latent_height) + "x" +
+                    std::to_string(latent_width) + ":" + std::to_string(tome.ratio);
+  for (const auto& site : sites) key += ":" + site;
+  auto it = c_->tome_payoffs.find(key);
+  if (it != c_->tome_payoffs.end()) return it->second;
+  auto payoff = accel::measure_token_merging(
+      *c_->unet(), c_->unet_config, sites, batch, latent_height, latent_width, tome.ratio,
+      torch::TensorOptions(c_->unet_dtype).device(c_->device));
+  if (cfg_group_) {
+    // Every rank must decide alike (their images are compared step by step): the sum of
+    // their times decides.
+    const auto all =
+        cfg_group_->all_gather(torch::tensor({payoff.plain_s, payoff.merged_s}, torch::kFloat64));
+    payoff.plain_s = payoff.merged_s = 0;
+    for (const auto& t : all) {
+      payoff.plain_s += t[0].item<double>();
+      payoff.merged_s += t[1].item<double>();
+    }
+  }
+  c_->tome_payoffs.emplace(key, payoff);
+  return payoff;
 }
 
 int StableDiffusion::cpu_threads_for(const GenerationConfig& config, int64_t images, int width,

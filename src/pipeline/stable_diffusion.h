@@ -19,6 +19,9 @@
 namespace diffuse::schedulers {
 class Scheduler;
 }
+namespace diffuse::accel {
+struct TokenMergingPayoff;
+}
 namespace diffuse::parallel {
 class CfgGroup;
 }
@@ -115,6 +118,11 @@ class StableDiffusion {
   // step work, device::threads_for_step_work); the count in effect when the UNet is not on
   // the CPU.
   int cpu_threads_for(const GenerationConfig& config, int64_t images, int width, int height) const;
+  // Token merging's measured payoff at this run shape (UNet batch, latent size), measured once
+  // per shape for the loaded model; under CFG-parallel the ranks' times are summed, so every
+  // rank decides alike.
+  accel::TokenMergingPayoff token_merging_payoff(const TokenMergingOptions& tome, int64_t batch,
+                                                 int64_t latent_height, int64_t latent_width);
   // The start every run shares: seed the devices, encode the prompts (negative ones too when
   // guidance is on), time it and record the text encoder's memory.
   PromptEmbeddings encode_for_run(const GenerationConfig& config, uint64_t seed, double t0,

@@ -175,8 +175,8 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
   c.eta = f.number("eta", 0, 1).value_or(0.0);
   r.preview = f.boolean("preview").value_or(true);
   set_seed(r, f.integer("seed", -1, kMaxSeed));
-  for (const char* k :
-       {"deepcache", "deepcache_layer", "deepcache_block", "deepcache_schedule", "tome"})
+  for (const char* k : {"deepcache", "deepcache_layer", "deepcache_block", "deepcache_schedule",
+                        "tome", "tome_policy"})
     if (f.has(k) && !model.unet_accelerators)
       throw InvalidArgument(std::string(k) + ": this model has no UNet to accelerate");
   c.deep_cache.interval = to_int(f.integer("deepcache", 1, 1000).value_or(1));
@@ -188,6 +188,11 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
                           schedule + "\"");
   c.deep_cache.non_uniform = schedule == "non-uniform";
   c.token_merging.ratio = f.number("tome", 0, 1).value_or(0.0);
+  const auto tome_policy = f.string("tome_policy", 16).value_or("auto");
+  if (tome_policy != "auto" && tome_policy != "always")
+    throw InvalidArgument("tome_policy: expected \"auto\" or \"always\", got \"" + tome_policy +
+                          "\"");
+  c.token_merging.always = tome_policy == "always";
   c.dit_cache = accel::parse_dit_cache(f.string("cache", 64).value_or("off"), "cache");
   if (model.unet_accelerators) accel::refuse_dit_cache_on_unet(c.dit_cache, "cache");
   if (model.check_cache) model.check_cache(c.dit_cache);

@@ -53,7 +53,8 @@ struct ModelDefaults {
 //  "num_images", "batch_count", "strength", "eta", "init_image" (base64 PNG), "preview",
 //  "prompt_syntax" ("a1111" | "plain"), edit: "image_guidance_scale", "clip_cfg_norm",
 //  "refine_strength"; UNet models: "deepcache" (interval, 1 = off), "deepcache_layer",
-//  "deepcache_block", "deepcache_schedule" ("uniform" | "non-uniform"), "tome" (ratio)}.
+//  "deepcache_block", "deepcache_schedule" ("uniform" | "non-uniform"), "tome" (ratio),
+//  "tome_policy" ("auto": left out where it measured no faster | "always")}.
 // Unknown fields are errors, and so are modes the model does not run.
 JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& model,
                             const ServerLimits& limits);
