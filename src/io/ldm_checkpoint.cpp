@@ -1,6 +1,7 @@
 #include "io/ldm_checkpoint.h"
 #include "io/input_file.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -93,10 +94,11 @@ void check_no_leftovers(const std::string& path, const std::vector<std::string>&
   std::string list;
   for (size_t i = 0; i < names.size() && i < 6; ++i) list += (i ? ", '" : "'") + names[i] + "'";
   if (names.size() > 6) list += " and " + std::to_string(names.size() - 6) + " more";
-  throw FormatError(path + ": " + std::to_string(names.size()) +
-                    " tensors are not part of the SD1.x/SD2.x single-file layout (an unsupported "
-                    "variant, or a damaged file): " +
-                    list);
+  throw FormatError(
+      path + ": " + std::to_string(names.size()) +
+      " tensors are not part of the SD1.x/SD2.x/SDXL single-file layout (an unsupported "
+      "variant, or a damaged file): " +
+      list);
 }
 
 void collect_leftovers(const TensorMap& pool, const std::string& prefix,
@@ -168,7 +170,7 @@ SingleFileComponents load_single_file_checkpoint(const std::string& path,
         " (expected a single-file Stable Diffusion checkpoint in safetensors or GGUF format)");
   }
 
-  TensorMap unet, vae, open_clip, clip;
+  TensorMap unet, vae, open_clip, clip, sdxl_clip_l, sdxl_clip_g;
   std::vector<std::string> leftovers;
   bool sdxl = false;
   for (const auto& name : file.names) {
@@ -184,14 +186,25 @@ SingleFileComponents load_single_file_checkpoint(const std::string& path,
       open_clip[name.substr(ldm::kOpenClipPrefix.size())] = file.get(name);
     else if (starts_with(name, ldm::kClipPrefix))
       clip[name.substr(ldm::kClipPrefix.size())] = file.get(name);
+    else if (starts_with(name, ldm::kSdxlClipLPrefix))
+      sdxl_clip_l[name.substr(ldm::kSdxlClipLPrefix.size())] = file.get(name);
+    else if (starts_with(name, ldm::kSdxlClipGPrefix))
+      sdxl_clip_g[name.substr(ldm::kSdxlClipGPrefix.size())] = file.get(name);
+    else if (starts_with(name, ldm::kSdxlRefinerClipGPrefix))
+      sdxl_clip_g[name.substr(ldm::kSdxlRefinerClipGPrefix.size())] = file.get(name);
     else
       leftovers.push_back(name);
     sdxl = sdxl || starts_with(name, "conditioner.embedders.");
   }
-  if (sdxl)
+  if (sdxl && options.config_dir.empty())
     throw FormatError(path +
-                      ": an SDXL checkpoint (conditioner.embedders.*); only SD1.x/SD2.x "
-                      "single-file checkpoints are supported");
+                      ": an SDXL checkpoint (conditioner.embedders.*): give the model's diffusers "
+                      "folder with --config DIR, for its configs and its two tokenizers (the "
+                      "weights are checked against them)");
+  if (sdxl && (!open_clip.empty() || !clip.empty()))
+    throw FormatError(path +
+                      ": holds both SDXL (conditioner.embedders.*) and SD1/SD2 "
+                      "(cond_stage_model.*) text encoders");
   if (unet.empty())
     throw FormatError(path +
                       ": no 'model.diffusion_model.*' tensors; expected a single-file "
@@ -208,7 +221,9 @@ SingleFileComponents load_single_file_checkpoint(const std::string& path,
   if (!text_pool.empty()) text_layout = ldm::parse_text_layout(text_pool, has_open_clip, path);
 
   SingleFileComponents out;
-  out.family = has_open_clip                       ? "sd2"
+  out.family = sdxl && !sdxl_clip_l.empty()        ? "sdxl"
+               : sdxl                              ? "sdxl-refiner"
+               : has_open_clip                     ? "sd2"
                : !clip.empty()                     ? "sd1"
                : unet_layout.use_linear_projection ? "sd2"
                                                    : "sd1";
@@ -236,9 +251,15 @@ SingleFileComponents load_single_file_checkpoint(const std::string& path,
     return given.json();
   };
 
-  out.unet_config =
-      choose("unet", ldm::infer_unet_config(unet_layout, out.family, v_pred, &assumed),
-             ldm::unet_shape_keys());
+  // The inference gives a level without attention the middle block's depth, where SDXL's
+  // configs write 1 (an unused value): its other shape keys are compared.
+  std::vector<std::string> unet_keys = ldm::unet_shape_keys();
+  if (sdxl)
+    unet_keys.erase(std::remove(unet_keys.begin(), unet_keys.end(), "transformer_layers_per_block"),
+                    unet_keys.end());
+  out.unet_config = choose(
+      "unet", ldm::infer_unet_config(unet_layout, sdxl ? "sd2" : out.family, v_pred, &assumed),
+      unet_keys);
   out.unet = ldm::map_unet(unet, unet_layout, path);
   collect_leftovers(unet, ldm::kUnetPrefix, &leftovers);
 
@@ -274,6 +295,35 @@ SingleFileComponents load_single_file_checkpoint(const std::string& path,
                       &leftovers);
   }
   if (has_open_clip) collect_leftovers(clip, ldm::kClipPrefix, &leftovers);
+  if (sdxl) {
+    out.model_index = folder->model_index().json();
+    // Both encoders keep every layer (SDXL reads the penultimate hidden state of each).
+    auto encoder = [&](TensorMap& pool, bool open_clip, const std::string& prefix,
+                       const std::string& component, json* config) {
+      const auto layout = ldm::parse_text_layout(pool, open_clip, path, prefix);
+      JsonConfig given = folder->component_config(component);
+      const int want = given.require<int>("num_hidden_layers");
+      if (want != layout.layers_in_file)
+        throw ConfigError(given.source() + ": num_hidden_layers is " + std::to_string(want) +
+                          " but " + path + " has " + std::to_string(layout.layers_in_file) +
+                          " layers under '" + prefix + "'");
+      *config =
+          choose(component, ldm::infer_text_config(layout, want, &assumed), ldm::text_shape_keys());
+      auto mapped = ldm::map_text(pool, layout, want, path, /*with_projection=*/open_clip);
+      collect_leftovers(pool, prefix, &leftovers);
+      return mapped;
+    };
+    if (!sdxl_clip_l.empty())
+      out.text_encoder = encoder(sdxl_clip_l, false, ldm::kSdxlClipLPrefix, "text_encoder",
+                                 &out.text_encoder_config);
+    if (sdxl_clip_g.empty())
+      throw FormatError(path + ": an SDXL checkpoint without its OpenCLIP ViT-bigG text encoder (" +
+                        ldm::kSdxlClipGPrefix + "*)");
+    out.text_encoder_2 =
+        encoder(sdxl_clip_g, true,
+                out.family == "sdxl" ? ldm::kSdxlClipGPrefix : ldm::kSdxlRefinerClipGPrefix,
+                "text_encoder_2", &out.text_encoder_2_config);
+  }
   check_no_leftovers(path, leftovers);
 
   if (!folder) out.assumed = std::move(assumed);

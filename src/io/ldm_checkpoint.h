@@ -47,6 +47,13 @@
 //     drops resblocks.23. Here: with a config folder, layers beyond its num_hidden_layers are
 //     dropped (at most one); without one, the last resblock is dropped iff text_projection is
 //     present (the mark of a full tower).
+//   SDXL (generative-models' layout; needs a config folder for its configs and tokenizers):
+//     model.diffusion_model.label_emb.0.{0,2}  -> add_embedding.linear_{1,2} (the rest as above)
+//     conditioner.embedders.0.transformer.*    -> text_encoder (CLIP-L, transformers names)
+//     conditioner.embedders.1.model.*          -> text_encoder_2 (OpenCLIP ViT-bigG as above,
+//                                                 every layer kept, text_projection transposed
+//                                                 into text_projection.weight)
+//     conditioner.embedders.0.model.*          -> a refiner's only encoder, text_encoder_2
 //   Ignored: DDPM schedule buffers (betas, alphas_cumprod, ...), model_ema.*, text_projection,
 //   logit_scale, attn_mask, position_ids, first_stage_model.loss.* (training-only). Any other
 //   key that no rule consumes is an error, so a layout we do not understand never half-loads.
@@ -64,10 +71,14 @@ namespace diffuse::io {
 struct SingleFileComponents {
   // State dicts with diffusers (unet, vae) / transformers (text_encoder) parameter names.
   // vae / text_encoder are empty (and their configs null) when the file has no such part.
-  std::map<std::string, torch::Tensor> unet, vae, text_encoder;
+  // SDXL: text_encoder is CLIP-L (empty for a refiner), text_encoder_2 the OpenCLIP ViT-bigG
+  // as CLIPTextModelWithProjection (empty and null for SD1/SD2).
+  std::map<std::string, torch::Tensor> unet, vae, text_encoder, text_encoder_2;
   // diffusers config.json contents: inferred from shapes unless a config folder was given.
-  nlohmann::json unet_config, vae_config, text_encoder_config, scheduler_config;
-  std::string family;  // "sd1" | "sd2"
+  nlohmann::json unet_config, vae_config, text_encoder_config, text_encoder_2_config,
+      scheduler_config;
+  nlohmann::json model_index;  // the config folder's, when one was given
+  std::string family;          // "sd1" | "sd2" | "sdxl" | "sdxl-refiner"
   // Inferred config values that the weights cannot determine and were set to the standard
   // SD1/SD2 value (e.g. "unet.attention_head_dim", "unet.norm_num_groups"); empty when a
   // config folder was used. Callers may warn: a model with non-standard values needs one.

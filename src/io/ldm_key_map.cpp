@@ -381,11 +381,12 @@ std::string clip_root(const TensorMap& pool) {
 }
 }  // namespace
 
-TextLayout parse_text_layout(const TensorMap& pool, bool open_clip, const std::string& file) {
+TextLayout parse_text_layout(const TensorMap& pool, bool open_clip, const std::string& file,
+                             const std::string& prefix) {
   TextLayout L;
   L.open_clip = open_clip;
   if (open_clip) {
-    Keys k(pool, file, kOpenClipPrefix);
+    Keys k(pool, file, prefix.empty() ? kOpenClipPrefix : prefix);
     const auto& tok = k.need("token_embedding.weight", 2);
     L.vocab_size = tok.size(0);
     L.hidden_size = tok.size(1);
@@ -403,7 +404,7 @@ TextLayout parse_text_layout(const TensorMap& pool, bool open_clip, const std::s
     }
     L.has_text_projection = k.has("text_projection");
   } else {
-    Keys k(pool, file, kClipPrefix);
+    Keys k(pool, file, prefix.empty() ? kClipPrefix : prefix);
     std::string root = clip_root(pool);
     const auto& tok = k.need(root + "embeddings.token_embedding.weight", 2);
     L.vocab_size = tok.size(0);
@@ -417,7 +418,8 @@ TextLayout parse_text_layout(const TensorMap& pool, bool open_clip, const std::s
   return L;
 }
 
-TensorMap map_text(TensorMap& pool, const TextLayout& L, int num_layers, const std::string& file) {
+TensorMap map_text(TensorMap& pool, const TextLayout& L, int num_layers, const std::string& file,
+                   bool with_projection) {
   TensorMap out;
   auto mv = [&](const std::string& from, const std::string& to, const std::vector<Rename>& t) {
     move(pool, from, to, t, out, file);
@@ -439,8 +441,17 @@ TensorMap map_text(TensorMap& pool, const TextLayout& L, int num_layers, const s
     return out;
   }
 
-  // The projection into CLIP's joint image-text space and the contrastive temperature are
-  // unused by Stable Diffusion; attn_mask is the causal mask, rebuilt by the model.
+  // The projection into CLIP's joint image-text space is SDXL's pooled embedding, unused by
+  // SD2; the contrastive temperature is never used; attn_mask is the causal mask, rebuilt by
+  // the model.
+  if (with_projection) {
+    auto it = pool.find("text_projection");
+    if (it == pool.end() || it->second.dim() != 2)
+      throw FormatError(file +
+                        ": the OpenCLIP text encoder has no 2-D text_projection, which "
+                        "SDXL's pooled text embedding needs");
+    out["text_projection.weight"] = it->second.t().contiguous();
+  }
   for (const char* unused : {"text_projection", "logit_scale", "attn_mask"}) pool.erase(unused);
   const Keys k(pool, file, kOpenClipPrefix);
   auto take = [&](const std::string& from, const std::string& to) {

@@ -19,6 +19,11 @@ inline const std::string kUnetPrefix = "model.diffusion_model.";
 inline const std::string kVaePrefix = "first_stage_model.";
 inline const std::string kOpenClipPrefix = "cond_stage_model.model.";    // SD2
 inline const std::string kClipPrefix = "cond_stage_model.transformer.";  // SD1
+// SDXL (generative-models' conditioner): CLIP-L in transformers names and OpenCLIP ViT-bigG;
+// the refiner has only the latter, as embedder 0.
+inline const std::string kSdxlClipLPrefix = "conditioner.embedders.0.transformer.";
+inline const std::string kSdxlClipGPrefix = "conditioner.embedders.1.model.";
+inline const std::string kSdxlRefinerClipGPrefix = "conditioner.embedders.0.model.";
 
 // ---- UNet (keys without the "model.diffusion_model." prefix) ----
 
@@ -68,13 +73,17 @@ struct TextLayout {
   bool has_text_projection = false;  // OpenCLIP: the file holds the whole text tower
 };
 
-// `pool` holds keys without "cond_stage_model.model." (OpenCLIP) or
-// "cond_stage_model.transformer." (CLIP).
-TextLayout parse_text_layout(const TensorMap& pool, bool open_clip, const std::string& source);
+// `pool` holds keys without their prefix ("cond_stage_model.model." for OpenCLIP,
+// "cond_stage_model.transformer." for CLIP, unless `prefix` names another, as SDXL's
+// conditioner does; errors name keys with it).
+TextLayout parse_text_layout(const TensorMap& pool, bool open_clip, const std::string& source,
+                             const std::string& prefix = "");
 // Moves the first `num_layers` layers (and embeddings / final norm) out of `pool`; the
-// remaining resblocks of an OpenCLIP tower are removed as unused.
+// remaining resblocks of an OpenCLIP tower are removed as unused. `with_projection`: an
+// OpenCLIP tower's text_projection (applied as x @ P) becomes CLIPTextModelWithProjection's
+// text_projection.weight (P transposed), as SDXL's second encoder needs; else it is dropped.
 TensorMap map_text(TensorMap& pool, const TextLayout& layout, int num_layers,
-                   const std::string& source);
+                   const std::string& source, bool with_projection = false);
 
 // ---- Configs (io/ldm_config_infer.cpp) ----
 

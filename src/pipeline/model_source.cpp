@@ -10,6 +10,7 @@
 #include "diffuse/errors.h"
 #include "io/ldm_checkpoint.h"
 #include "io/model_folder.h"
+#include "io/string_affixes.h"
 #include "models/autoencoder_kl.h"
 
 namespace fs = std::filesystem;
@@ -113,6 +114,27 @@ ModelSource from_single_file(const std::string& path, const ModelSourceOptions& 
   else
     s.unet_weights = std::move(parts.unet);
   s.vae_weights = std::move(parts.vae);
+  if (io::starts_with(parts.family, "sdxl")) {
+    // The config folder (required for SDXL) gives both tokenizers and the pipeline's options.
+    const auto folder = io::ModelFolder::open(options.config_dir);
+    s.model_index = io::JsonConfig(parts.model_index, folder.model_index().source());
+    if (!parts.text_encoder.empty()) {
+      text.config =
+          io::JsonConfig(parts.text_encoder_config, path + " (text_encoder, checked config)");
+      text.weights = std::move(parts.text_encoder);
+      text.tokenizer_dir = folder.component_dir("tokenizer");
+      s.text_encoders.push_back(std::move(text));
+    }
+    TextEncoderSource text_2;
+    text_2.component = "text_encoder_2";
+    text_2.config =
+        io::JsonConfig(parts.text_encoder_2_config, path + " (text_encoder_2, checked config)");
+    text_2.weights = std::move(parts.text_encoder_2);
+    text_2.tokenizer_dir = folder.component_dir("tokenizer_2");
+    text_2.with_projection = true;
+    s.text_encoders.push_back(std::move(text_2));
+    return s;
+  }
   text.weights = std::move(parts.text_encoder);
   // A checkpoint carries no tokenizer: take it from the config folder, or from a diffusers
   // folder or tokenizer/ folder next to the file.
