@@ -251,6 +251,14 @@ AccelBenchResult run_accel_bench(const AccelBenchOptions& o) {
   if (o.prompts < 1 || o.seeds < 1 || o.steps < 1)
     throw InvalidArgument("bench accel: prompts, seeds and steps must be >= 1");
   if (o.settings.empty()) throw InvalidArgument("bench accel: no settings to compare");
+  if (o.arch == "hidream-i1" || o.arch.rfind("flux", 0) == 0)
+    throw InvalidArgument(
+        "bench accel --arch " + o.arch +
+        ": the full-size loop is for UNet accelerators; a DiT's caches skip whole blocks, so "
+        "`diffuse bench --arch " +
+        o.arch +
+        "` times its blocks (a cached First-Block-Cache step runs the first one only) and "
+        "`diffuse bench accel -m <HiDream folder> --cache SPEC` measures the caches on a model");
   for (const auto& s : o.settings) {
     GenerationConfig g;
     g.deep_cache = s.deep_cache;
