@@ -11,7 +11,6 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 #include <thread>
 
@@ -107,10 +106,23 @@ inline std::vector<std::pair<std::string, nlohmann::json>> read_events(httplib::
     return true;
   });
   EXPECT_TRUE(r) << "event stream failed";
+  // Blocks of "event: NAME\ndata: JSON\n\n", read line by line (std::regex recurses per
+  // character and overflows the stack on the ~100 KB events of a large job's previews).
   std::vector<std::pair<std::string, nlohmann::json>> events;
-  std::regex block("event: (\\w+)\ndata: ([^\n]*)\n\n");
-  for (std::sregex_iterator it(text.begin(), text.end(), block), end; it != end; ++it)
-    events.emplace_back((*it)[1], nlohmann::json::parse((*it)[2].str()));
+  std::string name;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t end = text.find('\n', pos);
+    if (end == std::string::npos) break;  // a line the stream cut off
+    const std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.rfind("event: ", 0) == 0) {
+      name = line.substr(7);
+    } else if (line.rfind("data: ", 0) == 0 && !name.empty()) {
+      events.emplace_back(name, nlohmann::json::parse(line.substr(6)));
+      name.clear();
+    }
+  }
   return events;
 }
 

@@ -59,8 +59,7 @@ TEST(ServerFlux, KontextEditJobGivesTheLibrarysPixels) {
                         {"steps", 2},
                         {"guidance_scale", 2.5},
                         {"seed", 11},
-                        // The per-step previews of a ~1 MP edit are larger than the test's
-                        // event reader (std::regex) can take.
+                        // No per-step previews: a ~1 MP edit's are slow to encode.
                         {"preview", false}}
                        .dump(),
                    "application/json");
@@ -87,6 +86,34 @@ TEST(ServerFlux, KontextEditJobGivesTheLibrarysPixels) {
   EXPECT_EQ(got.height, want.height);
   EXPECT_EQ(got.width, 1184);
   EXPECT_EQ(got.rgb, want.rgb) << "the server's edit differs from the library's";
+
+  // auto_resize false: the source keeps its own size (the CLI's --no-auto-resize), the
+  // library's pixels again.
+  r = c->Post("/v1/jobs",
+              json{{"mode", "edit"},
+                   {"prompt", "make it blue"},
+                   {"init_image", source_b64},
+                   {"steps", 2},
+                   {"guidance_scale", 2.5},
+                   {"seed", 11},
+                   {"auto_resize", false},
+                   {"preview", false}}
+                  .dump(),
+              "application/json");
+  ASSERT_EQ(r->status, 202) << r->body;
+  job = finished_job(*c, json_of(r)["id"]);
+  ASSERT_EQ(job["state"], "succeeded") << job.dump();
+  EXPECT_EQ(job["request"]["auto_resize"], false) << job.dump();
+  got = image_at(*c, job["images"][0]["url"]);
+  e.auto_resize = false;
+  const Image kept = pipeline::to_images(pipe.edit(e).image)[0];
+  EXPECT_EQ(got.width, source.width / pipe.size_multiple() * pipe.size_multiple());
+  EXPECT_EQ(got.height, source.height / pipe.size_multiple() * pipe.size_multiple());
+  EXPECT_EQ(got.rgb, kept.rgb);
+  // Only edits take it.
+  expect_error(
+      c->Post("/v1/jobs", json{{"prompt", "x"}, {"auto_resize", false}}.dump(), "application/json"),
+      400, "auto_resize");
 }
 
 TEST(ServerFlux, Txt2ImgServerRunsNegativePromptsAndRefusesEdits) {
@@ -116,6 +143,12 @@ TEST(ServerFlux, Txt2ImgServerRunsNegativePromptsAndRefusesEdits) {
           json{{"mode", "edit"}, {"prompt", "x"}, {"init_image", demo_png_base64(32, 32)}}.dump(),
           "application/json"),
       400, "edit");
+  // A Kontext-only field on FLUX.1-dev.
+  expect_error(
+      c->Post("/v1/jobs",
+              json{{"prompt", "x"}, {"width", 64}, {"height", 32}, {"auto_resize", true}}.dump(),
+              "application/json"),
+      400, "auto_resize");
 }
 
 // `diffuse serve --transformer FILE` on a FLUX folder: the engine loads the transformer from

@@ -64,10 +64,11 @@ ModelDefaults FluxEngine::defaults() const {
                                 : std::vector<JobKind>{JobKind::txt2img};
   const pipeline::FluxPipeline* pipe = pipe_.get();
   d.txt2img_size = [pipe](int w, int h) { return pipe->floored_size(w, h); };
-  d.edit_size = [pipe](int w, int h) {
-    const auto [ew, eh] = pipe->source_size(w, h, /*auto_resize=*/true);
+  d.edit_size = [pipe](int w, int h, bool auto_resize) {
+    const auto [ew, eh] = pipe->source_size(w, h, auto_resize);
     return std::pair<int, int>(static_cast<int>(ew), static_cast<int>(eh));
   };
+  d.edit_auto_resize = pipe_->is_kontext();
   d.unet_accelerators = false;
   d.check_cache = [pipe](const DitCacheOptions& o) { pipe->check_cache(o); };
   d.prompt_syntaxes = {"plain"};  // T5 + CLIP pooled: prompts go in as written
@@ -109,6 +110,7 @@ JobOutput FluxEngine::run(const JobRequest& request, JobContext& context) {
           const auto& im = request.init_image;
           e.image = pipeline::image_to_tensor(im);
           e.max_area = 0;
+          e.auto_resize = request.edit.auto_resize;
           e.sampling = std::move(s);
           r = pipe_->edit(e);
         } else {

@@ -89,7 +89,7 @@ ModelDefaults HiDreamEngine::defaults() const {
                               : std::vector<JobKind>{JobKind::txt2img, JobKind::edit};
   const pipeline::HiDreamPipeline* pipe = pipe_.get();
   d.txt2img_size = [pipe](int w, int h) { return pipe->normalized_size(w, h, pipe->area_side()); };
-  d.edit_size = [pipe](int w, int h) {
+  d.edit_size = [pipe](int w, int h, bool /*auto_resize: E1 always scales*/) {
     const auto [ew, eh] = pipe->edit_size(w, h);
     return std::pair<int, int>(static_cast<int>(ew), static_cast<int>(eh));
   };

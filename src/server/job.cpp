@@ -55,6 +55,7 @@ nlohmann::json JobRequest::describe() const {
     j["image_guidance_scale"] = edit.image_guidance_scale;
     j["clip_cfg_norm"] = edit.clip_cfg_norm;
     j["refine_strength"] = edit.refine_strength;
+    j["auto_resize"] = edit.auto_resize;
   }
   if (c.eta != 0) j["eta"] = c.eta;
   return j;

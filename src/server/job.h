@@ -29,6 +29,9 @@ struct EditOptions {
   double image_guidance_scale = 4.0;
   bool clip_cfg_norm = true;   // cap the text guidance's per-pixel norm (E1's default)
   double refine_strength = 0;  // the last steps on I1's weights (needs the E1 LoRA)
+  // FLUX Kontext: the source scaled to the preferred Kontext resolution of the nearest aspect
+  // ratio (the reference's default); false: kept at its own size, floored to the size multiple.
+  bool auto_resize = true;
 };
 
 struct JobRequest {

@@ -56,7 +56,8 @@ void finish(JobRequest& r, const ModelDefaults& model, const ServerLimits& limit
           "width/height (size): an edit keeps the source image's aspect ratio at the model's "
           "area; leave them out");
     if (model.edit_size) {
-      std::tie(c.width, c.height) = model.edit_size(r.init_image.width, r.init_image.height);
+      std::tie(c.width, c.height) =
+          model.edit_size(r.init_image.width, r.init_image.height, r.edit.auto_resize);
     } else {
       c.width = r.init_image.width / m * m;
       c.height = r.init_image.height / m * m;
@@ -220,9 +221,14 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
       f.number("image_guidance_scale", 0, 100).value_or(model.image_guidance_scale);
   r.edit.clip_cfg_norm = f.boolean("clip_cfg_norm").value_or(true);
   r.edit.refine_strength = f.number("refine_strength", 0, 1).value_or(0.0);
+  r.edit.auto_resize = f.boolean("auto_resize").value_or(true);
   if (r.kind != JobKind::edit)
-    for (const char* k : {"image_guidance_scale", "clip_cfg_norm", "refine_strength"})
+    for (const char* k :
+         {"image_guidance_scale", "clip_cfg_norm", "refine_strength", "auto_resize"})
       if (f.has(k)) throw InvalidArgument(std::string(k) + ": only for edit jobs");
+  if (f.has("auto_resize") && !model.edit_auto_resize)
+    throw InvalidArgument(
+        "auto_resize: only for FLUX Kontext edits (this model scales every source to its area)");
   f.reject_unknown();
   if (init) r.init_image = decode_image_field(*init, "init_image", limits);
   finish(r, model, limits);

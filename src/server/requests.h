@@ -31,7 +31,12 @@ struct ModelDefaults {
   // Models that scale images to their own area (HiDream): the size a txt2img request's width x
   // height (only an aspect ratio there) and an edit's source image become; InvalidArgument when
   // a side would vanish. Unset: the size is the one made, in multiples of size_multiple.
-  std::function<std::pair<int, int>(int width, int height)> txt2img_size, edit_size;
+  std::function<std::pair<int, int>(int width, int height)> txt2img_size;
+  // `auto_resize`: EditOptions::auto_resize, honoured where edit_auto_resize is set.
+  std::function<std::pair<int, int>(int width, int height, bool auto_resize)> edit_size;
+  // The model's edits can keep the source's own size (FLUX Kontext): the job field
+  // "auto_resize" is accepted.
+  bool edit_auto_resize = false;
   // Prompt syntaxes the model's text encoder takes ("a1111" needs a CLIP tokenizer), the first
   // being the default of the native and A1111 APIs.
   std::vector<std::string> prompt_syntaxes = {"a1111", "plain"};
@@ -54,7 +59,8 @@ struct ModelDefaults {
 //  "prompt_syntax" ("a1111" | "plain"), edit: "image_guidance_scale", "clip_cfg_norm",
 //  "refine_strength"; UNet models: "deepcache" (interval, 1 = off), "deepcache_layer",
 //  "deepcache_block", "deepcache_schedule" ("uniform" | "non-uniform"), "tome" (ratio),
-//  "tome_policy" ("auto": left out where it measured no faster | "always")}.
+//  "tome_policy" ("auto": left out where it measured no faster | "always"); FLUX Kontext
+//  edits: "auto_resize" (true: the preferred Kontext resolution, false: the source's size)}.
 // Unknown fields are errors, and so are modes the model does not run.
 JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& model,
                             const ServerLimits& limits);
