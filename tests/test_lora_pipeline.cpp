@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "diffuse/pipeline.h"
+#include "io/model_folder.h"
 #include "io/safetensors.h"
 #include "pipeline/stable_diffusion.h"
 #include "pipeline_test_util.h"
@@ -110,6 +112,80 @@ TEST(LoraPipeline, TextEncoderPartChangesThePromptEmbeddings) {
   auto e2 = cancelled.encode_prompt({"a red fox"}, {}, 1, false).positive;
   EXPECT_GT((e1 - e0).abs().max().item<float>(), 1e-4);
   EXPECT_TRUE(torch::allclose(e2, e0, 1e-5, 1e-5));
+}
+
+// A rank-2 kohya adapter over every q_proj of `component` in `folder` (`prefix`: its kohya
+// network prefix) and, with `unet`, every to_q of the UNet.
+std::string write_kohya_adapter(const test::TempDir& dir, const std::string& name,
+                                const std::string& folder, const std::string& component,
+                                const std::string& prefix, bool unet) {
+  torch::manual_seed(5);
+  std::vector<std::pair<std::string, torch::Tensor>> t;
+  auto add = [&](const std::string& module, const torch::Tensor& w) {
+    std::string flat = module;
+    std::replace(flat.begin(), flat.end(), '.', '_');
+    t.emplace_back(flat + ".lora_down.weight", torch::randn({2, w.size(1)}) * 0.3);
+    t.emplace_back(flat + ".lora_up.weight", torch::randn({w.size(0), 2}) * 0.3);
+    t.emplace_back(flat + ".alpha", torch::tensor(2.0));
+  };
+  const auto f = io::ModelFolder::open(folder);
+  auto ends = [](const std::string& s, const std::string& e) {
+    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+  };
+  if (!component.empty())
+    for (const auto& [k, w] : f.component_weights(component))
+      if (ends(k, "q_proj.weight")) add(prefix + k.substr(0, k.size() - 7), w);
+  if (unet)
+    for (const auto& [k, w] : f.component_weights("unet"))
+      if (ends(k, "to_q.weight")) add("lora_unet_" + k.substr(0, k.size() - 7), w);
+  const std::string path = dir.file(name);
+  io::save_safetensors(path, t);
+  return path;
+}
+
+// SDXL's second text encoder (CLIP-G) takes LoRAs too (kohya lora_te2_*): the prompt embedding's
+// CLIP-G columns and the pooled embedding change, CLIP-L's do not. A refiner (no CLIP-L) takes
+// UNet adapters.
+TEST(LoraPipeline, SdxlSecondTextEncoderAndRefinerTakeAdapters) {
+  const std::string base = verify::GoldenSet::load(test::sdxl_golden_dir()).model_dir();
+  if (!std::filesystem::exists(base + "/model_index.json")) GTEST_SKIP() << "no sdxl set";
+  test::TempDir dir;
+  const auto path =
+      write_kohya_adapter(dir, "te2.safetensors", base, "text_encoder_2", "lora_te2_", false);
+  pipeline::StableDiffusion plain(base, fp32_cpu());
+  auto with = fp32_cpu();
+  with.loras = {{path, 1.0}};
+  pipeline::StableDiffusion patched(base, with);
+  ASSERT_EQ(patched.info().loras.size(), 1u);
+  EXPECT_NE(patched.info().loras[0].find("text_encoder_2"), std::string::npos)
+      << patched.info().loras[0];
+  const auto e0 = plain.encode_prompt({"a red fox"}, {}, 1, false);
+  const auto e1 = patched.encode_prompt({"a red fox"}, {}, 1, false);
+  const int64_t clip_l =
+      io::ModelFolder::open(base).component_config("text_encoder").require<int64_t>("hidden_size");
+  const auto width = e0.positive.size(-1);
+  ASSERT_GT(width, clip_l);
+  EXPECT_TRUE(torch::equal(e1.positive.narrow(-1, 0, clip_l), e0.positive.narrow(-1, 0, clip_l)));
+  EXPECT_GT((e1.positive.narrow(-1, clip_l, width - clip_l) -
+             e0.positive.narrow(-1, clip_l, width - clip_l))
+                .abs()
+                .max()
+                .item<float>(),
+            1e-4);
+  EXPECT_GT((e1.pooled - e0.pooled).abs().max().item<float>(), 1e-4);
+
+  const std::string refiner =
+      (std::filesystem::path(base).parent_path() / "model_refiner").string();
+  if (!std::filesystem::exists(refiner + "/model_index.json")) return;
+  const auto unet_path =
+      write_kohya_adapter(dir, "unet.safetensors", refiner, "", "", /*unet=*/true);
+  auto g = small_config();
+  g.width = g.height = 0;  // the refiner's own size
+  auto refined_plain = Text2Image::load(refiner, fp32_cpu()).generate(g);
+  auto r = fp32_cpu();
+  r.loras = {{unet_path, 1.0}};
+  auto refined = Text2Image::load(refiner, r).generate(g);
+  EXPECT_GT((refined.images_float - refined_plain.images_float).abs().max().item<float>(), 1e-3);
 }
 
 TEST(LoraPipeline, UnknownKeysFailTheLoadUnlessLenient) {

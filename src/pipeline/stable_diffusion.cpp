@@ -140,27 +140,58 @@ struct StableDiffusion::Components {
 
   // LoRA adapters of the text encoder (network 0) and the UNet (network 1), merged into a
   // network whenever it is (re)loaded and changed between generations in place.
-  LoraSet loras{{io::lora::text_encoder_names(), io::lora::unet_names()}};
+  // LoRA adapters of the networks this model has, each addressed by its own names: the text
+  // encoder (SD 1.x/2.x, SDXL's CLIP-L), the UNet and SDXL's CLIP-G (text_encoder_2); an SDXL
+  // refiner has only the last two. lora_components[i] is network i's component.
+  std::vector<std::string> lora_components;
+  LoraSet loras{std::vector<io::lora::NetworkNames>{}};
+  void set_lora_networks() {
+    std::vector<io::lora::NetworkNames> networks;
+    lora_components.clear();
+    for (const auto& t : text_encoders)
+      if (t.component == "text_encoder") {
+        networks.push_back(io::lora::text_encoder_names());
+        lora_components.push_back(t.component);
+      }
+    networks.push_back(io::lora::unet_names());
+    lora_components.push_back("unet");
+    for (const auto& t : text_encoders)
+      if (t.component == "text_encoder_2") {
+        networks.push_back(io::lora::text_encoder_2_names());
+        lora_components.push_back(t.component);
+      }
+    loras = LoraSet(std::move(networks));
+  }
   std::vector<LoraSpec> load_loras;  // LoadOptions::loras: in effect for every generation
   bool lora_lenient = false;
   void bind_loras(const std::string& component, torch::nn::Module& module) {
     if (loras.empty()) return;
-    if (component == "text_encoder") loras.bind(0, module);
-    if (component == "unet") loras.bind(1, module);
+    for (size_t i = 0; i < lora_components.size(); ++i)
+      if (lora_components[i] == component) loras.bind(i, module);
   }
   models::ClipTextModel& text_encoder(size_t k = 0) {
     auto& t = text_encoders.at(k);
     return loaded(t.module, t.config, source.text_encoders.at(k).weights, t.component.c_str(),
                   text_device, text_dtype, {"text_model.embeddings.position_ids"});
   }
-  // The network LoRA's text-encoder names address ("text_encoder"), if the model has it.
-  torch::nn::Module* lora_text_encoder(bool load) {
-    for (size_t k = 0; k < text_encoders.size(); ++k)
-      if (text_encoders[k].component == "text_encoder") {
-        if (load) text_encoder(k);
-        return text_encoders[k].module.is_empty() ? nullptr : text_encoders[k].module.get();
+  // The modules of the LoRA networks in lora_components' order (nullptr: not loaded now); with
+  // `load`, every one is loaded first (reading a new adapter checks it against all of them).
+  std::vector<torch::nn::Module*> lora_modules(bool load) {
+    std::vector<torch::nn::Module*> modules;
+    for (const auto& component : lora_components) {
+      if (component == "unet") {
+        if (load) unet();
+        modules.push_back(unet_module.is_empty() ? nullptr : unet_module.get());
+        continue;
       }
-    return nullptr;
+      for (size_t k = 0; k < text_encoders.size(); ++k)
+        if (text_encoders[k].component == component) {
+          if (load) text_encoder(k);
+          modules.push_back(text_encoders[k].module.is_empty() ? nullptr
+                                                               : text_encoders[k].module.get());
+        }
+    }
+    return modules;
   }
   void done_with_text_encoders() {
     for (auto& t : text_encoders) done_with(t.module, text_device);
@@ -304,6 +335,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   c_->unet_weight_type = quant::parse_weight_type(options.weights, "weights");
   // Quantized layers have no plain weight to merge into: their adapters run unmerged.
   const bool gguf_unet = src.unet_file && io::is_gguf_file(src.unet_file->path);
+  c_->set_lora_networks();
   c_->loras.set_unmerged(options.lora_mode == "unmerged" || c_->unet_weight_type || gguf_unet);
   c_->load_loras = options.loras;
   c_->lora_lenient = options.lora_lenient;
@@ -385,11 +417,9 @@ double StableDiffusion::apply_loras(const std::vector<LoraSpec>& for_this_run) {
   wanted.insert(wanted.end(), for_this_run.begin(), for_this_run.end());
   if (wanted.empty() && c_->loras.empty()) return 0;
   const bool reading = c_->loras.needs_reading(wanted);
-  if (reading) c_->unet();  // new files are checked against both networks
-  torch::nn::Module* text = c_->lora_text_encoder(/*load=*/reading);
+  // New files are checked against every network.
   const double seconds =
-      c_->loras.set(wanted, c_->lora_lenient,
-                    {text, c_->unet_module.is_empty() ? nullptr : c_->unet_module.get()});
+      c_->loras.set(wanted, c_->lora_lenient, c_->lora_modules(/*load=*/reading));
   info_.loras = c_->loras.report();
   if (reading && c_->offload) {  // each stage loads (and patches) its network again
     c_->done_with_text_encoders();
