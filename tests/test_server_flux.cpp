@@ -52,17 +52,15 @@ TEST(ServerFlux, KontextEditJobGivesTheLibrarysPixels) {
   EXPECT_EQ(s["modes"], json::array({"txt2img", "edit"}));
   EXPECT_EQ(s["scheduler"], "FlowMatchEulerDiscreteScheduler");
   const std::string source_b64 = demo_png_base64(64, 48);
-  auto r = c->Post("/v1/jobs",
-                   json{{"mode", "edit"},
-                        {"prompt", "make it blue"},
-                        {"init_image", source_b64},
-                        {"steps", 2},
-                        {"guidance_scale", 2.5},
-                        {"seed", 11},
-                        // No per-step previews: a ~1 MP edit's are slow to encode.
-                        {"preview", false}}
-                       .dump(),
-                   "application/json");
+  const json edit_job = {{"mode", "edit"},
+                         {"prompt", "make it blue"},
+                         {"init_image", source_b64},
+                         {"steps", 2},
+                         {"guidance_scale", 2.5},
+                         {"seed", 11},
+                         // No per-step previews: a ~1 MP edit's are slow to encode.
+                         {"preview", false}};
+  auto r = c->Post("/v1/jobs", edit_job.dump(), "application/json");
   ASSERT_EQ(r->status, 202) << r->body;
   auto job = finished_job(*c, json_of(r)["id"]);
   ASSERT_EQ(job["state"], "succeeded") << job.dump();
@@ -89,17 +87,9 @@ TEST(ServerFlux, KontextEditJobGivesTheLibrarysPixels) {
 
   // auto_resize false: the source keeps its own size (the CLI's --no-auto-resize), the
   // library's pixels again.
-  r = c->Post("/v1/jobs",
-              json{{"mode", "edit"},
-                   {"prompt", "make it blue"},
-                   {"init_image", source_b64},
-                   {"steps", 2},
-                   {"guidance_scale", 2.5},
-                   {"seed", 11},
-                   {"auto_resize", false},
-                   {"preview", false}}
-                  .dump(),
-              "application/json");
+  json kept_size = edit_job;
+  kept_size["auto_resize"] = false;
+  r = c->Post("/v1/jobs", kept_size.dump(), "application/json");
   ASSERT_EQ(r->status, 202) << r->body;
   job = finished_job(*c, json_of(r)["id"]);
   ASSERT_EQ(job["state"], "succeeded") << job.dump();
