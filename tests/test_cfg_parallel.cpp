@@ -155,6 +155,29 @@ TEST(CfgParallel, TwoRanksMatchTheBatchedRunAndAgreeAtEveryStep) {
   EXPECT_LE(diff, 1e-4);  // fp32, batch of 1 vs 2 in the UNet's kernels
 }
 
+// Token merging's auto policy times the merge on each rank; the ranks add their times, so they
+// decide alike (else their latents would part at the first step) and report alike.
+TEST(CfgParallel, TokenMergingPolicyDecidesAlikeOnEveryRank) {
+  SKIP_WITHOUT_CPU_COLLECTIVES();
+  GenerationConfig g;
+  g.prompts = {"a red circle on the left"};
+  g.negative_prompts = {"blurry"};
+  g.steps = 3;
+  g.seed = 2;
+  g.token_merging.ratio = 0.5;
+  LoadOptions lo;
+  lo.device = "cpu";
+  lo.dtype = "fp32";
+  std::array<GenerationResult, 2> results;
+  with_group(2, [&](parallel::CfgGroup& group) {
+    auto pipe = Text2Image::load(kDemo, lo);
+    pipe.impl()->set_cfg_group(std::shared_ptr<parallel::CfgGroup>(&group, [](auto*) {}));
+    results[static_cast<size_t>(group.rank())] = pipe.generate(g);
+  });
+  EXPECT_TRUE(torch::equal(results[0].latents, results[1].latents));
+  EXPECT_EQ(results[0].warnings, results[1].warnings);
+}
+
 TEST(CfgParallel, AGroupNeedsGuidance) {
   SKIP_WITHOUT_CPU_COLLECTIVES();
   GenerationConfig g;

@@ -876,7 +876,8 @@ GenerationResult StableDiffusion::denoise_and_decode(
   device::empty_cache(c_->device);  // the UNet's freed activations, before the decoder's peak
   trace("latents_out", latents);
   GenerationResult result;
-  if (shard && cfg_group_->rank() != 0) {  // rank 0 decodes and writes
+  result.warnings = std::move(accel_warnings);  // every rank's: they decided alike
+  if (shard && cfg_group_->rank() != 0) {       // rank 0 decodes and writes
     result.latents = latents.to(torch::kCPU);
     result.seed = seed;
     result.timings = std::move(timings);
@@ -887,7 +888,6 @@ GenerationResult StableDiffusion::denoise_and_decode(
   const int64_t f = vae_scale_factor();
   auto tiling = vae_tiling_for(config, latents.size(0), latents.size(2) * f, latents.size(3) * f);
   if (!tiling.warning.empty()) result.warnings.push_back(tiling.warning);
-  result.warnings.insert(result.warnings.end(), accel_warnings.begin(), accel_warnings.end());
   result.images_float = decode_latents(latents, tiling.tiling);
   check_stage_finite(result.images_float, "VAE decoder", c_->vae_device, c_->vae_dtype);
   timings.vae_decode_s = now_s() - d0;
@@ -920,12 +920,14 @@ accel::TokenMergingPayoff StableDiffusion::token_merging_payoff(const TokenMergi
   if (cfg_group_) {
     // Every rank must decide alike (their images are compared step by step): the sum of
     // their times decides.
-    const auto all =
-        cfg_group_->all_gather(torch::tensor({payoff.plain_s, payoff.merged_s}, torch::kFloat64));
+    // On the UNet's device, where the group's backend exchanges (NCCL/HCCL); float32, which
+    // every device has, is plenty for seconds.
+    const auto all = cfg_group_->all_gather(
+        torch::tensor({payoff.plain_s, payoff.merged_s}, torch::kFloat32).to(c_->device));
     payoff.plain_s = payoff.merged_s = 0;
     for (const auto& t : all) {
-      payoff.plain_s += t[0].item<double>();
-      payoff.merged_s += t[1].item<double>();
+      payoff.plain_s += t[0].item<float>();
+      payoff.merged_s += t[1].item<float>();
     }
   }
   c_->tome_payoffs.emplace(key, payoff);
