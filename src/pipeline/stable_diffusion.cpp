@@ -138,11 +138,10 @@ struct StableDiffusion::Components {
     return slot;
   }
 
-  // LoRA adapters of the text encoder (network 0) and the UNet (network 1), merged into a
-  // network whenever it is (re)loaded and changed between generations in place.
   // LoRA adapters of the networks this model has, each addressed by its own names: the text
   // encoder (SD 1.x/2.x, SDXL's CLIP-L), the UNet and SDXL's CLIP-G (text_encoder_2); an SDXL
-  // refiner has only the last two. lora_components[i] is network i's component.
+  // refiner has only the last two. lora_components[i] is network i's component. Adapters are
+  // merged into a network whenever it is (re)loaded and changed between generations in place.
   std::vector<std::string> lora_components;
   LoraSet loras{std::vector<io::lora::NetworkNames>{}};
   void set_lora_networks() {
