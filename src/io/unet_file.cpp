@@ -10,11 +10,6 @@
 namespace diffuse::io {
 namespace {
 
-// Keys a UNet file may carry that no network reads (training bookkeeping some tools keep).
-bool ignored_unet_key(const std::string& key) {
-  return ends_with(key, "num_batches_tracked");
-}
-
 std::string listed(const std::vector<std::string>& names) {
   std::string out;
   for (size_t i = 0; i < names.size() && i < 5; ++i) out += (i ? ", " : "") + names[i];
@@ -56,7 +51,7 @@ UnetFile ldm_unet_file(const std::string& path,
   out.prefix = prefix;
   ldm::TensorMap pool;
   for (const auto& [name, shape] : shapes)
-    if (starts_with(name, prefix) && !ignored_unet_key(name))
+    if (starts_with(name, prefix))
       pool[name.substr(prefix.size())] =
           at::empty(shape, at::TensorOptions().device(c10::DeviceType::Meta));
   out.ldm = ldm::parse_unet_layout(pool, path);
@@ -97,7 +92,7 @@ UnetFile open_unet_file(const std::string& path) {
   const std::string prefix = prefixed ? ldm::kUnetPrefix : "";
   std::vector<std::string> foreign;
   for (const auto& [name, shape] : shapes)
-    if (!starts_with(name, prefix) && !ignored_unet_key(name)) foreign.push_back(name);
+    if (!starts_with(name, prefix)) foreign.push_back(name);
   if (!foreign.empty())
     throw FormatError(path + ": holds tensors outside the UNet (" + listed(foreign) +
                       "); a whole checkpoint loads with --model FILE, not --unet");
