@@ -119,17 +119,27 @@ TEST(CfgParallel, RanksThatDivergeAreReported) {
 
 // The library path: two pipelines (one per rank) with a group set compute the same latents
 // as one pipeline with the batched CFG run; both ranks hold identical latents at every step.
-TEST(CfgParallel, TwoRanksMatchTheBatchedRunAndAgreeAtEveryStep) {
-  SKIP_WITHOUT_CPU_COLLECTIVES();
+// A guided demo generation, and the CPU float32 load the library-path tests run it with.
+GenerationConfig guided_demo_config(int steps, uint64_t seed) {
   GenerationConfig g;
   g.prompts = {"a red circle on the left"};
   g.negative_prompts = {"blurry"};
-  g.steps = 6;
-  g.seed = 11;
-  g.guidance_scale = 7.0;
+  g.steps = steps;
+  g.seed = seed;
+  return g;
+}
+LoadOptions cpu_fp32_load() {
   LoadOptions lo;
   lo.device = "cpu";
   lo.dtype = "fp32";
+  return lo;
+}
+
+TEST(CfgParallel, TwoRanksMatchTheBatchedRunAndAgreeAtEveryStep) {
+  SKIP_WITHOUT_CPU_COLLECTIVES();
+  GenerationConfig g = guided_demo_config(6, 11);
+  g.guidance_scale = 7.0;
+  const LoadOptions lo = cpu_fp32_load();
   auto single = Text2Image::load(kDemo, lo).generate(g);
 
   std::array<GenerationResult, 2> results;
@@ -159,15 +169,9 @@ TEST(CfgParallel, TwoRanksMatchTheBatchedRunAndAgreeAtEveryStep) {
 // decide alike (else their latents would part at the first step) and report alike.
 TEST(CfgParallel, TokenMergingPolicyDecidesAlikeOnEveryRank) {
   SKIP_WITHOUT_CPU_COLLECTIVES();
-  GenerationConfig g;
-  g.prompts = {"a red circle on the left"};
-  g.negative_prompts = {"blurry"};
-  g.steps = 3;
-  g.seed = 2;
+  GenerationConfig g = guided_demo_config(3, 2);
   g.token_merging.ratio = 0.5;
-  LoadOptions lo;
-  lo.device = "cpu";
-  lo.dtype = "fp32";
+  const LoadOptions lo = cpu_fp32_load();
   std::array<GenerationResult, 2> results;
   with_group(2, [&](parallel::CfgGroup& group) {
     auto pipe = Text2Image::load(kDemo, lo);
