@@ -429,6 +429,7 @@ Command add_bench_command(CLI::App& app) {
   const auto stream = add_bench_hidream_stream(app);
   const auto vae_tiling = add_bench_vae_tiling(app);
   const auto gemm = add_bench_gemm(app);
+  const auto parallel_ranks = add_bench_parallel(app);
   app.require_subcommand(0, 1);
 
   auto dtypes_for = [](const std::string& spec, const torch::Device& device) {
@@ -443,13 +444,14 @@ Command add_bench_command(CLI::App& app) {
   };
 
   return [o, as_json, batch, att, af, roof, rf, prec, pf, pjson, dtypes_for, demo_quality, lora,
-          stream, accel, vae_tiling, gemm, fail_above]() {
+          stream, accel, vae_tiling, gemm, parallel_ranks, fail_above]() {
     if (demo_quality.first->parsed()) return demo_quality.second();
     if (accel.first->parsed()) return accel.second();
     if (lora.first->parsed()) return lora.second();
     if (stream.first->parsed()) return stream.second();
     if (vae_tiling.first->parsed()) return vae_tiling.second();
     if (gemm.first->parsed()) return gemm.second();
+    if (parallel_ranks.first->parsed()) return parallel_ranks.second();
     if (prec->parsed()) {
       auto po = *pf;
       if (!*pjson) po.log = [](const std::string& line) { std::cerr << line << "\n"; };

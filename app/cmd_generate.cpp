@@ -224,12 +224,27 @@ void apply_size_conditioning_flags(const GenerateFlags& f, SizeConditioning& c) 
   if (f.negative_aesthetic_score) c.negative_aesthetic_score = *f.negative_aesthetic_score;
 }
 
-// A CFG-parallel worker runs the command as given, ranks other than 0 quietly.
-int run_command(const GenerateFlags& f, bool img2img) {
-  if (!f.parallel.is_worker()) return run_generate(f, img2img);
-  GenerateFlags mine = f;
-  if (f.parallel.worker_rank > 0) mine.quiet = true, mine.json = false;
-  return run_as_worker(f.parallel, [&] { return run_generate(mine, img2img); });
+// What the ranks of a Stable Diffusion run must agree on (parallel/process_group.h).
+std::string parallel_job(const GenerateFlags& f, const GenerationConfig& g, bool img2img) {
+  std::string prompts, negatives;
+  for (const auto& p : g.prompts) prompts += p + "\x1f";
+  for (const auto& p : g.negative_prompts) negatives += p + "\x1f";
+  return parallel_job_lines(
+      f.parallel, f.model, g.seed,
+      {{"command", img2img ? "img2img" : "txt2img"},
+       {"prompts", prompts},
+       {"negative prompts", negatives},
+       {"size", std::to_string(g.width) + "x" + std::to_string(g.height)},
+       {"steps", std::to_string(g.steps)},
+       {"guidance", c10::str(g.guidance_scale)},
+       {"images", std::to_string(g.images_per_prompt) + " x " + std::to_string(f.batch_count)}});
+}
+
+// A rank of a parallel run runs the command as given, ranks other than 0 quietly.
+int run_command(const GenerateFlags& given, bool img2img) {
+  GenerateFlags f = given;
+  return run_parallel_command(f.parallel, f.load.device, f.quiet, f.json,
+                              [&] { return run_generate(f, img2img); });
 }
 
 int run_generate(const GenerateFlags& f, bool img2img) {
@@ -254,8 +269,6 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   // HiDream and FLUX (the DiT families) run through run_hidream's flags.
   const bool flux = pipeline::is_flux_folder(f.model);
   const bool hidream = flux || pipeline::is_hidream_folder(f.model);
-  std::vector<torch::Device> cfg_devices;
-  if (f.parallel.active()) cfg_devices = check_parallel_flags(f.parallel, g, hidream);
   if (hidream) {
     if (img2img && !flux)
       throw InvalidArgument("'" + f.model +
@@ -293,6 +306,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     h.json = f.json;
     h.true_cfg_scale = f.true_cfg_scale;
     h.max_sequence_length = f.max_sequence_length;
+    h.parallel = f.parallel;
     if (img2img) {
       h.image = f.init_image;
       h.strength = f.strength;
@@ -300,6 +314,10 @@ int run_generate(const GenerateFlags& f, bool img2img) {
       h.height = f.height;
     }
     return run_hidream(h, /*edit=*/false);
+  }
+  if (f.parallel.active()) {
+    check_sd_parallel_run(f.parallel, g);
+    require_shared_seed(f.parallel, g.seed.has_value());
   }
   if (!f.transformer.empty())
     throw InvalidArgument("--transformer: only for HiDream and FLUX model folders, and '" +
@@ -345,9 +363,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (!f.latents_file.empty()) g.latents = read_tensor_file(f.latents_file, "latents");
   if (!f.noise_file.empty()) g.noise = read_tensor_file(f.noise_file, "noise");
 
-  if (f.parallel.active() && !f.parallel.is_worker()) return run_parallel_launcher(cfg_devices, g);
-  if (f.parallel.is_worker())
-    lo.device = device::device_name(cfg_devices[static_cast<size_t>(f.parallel.worker_rank)]);
+  if (f.parallel.is_launcher()) return run_parallel_launcher(f.parallel, g.seed.has_value());
+  if (f.parallel.is_worker()) lo.device = f.parallel.rank_device;
   Progress progress(f.quiet || f.json);
   if (!f.quiet && !f.json) std::cerr << "loading " << f.model << " ...\n";
   std::shared_ptr<Text2Image> t2i;
@@ -361,7 +378,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     info = &t2i->info();
   }
   if (f.parallel.is_worker())
-    (img2img ? i2i->impl() : t2i->impl())->set_cfg_group(join_cfg_group(f.parallel, cfg_devices));
+    (img2img ? i2i->impl() : t2i->impl())
+        ->set_cfg_group(join_group(f.parallel, "CFG-parallel", parallel_job(f, g, img2img)));
   if (!f.quiet && !f.json)
     std::cerr << "device " << info->device
               << (info->text_encoder_device != info->device

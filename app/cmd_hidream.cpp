@@ -59,7 +59,13 @@ void check_flow_scheduler_name(const std::string& name) {
 }
 
 int run_hidream(const DitCliFlags& f, bool edit) {
-  if (pipeline::is_flux_folder(f.model)) return run_flux(f, edit);
+  if (pipeline::is_flux_folder(f.model)) {
+    if (f.parallel.active())
+      throw InvalidArgument(
+          "--devices/--parallel: a FLUX model runs on one process for now (Ulysses sequence "
+          "parallelism serves HiDream)");
+    return run_flux(f, edit);
+  }
   if (f.true_cfg_scale || f.max_sequence_length || f.no_auto_resize)
     throw InvalidArgument(
         "--true-cfg-scale/--max-sequence-length/--no-auto-resize: FLUX options; HiDream guides "
@@ -82,16 +88,25 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     throw InvalidArgument("--lora-alpha must be a finite number");
   const auto cache = accel::parse_dit_cache(f.cache);
   quant::parse_weight_type(f.weights, "--weights");  // refused before the load
+  if (f.parallel.active() && parallel_mode(f.parallel) != ParallelMode::kUlysses)
+    throw InvalidArgument(
+        "--devices/--parallel cfg: HiDream's guidance branches run as one batch on each rank; "
+        "HiDream shares its work over ranks with --parallel ulysses (each attention's image "
+        "tokens split over them)");
+  require_shared_seed(f.parallel, f.seed.has_value());
+  if (f.parallel.is_launcher()) return run_parallel_launcher(f.parallel, f.seed.has_value());
   Image source;
   if (edit) {
     if (f.image.empty()) throw InvalidArgument("edit needs a source image (-i/--image)");
     source = read_png(f.image);
   }
-  const auto device = device::resolve_device(f.device);
+  const auto device =
+      device::resolve_device(f.parallel.is_worker() ? f.parallel.rank_device : f.device);
   const auto dtype = device::resolve_dtype(f.dtype, device, "transformer");
   const auto placement = pipeline::hidream_placement(f.text_encoder_device, f.vae_device, f.dtype);
   nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(f.attention, device));
-  const uint64_t seed = f.seed ? parse_seed(*f.seed, "--seed") : std::random_device{}();
+  const bool seed_given = f.seed.has_value();
+  const uint64_t seed = seed_given ? parse_seed(*f.seed, "--seed") : std::random_device{}();
 
   const bool talk = !f.quiet && !f.json;  // --json keeps stdout for the summary alone
   if (!f.scheduler.empty()) check_flow_scheduler_name(f.scheduler);
@@ -129,6 +144,21 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     pipe.set_editing_lora(f.e1_lora, lo);
   }
   const auto lora_lines = apply_dit_flags(pipe, folder, f, talk);
+  if (f.parallel.is_worker())
+    pipe.set_sequence_group(join_group(
+        f.parallel, "Ulysses",
+        parallel_job_lines(f.parallel, f.model,
+                           seed_given ? std::optional<uint64_t>(seed) : std::nullopt,
+                           {{"command", edit ? "edit" : "txt2img"},
+                            {"transformer", f.transformer},
+                            {"prompt", f.prompt},
+                            {"negative prompt", f.negative_prompt},
+                            {"image", f.image},
+                            {"size", std::to_string(f.width) + "x" + std::to_string(f.height)},
+                            {"steps", std::to_string(steps)},
+                            {"guidance", c10::str(cfg_scale)},
+                            {"weights", f.weights},
+                            {"cache", f.cache}})));
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Progress progress(!talk);
@@ -141,14 +171,17 @@ int run_hidream(const DitCliFlags& f, bool edit) {
   s.vae_tiling = f.vae_tiling;
   s.cache = cache;
   const auto loop_start = std::chrono::steady_clock::now();
+  StepCallback report = [&progress](const StepEvent& e) { return progress(e); };
+  if (f.parallel.is_worker()) report = worker_step_callback(f.parallel, report);
   s.on_step = [&](const pipeline::HiDreamStep& st) {
     StepEvent e;
     e.step = st.index;
     e.num_steps = steps;
     e.timestep = st.t.item<double>();
+    e.latents = &st.latents;
     e.elapsed_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
-    return progress(e);
+    return report(e);
   };
   pipeline::HiDreamResult r;
   pipeline::ImageParameters params;
@@ -182,6 +215,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     r = pipe.text_to_image(t);
   }
   progress.finish();
+  if (f.parallel.worker_rank > 0) return 0;  // rank 0 writes
   for (const auto& w : r.warnings) std::cerr << "warning: " << w << "\n";
   params.width = static_cast<int>(r.image.size(2));
   params.height = static_cast<int>(r.image.size(1));
@@ -340,7 +374,12 @@ void add_flags(CLI::App& app, DitCliFlags& f, bool edit) {
 Command add_edit_command(CLI::App& app) {
   auto f = std::make_shared<DitCliFlags>();
   add_flags(app, *f, true);
-  return [f]() { return run_hidream(*f, true); };
+  add_parallel_flags(app, f->parallel);
+  return [f]() {
+    DitCliFlags mine = *f;
+    return run_parallel_command(mine.parallel, mine.device, mine.quiet, mine.json,
+                                [&] { return run_hidream(mine, true); });
+  };
 }
 
 }  // namespace diffuse::app

@@ -8,6 +8,7 @@
 #include "bench/pipeline_bench.h"
 #include "diffuse/pipeline.h"
 #include "nn/layers.h"
+#include "parallel_flags.h"
 #include "pipeline/image_parameters.h"
 
 #include <functional>
@@ -68,6 +69,7 @@ struct DitCliFlags {
   bool no_auto_resize = false;
   // FLUX img2img (txt2img with `image` set): how far from the image, in (0, 1].
   double strength = 0.8;
+  ParallelFlags parallel;  // HiDream: --parallel ulysses over --devices or torchrun's ranks
 };
 // Text-to-image (edit = false) or editing; writes f.out. A FLUX folder goes to run_flux.
 int run_hidream(const DitCliFlags& f, bool edit);
@@ -102,5 +104,7 @@ std::pair<CLI::App*, Command> add_bench_hidream_stream(CLI::App& bench);
 std::pair<CLI::App*, Command> add_bench_vae_tiling(CLI::App& bench);
 // `bench gemm`: our bf16 product against oneDNN's on the models' shapes (bench/gemm_bench.h).
 std::pair<CLI::App*, Command> add_bench_gemm(CLI::App& bench);
+// `bench parallel`: Ulysses on 1, 2 and 4 CPU processes (cmd_bench_parallel.cpp).
+std::pair<CLI::App*, Command> add_bench_parallel(CLI::App& bench);
 
 }  // namespace diffuse::app

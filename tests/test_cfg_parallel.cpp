@@ -23,7 +23,9 @@
 #include "parallel/branch_split.h"
 #include "parallel/cfg_launch.h"
 #include "parallel/process_group.h"
+#include "parallel/replicated.h"
 #include "pipeline/stable_diffusion.h"
+#include "rank_group_test_util.h"
 #include "test_util.h"
 
 namespace diffuse {
@@ -31,43 +33,7 @@ namespace test_cfg_parallel {
 
 const std::string kDemo = std::string(DIFFUSE_SOURCE_DIR) + "/models/demo";
 
-// PyTorch's pip wheels come without Gloo's headers: such a build has no CPU collectives, and
-// these tests have nothing to run there.
-bool have_cpu_collectives() {
-  try {
-    parallel::backend_for(torch::Device(torch::kCPU));
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-#define SKIP_WITHOUT_CPU_COLLECTIVES() \
-  if (!have_cpu_collectives()) GTEST_SKIP() << "this build has no Gloo: no CFG-parallel on cpu"
-
-// Runs `body(rank)` on `world` threads, each with its own rank of one Gloo group; rethrows the
-// first failure.
-void with_group(int world, const std::function<void(parallel::CfgGroup&)>& body) {
-  test::TempDir dir;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        parallel::GroupOptions o;
-        o.rank = r;
-        o.world = world;
-        o.store_file = dir.file("store");
-        o.timeout = std::chrono::seconds(60);
-        auto group = parallel::connect_group(o);
-        body(*group);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
+using test::with_group;
 
 TEST(CfgParallel, BranchesAreSplitContiguouslyOverTheRanks) {
   auto range = [](int branches, int world, int rank) {
@@ -92,13 +58,13 @@ TEST(CfgParallel, GatherRebuildsTheWholeBatchForAnyNumberOfBranches) {
     SCOPED_TRACE(std::to_string(branches) + " branches on " + std::to_string(world));
     // Branch b's rows are all b (2 rows per branch).
     auto batched = torch::arange(branches).repeat_interleave(2).to(torch::kFloat32).view({-1, 1});
-    with_group(world, [&](parallel::CfgGroup& g) {
+    with_group(world, [&](parallel::RankGroup& g) {
       parallel::BranchShard shard(g, branches);
       auto mine = shard.local(batched);
       EXPECT_EQ(mine.size(0), 2 * shard.range().count);
       auto whole = shard.gather(mine * 1.0);
       EXPECT_TRUE(torch::equal(whole, batched));
-      shard.check_replicated(batched, "test tensor");
+      parallel::check_replicated(g, batched, "test tensor");
     });
   }
 }
@@ -107,9 +73,8 @@ TEST(CfgParallel, RanksThatDivergeAreReported) {
   SKIP_WITHOUT_CPU_COLLECTIVES();
   std::string message;
   try {
-    with_group(2, [&](parallel::CfgGroup& g) {
-      parallel::BranchShard shard(g, 2);
-      shard.check_replicated(torch::full({3}, g.rank()), "latents");
+    with_group(2, [&](parallel::RankGroup& g) {
+      parallel::check_replicated(g, torch::full({3}, g.rank()), "latents");
     });
   } catch (const Error& e) {
     message = e.what();
@@ -144,9 +109,9 @@ TEST(CfgParallel, TwoRanksMatchTheBatchedRunAndAgreeAtEveryStep) {
 
   std::array<GenerationResult, 2> results;
   std::array<std::vector<uint64_t>, 2> hashes;
-  with_group(2, [&](parallel::CfgGroup& group) {
+  with_group(2, [&](parallel::RankGroup& group) {
     auto pipe = Text2Image::load(kDemo, lo);
-    pipe.impl()->set_cfg_group(std::shared_ptr<parallel::CfgGroup>(&group, [](auto*) {}));
+    pipe.impl()->set_cfg_group(std::shared_ptr<parallel::RankGroup>(&group, [](auto*) {}));
     const auto r = static_cast<size_t>(group.rank());
     results[r] = pipe.generate(g, [&](const StepEvent& e) {
       hashes[r].push_back(parallel::tensor_hash(*e.latents));
@@ -173,9 +138,9 @@ TEST(CfgParallel, TokenMergingPolicyDecidesAlikeOnEveryRank) {
   g.token_merging.ratio = 0.5;
   const LoadOptions lo = cpu_fp32_load();
   std::array<GenerationResult, 2> results;
-  with_group(2, [&](parallel::CfgGroup& group) {
+  with_group(2, [&](parallel::RankGroup& group) {
     auto pipe = Text2Image::load(kDemo, lo);
-    pipe.impl()->set_cfg_group(std::shared_ptr<parallel::CfgGroup>(&group, [](auto*) {}));
+    pipe.impl()->set_cfg_group(std::shared_ptr<parallel::RankGroup>(&group, [](auto*) {}));
     results[static_cast<size_t>(group.rank())] = pipe.generate(g);
   });
   EXPECT_TRUE(torch::equal(results[0].latents, results[1].latents));
@@ -191,10 +156,10 @@ TEST(CfgParallel, AGroupNeedsGuidance) {
   LoadOptions lo;
   lo.device = "cpu";
   EXPECT_THROW(with_group(2,
-                          [&](parallel::CfgGroup& group) {
+                          [&](parallel::RankGroup& group) {
                             auto pipe = Text2Image::load(kDemo, lo);
                             pipe.impl()->set_cfg_group(
-                                std::shared_ptr<parallel::CfgGroup>(&group, [](auto*) {}));
+                                std::shared_ptr<parallel::RankGroup>(&group, [](auto*) {}));
                             pipe.generate(g);
                           }),
                InvalidArgument);
@@ -427,7 +392,7 @@ TEST(CfgParallel, CliRefusesBadDeviceListsBeforeLoading) {
       {{"--devices", "cuda:0,cuda:99"},
        torch::cuda::is_available() ? "does not exist" : "not available"},
   };
-  if (have_cpu_collectives()) {
+  if (test::have_cpu_collectives()) {
     cases.push_back({{"--devices", "cpu,cpu,cpu"}, "3 devices for 2 guidance branches"});
     cases.push_back({{"--devices", "cpu,cpu", "--cfg-scale", "1"}, "guidance"});
     cases.push_back({{"--devices", "cpu,cpu", "--device", "cpu"}, "excludes"});

@@ -244,8 +244,13 @@ void DitCache::after_block(int64_t index, const std::vector<torch::Tensor>& outp
 bool DitCache::reuse_after_first_block(const torch::Tensor& first_residual) {
   if (options_.method != Method::kFirstBlock) return false;
   if (step_ >= options_.warmup && first_residual_.defined() && remaining_.defined()) {
-    const double before = first_residual_.abs().mean().item<double>();
-    const double change = (first_residual - first_residual_).abs().mean().item<double>();
+    // Mean absolute values compared as sums (the count cancels), added over the ranks where
+    // the tokens are split.
+    std::vector<double> sums = {
+        first_residual_.abs().sum(torch::kFloat64).item<double>(),
+        (first_residual - first_residual_).abs().sum(torch::kFloat64).item<double>()};
+    if (rank_sum_) sums = rank_sum_(sums);
+    const double before = sums[0], change = sums[1];
     // Against the last full step's residual, not the last call's: small changes add up.
     if (change < options_.threshold * before) {
       mark_cached();

@@ -13,6 +13,8 @@
 #include "models/load_component.h"
 #include "nn/layers.h"
 #include "nn/rope.h"
+#include "parallel/replicated.h"
+#include "parallel/ulysses.h"
 
 namespace diffuse::models {
 namespace {
@@ -167,6 +169,10 @@ torch::Tensor HiDreamImageTransformer2DModelImpl::forward(
     throw InvalidArgument("HiDreamImageTransformer2DModel: max_seq must not be negative");
   const int64_t max_seq = options.max_seq > 0 ? options.max_seq : c.max_seq();
   check_inputs(hidden_states, timesteps, t5_in, llama_in, pooled_in, max_seq);
+  if (options.sequence_group && inter)
+    throw InvalidArgument(
+        "HiDreamImageTransformer2DModel: intermediates are captured on one device, not under "
+        "sequence parallelism");
   const auto& w = x_proj->weight;
   const auto dev = w.device();
   const auto dtype = w.scalar_type();
@@ -191,6 +197,15 @@ torch::Tensor HiDreamImageTransformer2DModelImpl::forward(
   capture(inter, "p_embedder", p_emb);
   in.adaln_input = t_emb + p_emb;
 
+  // Ulysses: this rank embeds and carries its share of the image tokens (padding included).
+  std::optional<parallel::UlyssesShard> ulysses;
+  if (options.sequence_group) {
+    ulysses.emplace(*options.sequence_group, c.num_attention_heads, patches.size(1));
+    patches = ulysses->local_rows(patches);
+    in.ulysses = &*ulysses;
+    if (options.cache)
+      options.cache->set_rank_sum(parallel::sum_over_ranks(*options.sequence_group));
+  }
   auto image = x_proj(patches);
   capture(inter, "x_embedder", image);
 
@@ -253,6 +268,7 @@ torch::Tensor HiDreamImageTransformer2DModelImpl::forward(
 
   auto mod = final_modulation(torch::silu(in.adaln_input)).unsqueeze(1).chunk(2, -1);
   auto out = final_linear(nn::hidream_modulate(image_final, mod[0], mod[1]));
+  if (ulysses) out = ulysses->gather_rows(out);
   capture(inter, "final_layer", out);
   return unpatchify(out, p, pH, pW);
 }

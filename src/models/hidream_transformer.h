@@ -30,6 +30,9 @@
 namespace diffuse::accel {
 class DitCache;
 }
+namespace diffuse::parallel {
+class RankGroup;
+}
 
 namespace diffuse::models {
 
@@ -71,6 +74,10 @@ struct HiDreamForwardOptions {
   // A DiT cache (accel/dit_cache.h) this call consults and updates: blocks it skips add the
   // residual or forecast kept from full steps. Null: every block runs.
   accel::DitCache* cache = nullptr;
+  // Ulysses sequence parallelism (parallel/ulysses.h): every rank of the group makes this call
+  // with the same inputs; each runs its share of the image tokens and all get the whole
+  // output. Null: one device. Not with `intermediates`.
+  parallel::RankGroup* sequence_group = nullptr;
 };
 
 class HiDreamImageTransformer2DModelImpl : public torch::nn::Module {

@@ -7,6 +7,7 @@
 #include "diffuse/errors.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
+#include "parallel/ulysses.h"
 
 namespace diffuse::nn {
 namespace {
@@ -87,12 +88,49 @@ torch::Tensor joint_attention(torch::Tensor q, torch::Tensor k, const torch::Ten
   return o.transpose(1, 2).reshape({B, N, H * head_dim});
 }
 
+// Joint attention of image and text tokens -> (image out, text out), each [B, N, H*D]. With
+// Ulysses, `image` holds this rank's tokens: they are traded for all tokens of this rank's
+// heads (the text, held whole by every rank, keeps those heads), and the outputs traded back.
+std::pair<torch::Tensor, torch::Tensor> attend(const Qkv& image, const Qkv& text,
+                                               const HiDreamBlockInputs& in, int64_t head_dim) {
+  const int64_t B = image.q.size(0), Ni = image.q.size(1), Nt = text.q.size(1);
+  const int64_t H = image.q.size(2);
+  if (!in.ulysses) {
+    auto o = joint_attention(torch::cat({image.q, text.q}, 1), torch::cat({image.k, text.k}, 1),
+                             torch::cat({image.v, text.v}, 1), in, head_dim);
+    return {o.narrow(1, 0, Ni), o.narrow(1, Ni, Nt)};
+  }
+  auto& u = *in.ulysses;
+  const auto mine = u.heads();
+  const auto heads_of = [&](const torch::Tensor& t) { return t.narrow(2, mine.first, mine.count); };
+  auto all = u.to_heads({image.q, image.k, image.v});
+  const int64_t S = u.image_tokens();
+  // A rank beyond the model's head count holds no heads: it attends to nothing.
+  auto o = mine.count == 0
+               ? all[0].new_empty({B, S + Nt, 0, head_dim})
+               : joint_attention(torch::cat({all[0], heads_of(text.q)}, 1),
+                                 torch::cat({all[1], heads_of(text.k)}, 1),
+                                 torch::cat({all[2], heads_of(text.v)}, 1), in, head_dim)
+                     .reshape({B, S + Nt, mine.count, head_dim});
+  auto [oi, ot] = u.to_rows(o.narrow(1, 0, S), o.narrow(1, S, Nt));
+  return {oi.reshape({B, Ni, H * head_dim}),
+          Nt > 0 ? ot.reshape({B, Nt, H * head_dim}) : o.new_empty({B, 0, H * head_dim})};
+}
+
+Qkv tokens_of(const Qkv& p, int64_t first, int64_t count) {
+  return {p.q.narrow(1, first, count), p.k.narrow(1, first, count), p.v.narrow(1, first, count)};
+}
+
 }  // namespace
 
 torch::Tensor HiDreamAttentionImpl::forward_single(const torch::Tensor& x,
                                                    const HiDreamBlockInputs& in) {
   auto p = project(x, to_q, to_k, to_v, q_rms_norm, k_rms_norm, heads, head_dim);
-  return to_out(joint_attention(p.q, p.k, p.v, in, head_dim));
+  if (!in.ulysses) return to_out(joint_attention(p.q, p.k, p.v, in, head_dim));
+  // This rank's image tokens come first, then the text.
+  const int64_t N = x.size(1), Ni = in.ulysses->rows().count;
+  auto [oi, ot] = attend(tokens_of(p, 0, Ni), tokens_of(p, Ni, N - Ni), in, head_dim);
+  return to_out(torch::cat({oi, ot}, 1));
 }
 
 std::pair<torch::Tensor, torch::Tensor> HiDreamAttentionImpl::forward_dual(
@@ -100,10 +138,8 @@ std::pair<torch::Tensor, torch::Tensor> HiDreamAttentionImpl::forward_dual(
   if (single) throw InvalidArgument("HiDreamAttention: a single-stream attention has no text path");
   auto pi = project(image, to_q, to_k, to_v, q_rms_norm, k_rms_norm, heads, head_dim);
   auto pt = project(text, to_q_t, to_k_t, to_v_t, q_rms_norm_t, k_rms_norm_t, heads, head_dim);
-  auto o = joint_attention(torch::cat({pi.q, pt.q}, 1), torch::cat({pi.k, pt.k}, 1),
-                           torch::cat({pi.v, pt.v}, 1), in, head_dim);
-  const int64_t Ni = image.size(1), Nt = text.size(1);
-  return {to_out(o.narrow(1, 0, Ni)), to_out_t(o.narrow(1, Ni, Nt))};
+  auto [oi, ot] = attend(pi, pt, in, head_dim);
+  return {to_out(oi), to_out_t(ot)};
 }
 
 HiDreamImageFeedForward::HiDreamImageFeedForward(torch::nn::Module& owner,

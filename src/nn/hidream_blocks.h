@@ -16,6 +16,10 @@
 #include "nn/moe_feed_forward.h"
 #include "nn/rope.h"
 
+namespace diffuse::parallel {
+class UlyssesShard;
+}
+
 namespace diffuse::nn {
 
 struct HiDreamBlockOptions {
@@ -33,6 +37,10 @@ struct HiDreamBlockInputs {
   // [B, image tokens], 1 = real, 0 = padding, or undefined (no padding). Multiplies the image
   // tokens' KEYS only, as diffusers does: padded keys keep logit 0 and a share of the softmax.
   torch::Tensor image_token_mask;
+  // Ulysses sequence parallelism (parallel/ulysses.h): the image tokens a block sees are this
+  // rank's share; the attention trades them for a share of the heads and back. The mask and
+  // the RoPE table still describe the whole image sequence. Null: one device.
+  parallel::UlyssesShard* ulysses = nullptr;
 };
 
 struct HiDreamAttentionImpl : torch::nn::Module {

@@ -30,7 +30,7 @@ BranchRange branches_of_rank(int branches, int world, int rank) {
   return r;
 }
 
-BranchShard::BranchShard(CfgGroup& group, int branches)
+BranchShard::BranchShard(RankGroup& group, int branches)
     : group_(group),
       branches_(branches),
       range_(branches_of_rank(branches, group.size(), group.rank())),
@@ -59,40 +59,6 @@ torch::Tensor BranchShard::gather(const torch::Tensor& local_rows) {
     rows.push_back(parts[static_cast<size_t>(r)].narrow(
         0, 0, branches_of_rank(branches_, group_.size(), r).count * n));
   return torch::cat(rows);
-}
-
-void BranchShard::check_replicated(const torch::Tensor& t, const std::string& what) {
-  const uint64_t h = tensor_hash(t);
-  int64_t as_signed;
-  std::memcpy(&as_signed, &h, sizeof h);
-  auto mine =
-      torch::full({1}, as_signed, torch::TensorOptions().dtype(torch::kInt64)).to(t.device());
-  auto all = group_.all_gather(mine);
-  const int64_t first = all[0].cpu().item<int64_t>();
-  bool same = true;
-  std::ostringstream hashes;
-  for (size_t r = 0; r < all.size(); ++r) {
-    const int64_t v = all[r].cpu().item<int64_t>();
-    same = same && v == first;
-    hashes << (r ? ", " : "") << "rank " << r << " " << std::hex << static_cast<uint64_t>(v)
-           << std::dec;
-  }
-  if (!same)
-    throw Error("CFG-parallel: the ranks' " + what + " differ (" + hashes.str() +
-                "); every rank must compute the same scheduler step bit for bit (" +
-                group_.describe() + ")");
-}
-
-uint64_t tensor_hash(const torch::Tensor& t) {
-  auto c = t.detach().to(torch::kCPU).contiguous();
-  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-  const size_t bytes = static_cast<size_t>(c.numel()) * c.element_size();
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 }  // namespace diffuse::parallel

@@ -1,4 +1,4 @@
-// How the guidance branches of a CFG batch are spread over the ranks of a CfgGroup, for any
+// How the guidance branches of a CFG batch are spread over the ranks of a RankGroup, for any
 // number of branches: the same code serves Stable Diffusion's two (negative, positive) and
 // HiDream-E1's three (unconditional, image-conditioned, fully conditioned).
 //
@@ -10,9 +10,7 @@
 #pragma once
 #include <torch/types.h>
 
-#include <cstdint>
-
-#include "parallel/cfg_group.h"
+#include "parallel/rank_group.h"
 
 namespace diffuse::parallel {
 
@@ -28,25 +26,18 @@ BranchRange branches_of_rank(int branches, int world, int rank);
 
 class BranchShard {
  public:
-  BranchShard(CfgGroup& group, int branches);
+  BranchShard(RankGroup& group, int branches);
   const BranchRange& range() const { return range_; }
   // This rank's rows of a [branches * n, ...] tensor.
   torch::Tensor local(const torch::Tensor& batched) const;
   // The whole [branches * n, ...] tensor from every rank's local() rows, in branch order.
   torch::Tensor gather(const torch::Tensor& local_rows);
-  // Replicated state (the latents after a scheduler step) must be bit-identical on every rank;
-  // compares a hash of `t` across the group and throws diffuse::Error naming `what` on a
-  // mismatch, instead of letting the ranks silently drift apart.
-  void check_replicated(const torch::Tensor& t, const std::string& what);
 
  private:
-  CfgGroup& group_;
+  RankGroup& group_;
   int branches_;
   BranchRange range_;
   int most_;  // the largest count of any rank: all_gather needs equal shapes, so pad to it
 };
-
-// FNV-1a over the bytes of `t` (moved to the CPU, contiguous): equal tensors, equal hashes.
-uint64_t tensor_hash(const torch::Tensor& t);
 
 }  // namespace diffuse::parallel

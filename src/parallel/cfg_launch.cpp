@@ -20,28 +20,6 @@ namespace fs = std::filesystem;
 namespace diffuse::parallel {
 namespace {
 
-// A folder only this user can enter (mkdtemp: 0700), removed with everything in it.
-class PrivateTempDir {
- public:
-  PrivateTempDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern =
-        (tmp && *tmp ? std::string(tmp) : std::string("/tmp")) + "/diffuse-cfg-XXXXXX";
-    if (!::mkdtemp(pattern.data()))
-      throw IoError("CFG-parallel: cannot create a temporary folder from '" + pattern +
-                    "': " + std::strerror(errno));
-    path_ = pattern;
-  }
-  ~PrivateTempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 bool env_set(const char* name) {
   const char* v = std::getenv(name);
   return v && *v;

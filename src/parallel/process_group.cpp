@@ -2,9 +2,15 @@
 
 #include <torch/torch.h>
 
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+
 #include "device/device.h"
 #include "diffuse/errors.h"
 #include "parallel/c10d_compat.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace diffuse::parallel {
 namespace {
@@ -13,14 +19,35 @@ std::string seconds(std::chrono::milliseconds ms) {
   return std::to_string(ms.count() / 1000) + " s";
 }
 
+// c10::Error's what() carries a C++ backtrace; the first line is the message.
+std::string first_line(const std::exception& e) {
+  const std::string what = e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+bool is_loopback(const std::string& host) {
+  return host.empty() || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+#ifdef DIFFUSE_HAVE_GLOO
+// The interface Gloo's sockets use: loopback for ranks on this machine, so that nothing else
+// may join; $GLOO_SOCKET_IFNAME (torch's convention) or the host name's address across hosts.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const GroupOptions& o) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (is_loopback(o.master_addr))
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+#endif
+
 compat::BackendPtr make_backend(const std::string& name,
                                 const c10::intrusive_ptr<c10d::Store>& store,
                                 const GroupOptions& o) {
 #ifdef DIFFUSE_HAVE_GLOO
   if (name == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
-    // Loopback only: the ranks are processes on this machine, and nothing else may join.
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    opts->devices.push_back(gloo_device(o));
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world, opts);
   }
 #endif
@@ -40,13 +67,18 @@ compat::BackendPtr make_backend(const std::string& name,
 #endif
   (void)store;
   (void)o;
-  throw DeviceError("CFG-parallel: the " + name + " backend is not in this build");
+  throw DeviceError(o.purpose + ": the " + name + " backend is not in this build");
 }
 
-class ProcessGroupCfg : public CfgGroup {
+// The bytes of `t`, flat (a view of a contiguous copy when `t` is not contiguous).
+torch::Tensor as_bytes(const torch::Tensor& t) {
+  return t.contiguous().view({-1}).view(torch::kUInt8);
+}
+
+class ProcessGroupRanks : public RankGroup {
  public:
-  ProcessGroupCfg(compat::BackendPtr backend, c10::intrusive_ptr<c10d::Store> store,
-                  std::string name, const GroupOptions& o)
+  ProcessGroupRanks(compat::BackendPtr backend, c10::intrusive_ptr<c10d::Store> store,
+                    std::string name, const GroupOptions& o)
       : backend_(std::move(backend)),
         store_(std::move(store)),
         name_(std::move(name)),
@@ -54,20 +86,66 @@ class ProcessGroupCfg : public CfgGroup {
 
   int rank() const override { return options_.rank; }
   int size() const override { return options_.world; }
+  int64_t bytes_sent() const override { return bytes_sent_; }
+  torch::Device device() const override { return options_.device; }
   std::string describe() const override {
     return name_ + ", rank " + std::to_string(options_.rank) + " of " +
            std::to_string(options_.world);
   }
 
-  std::vector<torch::Tensor> all_gather(const torch::Tensor& mine) override {
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& mine,
+                                        const std::string& what) override {
     // The backend writes the buffers from its own threads, which are not in the caller's
-    // InferenceMode: they must be normal tensors, not inference tensors.
+    // InferenceMode: they must be normal tensors, not inference tensors. Bytes, whatever the
+    // dtype: Gloo lacks some (bfloat16 in libtorch 1.13), and the data only moves.
     c10::InferenceMode normal_tensors(false);
-    std::vector<at::Tensor> in{mine.clone(at::MemoryFormat::Contiguous)};
+    std::vector<at::Tensor> in{as_bytes(mine).clone()};
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < options_.world; ++r) out[0].push_back(torch::empty_like(in[0]));
-    // Each rank marks its arrival at this exchange in the store, so that a timeout can name
-    // the ranks that never came (the collective itself cannot tell).
+    bytes_sent_ += in[0].numel() * (options_.world - 1);
+    run(what, [&] {
+      c10d::AllgatherOptions opts;
+      opts.timeout = options_.timeout;
+      return backend_->allgather(out, in, opts);
+    });
+    std::vector<torch::Tensor> parts;
+    for (auto& t : out[0]) parts.push_back(t.view(mine.scalar_type()).view(mine.sizes()));
+    return parts;
+  }
+
+  torch::Tensor all_to_all(const torch::Tensor& send, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& recv_counts,
+                           const std::string& what) override {
+    const auto world = static_cast<size_t>(options_.world);
+    int64_t sent = 0, received = 0;
+    for (auto c : send_counts) sent += c;
+    for (auto c : recv_counts) received += c;
+    if (send.dim() != 1 || send_counts.size() != world || recv_counts.size() != world ||
+        sent != send.numel())
+      throw InvalidArgument(options_.purpose + " (" + describe() + "): all_to_all of " + what +
+                            " needs a 1-d tensor of the send counts' total and " +
+                            std::to_string(world) + " counts each way");
+    // Bytes, as all_gather.
+    const int64_t esize = static_cast<int64_t>(send.element_size());
+    std::vector<int64_t> send_bytes, recv_bytes;
+    for (auto c : send_counts) send_bytes.push_back(c * esize);
+    for (auto c : recv_counts) recv_bytes.push_back(c * esize);
+    c10::InferenceMode normal_tensors(false);
+    auto in = as_bytes(send).clone();
+    auto out = torch::empty({received * esize}, in.options());
+    bytes_sent_ += (sent - send_counts[static_cast<size_t>(options_.rank)]) * esize;
+    run(what, [&] {
+      c10d::AllToAllOptions opts;
+      opts.timeout = options_.timeout;
+      return backend_->alltoall_base(out, in, recv_bytes, send_bytes, opts);
+    });
+    return out.view(send.scalar_type());
+  }
+
+ private:
+  // One collective: each rank marks its arrival at this exchange in the store, so that a
+  // timeout can name the ranks that never came (the collective itself cannot tell).
+  void run(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
     ++exchanges_;
     try {
       store_->set(arrival_key(exchanges_, options_.rank), std::vector<uint8_t>{'1'});
@@ -75,25 +153,16 @@ class ProcessGroupCfg : public CfgGroup {
       // Only the report on a failure needs it.
     }
     try {
-      c10d::AllgatherOptions opts;
-      opts.timeout = options_.timeout;
-      auto work = backend_->allgather(out, in, opts);
-      work->wait(options_.timeout);
+      start()->wait(options_.timeout);
     } catch (const std::exception& e) {
-      // c10::Error's what() carries a C++ backtrace; the first line is the message.
-      std::string what = e.what();
-      what = what.substr(0, what.find('\n'));
-      throw Error("CFG-parallel (" + describe() +
-                  "): exchanging noise predictions failed: " + what + " (" + missing_ranks() + ")");
+      throw Error(options_.purpose + " (" + describe() + "): exchanging " + what +
+                  " failed: " + first_line(e) + " (" + missing_ranks() + ")");
     }
-    return out[0];
   }
 
- private:
   static std::string arrival_key(int64_t exchange, int rank) {
     return "diffuse/exchange/" + std::to_string(exchange) + "/" + std::to_string(rank);
   }
-
   // Which peers never reached the current exchange, for the failure report.
   std::string missing_ranks() const {
     std::string missing;
@@ -113,6 +182,7 @@ class ProcessGroupCfg : public CfgGroup {
   compat::BackendPtr backend_;
   c10::intrusive_ptr<c10d::Store> store_;
   int64_t exchanges_ = 0;
+  int64_t bytes_sent_ = 0;
   std::string name_;
   GroupOptions options_;
 };
@@ -126,7 +196,7 @@ std::string backend_for(const torch::Device& device) {
       return "gloo";
 #else
       throw DeviceError(
-          "CFG-parallel on cpu needs Gloo, which this build lacks (install Gloo's "
+          "a parallel run on cpu needs Gloo, which this build lacks (install Gloo's "
           "headers, e.g. Debian's libgloo-dev, and rebuild)");
 #endif
     case c10::DeviceType::CUDA:
@@ -134,7 +204,7 @@ std::string backend_for(const torch::Device& device) {
       return "nccl";
 #else
       throw DeviceError(
-          "CFG-parallel on cuda needs NCCL, which this build lacks (a CUDA "
+          "a parallel run on cuda needs NCCL, which this build lacks (a CUDA "
           "libtorch with NCCL's headers)");
 #endif
     case c10::DeviceType::PrivateUse1:
@@ -142,45 +212,128 @@ std::string backend_for(const torch::Device& device) {
       return "hccl";
 #else
       throw DeviceError(
-          "CFG-parallel on npu needs torch_npu's HCCL process group, which this "
+          "a parallel run on npu needs torch_npu's HCCL process group, which this "
           "build lacks (-DDIFFUSE_WITH_TORCH_NPU=ON)");
 #endif
     default:
-      throw DeviceError("CFG-parallel: no collective backend for device " +
-                        device::device_name(device));
+      throw DeviceError("no collective backend for device " + device::device_name(device));
   }
 }
 
-std::shared_ptr<CfgGroup> connect_group(const GroupOptions& o) {
+namespace {
+
+c10::intrusive_ptr<c10d::Store> open_store(const GroupOptions& o) {
+  if (!o.store_file.empty()) return c10::make_intrusive<c10d::FileStore>(o.store_file, o.world);
+  c10d::TCPStoreOptions t;
+  t.port = static_cast<std::uint16_t>(o.master_port);
+  // Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) its agent already serves the store.
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  t.isServer = o.rank == 0 && !(agent && std::string(agent) == "True");
+  t.numWorkers = o.world;
+  t.waitWorkers = false;  // the rendezvous below counts the ranks itself
+  t.timeout = o.startup_timeout;
+  return c10::make_intrusive<c10d::TCPStore>(o.master_addr, t);
+}
+
+std::string store_name(const GroupOptions& o) {
+  if (!o.store_file.empty()) return "store " + o.store_file;
+  return "store " + o.master_addr + ":" + std::to_string(o.master_port);
+}
+
+std::string as_string(const std::vector<uint8_t>& v) {
+  return std::string(v.begin(), v.end());
+}
+
+// The first line where two job descriptions differ, "seed=5 here, seed=6 on rank 1".
+std::string first_difference(const std::string& mine, const std::string& theirs, int rank) {
+  std::istringstream a(mine), b(theirs);
+  std::string la, lb;
+  while (true) {
+    const bool ga = static_cast<bool>(std::getline(a, la));
+    const bool gb = static_cast<bool>(std::getline(b, lb));
+    if (!ga && !gb) return "";
+    if (!ga) la = "(nothing)";
+    if (!gb) lb = "(nothing)";
+    if (la != lb) return la + " here, " + lb + " on rank " + std::to_string(rank);
+  }
+}
+
+// The rendezvous: every rank publishes its job, counts itself in, and waits for the count to
+// reach the group's size; then all compare their jobs. A rank that finds rank 0 has another
+// group size says so in the store and wakes the others, so that all fail at once rather than
+// at the timeout.
+void meet(c10d::Store& store, const GroupOptions& o) {
+  const std::string job = "world=" + std::to_string(o.world) + "\n" + o.job;
+  store.set("diffuse/job/" + std::to_string(o.rank), std::vector<uint8_t>(job.begin(), job.end()));
+  const std::string first_of_zero = as_string(store.get("diffuse/job/0"));
+  const std::string zero_world = first_of_zero.substr(0, first_of_zero.find('\n'));
+  const std::string my_world = "world=" + std::to_string(o.world);
+  if (zero_world != my_world) {
+    const std::string why = "ranks disagree on the group's size: " + my_world + " on rank " +
+                            std::to_string(o.rank) + ", " + zero_world + " on rank 0";
+    store.set("diffuse/abort", std::vector<uint8_t>(why.begin(), why.end()));
+    store.set("diffuse/all_loaded", std::vector<uint8_t>{'1'});
+    throw InvalidArgument(why);
+  }
+  if (store.add("diffuse/loaded", 1) == o.world)
+    store.set("diffuse/all_loaded", std::vector<uint8_t>{'1'});
+  store.wait({"diffuse/all_loaded"}, o.startup_timeout);
+  if (store.check({"diffuse/abort"})) throw InvalidArgument(as_string(store.get("diffuse/abort")));
+  std::string refusal;
+  for (int r = 0; r < o.world && refusal.empty(); ++r) {
+    if (r == o.rank) continue;
+    const auto diff =
+        first_difference(job, as_string(store.get("diffuse/job/" + std::to_string(r))), r);
+    if (!diff.empty())
+      refusal = "rank " + std::to_string(o.rank) + " was not started for the same run as rank " +
+                std::to_string(r) + ": " + diff;
+  }
+  // Everyone has read every job before anyone leaves: rank 0 may serve the store, and its exit
+  // would cut the others off before they can say why.
+  if (store.add("diffuse/checked", 1) == o.world)
+    store.set("diffuse/all_checked", std::vector<uint8_t>{'1'});
+  store.wait({"diffuse/all_checked"}, o.startup_timeout);
+  if (!refusal.empty()) throw InvalidArgument(refusal);
+}
+
+}  // namespace
+
+std::shared_ptr<RankGroup> connect_group(const GroupOptions& o) {
   if (o.world < 2 || o.rank < 0 || o.rank >= o.world)
-    throw InvalidArgument("CFG-parallel: rank " + std::to_string(o.rank) + " of " +
+    throw InvalidArgument(o.purpose + ": rank " + std::to_string(o.rank) + " of " +
                           std::to_string(o.world) + " is not a valid place in a group");
+  if (o.store_file.empty() && (o.master_addr.empty() || o.master_port < 1 || o.master_port > 65535))
+    throw InvalidArgument(o.purpose +
+                          ": the ranks meet through a store file or at "
+                          "MASTER_ADDR:MASTER_PORT (a port 1..65535), and neither was given");
   const std::string name = backend_for(o.device);
   const std::string where =
-      "CFG-parallel rank " + std::to_string(o.rank) + " (store " + o.store_file + ")";
+      o.purpose + " rank " + std::to_string(o.rank) + " (" + store_name(o) + ")";
   c10::intrusive_ptr<c10d::Store> store;
   try {
-    store = c10::make_intrusive<c10d::FileStore>(o.store_file, o.world);
-    store->setTimeout(o.startup_timeout);
-    // Every rank has loaded its model once the count reaches world; the last one to arrive
-    // says so. Waiting here (with the long startup timeout) keeps model loading out of the
-    // backend's per-collective timeout.
-    if (store->add("diffuse/loaded", 1) == o.world)
-      store->set("diffuse/all_loaded", std::vector<uint8_t>{'1'});
-    store->wait({"diffuse/all_loaded"}, o.startup_timeout);
-    store->setTimeout(o.timeout);
+    store = open_store(o);
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    throw Error(where + ": the other ranks did not all arrive within " +
-                seconds(o.startup_timeout) + ": " + what.substr(0, what.find('\n')));
+    throw Error(where + ": " +
+                (o.rank == 0 && o.store_file.empty() ? "could not serve the store"
+                                                     : "could not reach the store") +
+                " within " + seconds(o.startup_timeout) + ": " + first_line(e));
   }
   try {
-    return std::make_shared<ProcessGroupCfg>(make_backend(name, store, o), store, name, o);
+    store->setTimeout(o.startup_timeout);
+    meet(*store, o);
+    store->setTimeout(o.timeout);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(where + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw Error(where + ": the other ranks did not all arrive within " +
+                seconds(o.startup_timeout) + ": " + first_line(e));
+  }
+  try {
+    return std::make_shared<ProcessGroupRanks>(make_backend(name, store, o), store, name, o);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    throw Error(where + ": starting " + name + " failed: " + what.substr(0, what.find('\n')));
+    throw Error(where + ": starting " + name + " failed: " + first_line(e));
   }
 }
 

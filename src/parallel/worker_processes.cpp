@@ -8,7 +8,9 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -263,6 +265,21 @@ void run_workers(const std::vector<WorkerSpec>& workers, std::chrono::millisecon
     first = false;
   }
   throw Error(message + " (their own messages are above)");
+}
+
+PrivateTempDir::PrivateTempDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern =
+      (tmp && *tmp ? std::string(tmp) : std::string("/tmp")) + "/diffuse-cfg-XXXXXX";
+  if (!::mkdtemp(pattern.data()))
+    throw IoError("parallel run: cannot create a temporary folder from '" + pattern +
+                  "': " + std::strerror(errno));
+  path_ = pattern;
+}
+
+PrivateTempDir::~PrivateTempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
 }
 
 std::vector<std::string> own_command_line() {

@@ -38,6 +38,20 @@ struct WorkerSpec {
 // throws WorkersInterrupted once all are reaped (the previous handlers are back by then).
 void run_workers(const std::vector<WorkerSpec>& workers, std::chrono::milliseconds grace);
 
+// A folder only this user can enter (mkdtemp: 0700) for the workers' store and files, removed
+// with everything in it. IoError naming the pattern when it cannot be made.
+class PrivateTempDir {
+ public:
+  PrivateTempDir();
+  ~PrivateTempDir();
+  PrivateTempDir(const PrivateTempDir&) = delete;
+  PrivateTempDir& operator=(const PrivateTempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // This process's command line, argv[0] included (from /proc/self/cmdline), to repeat it in
 // the workers.
 std::vector<std::string> own_command_line();

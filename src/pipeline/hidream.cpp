@@ -14,6 +14,8 @@
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/load_component.h"
+#include "parallel/replicated.h"
+#include "parallel/ulysses.h"
 #include "pipeline/denoised_estimate.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/flow_decode.h"
@@ -191,6 +193,7 @@ torch::Tensor HiDreamPipeline::run_transformer(const torch::Tensor& input, const
   auto ts = t.to(device_, torch::kFloat32).reshape({1}).expand({input.size(0)});
   auto options = fwd;
   options.cache = cache_.get();
+  options.sequence_group = sequence_group_.get();
   auto raw = transformer()
                  ->forward(input, ts, text.t5, text.llama, text.pooled, options)
                  .to(torch::kFloat32);
@@ -215,8 +218,14 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
   in.step_noise = &s.step_noise;
   in.device = device_;
   if (cache_) in.begin_step = [this](int step, int total) { cache_->begin_step(step, total); };
-  auto run =
-      flow_denoise<HiDreamStep>(*scheduler_, latents, in, velocity, s.on_step, timings.step_s);
+  std::function<StepAction(const HiDreamStep&)> on_step = s.on_step;
+  if (sequence_group_)
+    on_step = [&](const HiDreamStep& st) -> StepAction {
+      parallel::check_replicated(*sequence_group_, st.latents,
+                                 "latents after step " + std::to_string(st.index + 1));
+      return s.on_step ? s.on_step(st) : StepAction(true);
+    };
+  auto run = flow_denoise<HiDreamStep>(*scheduler_, latents, in, velocity, on_step, timings.step_s);
   latents = run.latents;
   out.steps_run = run.steps_run;
   out.interrupted = run.interrupted;
@@ -234,6 +243,11 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
 void HiDreamPipeline::decode(const torch::Tensor& latents, const VaeTilingOptions& tiling,
                              HiDreamResult& out) {
   out.image = decode_flow_latents(vae_, latents, tiling, vae_device_, out.timings, out.warnings);
+}
+
+void HiDreamPipeline::set_sequence_group(std::shared_ptr<parallel::RankGroup> group) {
+  if (group) parallel::check_ulysses_group(tconfig_.num_attention_heads, group->size());
+  sequence_group_ = std::move(group);
 }
 
 void HiDreamPipeline::check_cache(const DitCacheOptions& cache) const {

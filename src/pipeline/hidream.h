@@ -23,6 +23,7 @@
 #include "models/autoencoder_kl.h"
 #include "models/hidream_transformer.h"
 #include "nn/layers.h"
+#include "parallel/rank_group.h"
 #include "pipeline/hidream_text.h"
 #include "schedulers/scheduler.h"
 
@@ -188,6 +189,10 @@ class HiDreamPipeline {
   // What image sides must be multiples of: the VAE factor times the transformer's patch size.
   int64_t size_multiple() const { return vae_scale_factor() * tconfig_.patch_size; }
 
+  // Ulysses sequence parallelism (parallel/ulysses.h): every rank of `group` runs the same
+  // generation (same inputs and seed) and each transformer call splits its image tokens over
+  // them; after every step the ranks check that their latents are identical. Null: one device.
+  void set_sequence_group(std::shared_ptr<parallel::RankGroup> group);
   // InvalidArgument for a cache this model cannot run (a block range outside its blocks).
   void check_cache(const DitCacheOptions& cache) const;
 
@@ -233,6 +238,7 @@ class HiDreamPipeline {
   nn::QuantizedLayers quantized_;
   std::unique_ptr<HiDreamTextEncoders> text_;
   std::unique_ptr<accel::DitCache> cache_;  // the running generation's, if it caches
+  std::shared_ptr<parallel::RankGroup> sequence_group_;
   models::HiDreamImageTransformer2DModel transformer_{nullptr};
   models::AutoencoderKL vae_{nullptr};
   std::unique_ptr<schedulers::Scheduler> scheduler_;

@@ -25,6 +25,7 @@
 #include "nn/layers.h"
 #include "nn/load_weights.h"
 #include "parallel/branch_split.h"
+#include "parallel/replicated.h"
 #include "pipeline/denoised_estimate.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/lora_set.h"
@@ -840,7 +841,9 @@ GenerationResult StableDiffusion::denoise_and_decode(
               : schedulers::StepNoise::from_generator(gen);
     }
     latents = scheduler.step(noise_pred, t, latents, step_noise).prev_sample;
-    if (shard) shard->check_replicated(latents, "latents after step " + std::to_string(i + 1));
+    if (shard)
+      parallel::check_replicated(*cfg_group_, latents,
+                                 "latents after step " + std::to_string(i + 1));
     trace("step." + std::to_string(i) + ".latents", latents);
     timings.step_s.push_back(now_s() - step_start);
     steps_run = static_cast<int>(i + 1);
@@ -919,15 +922,9 @@ accel::TokenMergingPayoff StableDiffusion::token_merging_payoff(const TokenMergi
   if (cfg_group_) {
     // Every rank must decide alike (their images are compared step by step): the sum of
     // their times decides.
-    // On the UNet's device, where the group's backend exchanges (NCCL/HCCL); float32, which
-    // every device has, is plenty for seconds.
-    const auto all = cfg_group_->all_gather(
-        torch::tensor({payoff.plain_s, payoff.merged_s}, torch::kFloat32).to(c_->device));
-    payoff.plain_s = payoff.merged_s = 0;
-    for (const auto& t : all) {
-      payoff.plain_s += t[0].item<float>();
-      payoff.merged_s += t[1].item<float>();
-    }
+    const auto sums = parallel::sum_over_ranks(*cfg_group_, {payoff.plain_s, payoff.merged_s});
+    payoff.plain_s = sums[0];
+    payoff.merged_s = sums[1];
   }
   c_->tome_payoffs.emplace(key, payoff);
   return payoff;

@@ -23,7 +23,7 @@ namespace diffuse::accel {
 struct TokenMergingPayoff;
 }
 namespace diffuse::parallel {
-class CfgGroup;
+class RankGroup;
 }
 
 namespace diffuse::pipeline {
@@ -60,7 +60,7 @@ class StableDiffusion {
   // CFG-parallel: with a group set, each generation computes only this rank's guidance
   // branch(es) and all-gathers the noise predictions every step (generations need guidance
   // on); only rank 0 decodes, other ranks return the final latents without images.
-  void set_cfg_group(std::shared_ptr<parallel::CfgGroup> group) { cfg_group_ = std::move(group); }
+  void set_cfg_group(std::shared_ptr<parallel::RankGroup> group) { cfg_group_ = std::move(group); }
 
   GenerationResult text2image(const GenerationConfig& config, const StepCallback& on_step);
   // init: [B, 3, H, W] float in [0, 1] (B = 1 or one per prompt).
@@ -101,7 +101,7 @@ class StableDiffusion {
   PipelineInfo info_;
   TraceFn trace_;
   NoiseFn noise_;
-  std::shared_ptr<parallel::CfgGroup> cfg_group_;
+  std::shared_ptr<parallel::RankGroup> cfg_group_;
 
   torch::Tensor draw_noise(c10::IntArrayRef shape, at::Generator& gen) const;
   // ConfigError when a tokenizer has ids outside its encoder's vocabulary, or when the

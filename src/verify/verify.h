@@ -2,12 +2,17 @@
 #pragma once
 #include <torch/types.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "quant/ggml_blocks.h"
 #include "verify/golden.h"
+
+namespace diffuse::parallel {
+class RankGroup;
+}
 
 namespace diffuse::verify {
 
@@ -19,6 +24,9 @@ struct VerifyOptions {
   // within quantized_tolerance(type) of the largest magnitude of its expected tensor instead of
   // the case's tolerance. Cases of other components are not run.
   std::optional<quant::GgmlType> weights;
+  // HiDream pipeline cases run with Ulysses sequence parallelism over this group (every rank
+  // runs the same case; parallel/ulysses.h). Null: one device.
+  std::shared_ptr<parallel::RankGroup> sequence_group;
 };
 
 // The stated tolerance of a verify run with quantized weights, as the relative RMS error of each

@@ -67,6 +67,7 @@ CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
     pipe.set_editing_lora(
         set.path_inside(lora["lora_file"].get<std::string>(), "e1_weights.lora_file"), lo);
   }
+  pipe.set_sequence_group(o.sequence_group);
   if (c.params.contains("scheduler"))
     pipe.set_scheduler(schedulers::make_scheduler(
         io::JsonConfig(c.param("scheduler", nlohmann::json()), c.where + ": params.scheduler")));

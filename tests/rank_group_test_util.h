@@ -1,0 +1,55 @@
+// Groups of ranks for the parallel tests: `world` threads of this process, each with its own rank
+// of one Gloo group on 127.0.0.1 (a FileStore in a temporary folder).
+#pragma once
+#include <torch/types.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "diffuse/errors.h"
+#include "parallel/process_group.h"
+#include "test_util.h"
+
+namespace diffuse::test {
+
+// PyTorch's pip wheels come without Gloo's headers: such a build has no CPU collectives, and
+// the parallel tests have nothing to run there.
+inline bool have_cpu_collectives() {
+  try {
+    parallel::backend_for(torch::Device(torch::kCPU));
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+#define SKIP_WITHOUT_CPU_COLLECTIVES() \
+  if (!::diffuse::test::have_cpu_collectives()) GTEST_SKIP() << "this build has no Gloo"
+
+// Runs `body(group)` on `world` threads, one rank each; rethrows the first rank's failure.
+inline void with_group(int world, const std::function<void(parallel::RankGroup&)>& body) {
+  TempDir dir;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        parallel::GroupOptions o;
+        o.rank = r;
+        o.world = world;
+        o.store_file = dir.file("store");
+        o.timeout = std::chrono::seconds(60);
+        auto group = parallel::connect_group(o);
+        body(*group);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace diffuse::test
