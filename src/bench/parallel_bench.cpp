@@ -56,7 +56,8 @@ ParallelBenchRank run_parallel_bench_rank(const ParallelBenchOptions& o,
   ParallelBenchRank r;
   r.ranks = group ? group->size() : 1;
   r.image_tokens = (o.side / 2) * (o.side / 2);
-  r.text_tokens = static_cast<int>(2 * text);
+  // Each block attends over T5's and the last Llama layer's tokens plus its own Llama layer's.
+  r.text_tokens = static_cast<int>(3 * text);
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
   r.params_m = static_cast<double>(params) / 1e6;
