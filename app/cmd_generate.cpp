@@ -230,7 +230,8 @@ std::string parallel_job(const GenerateFlags& f, const GenerationConfig& g, bool
   for (const auto& p : g.prompts) prompts += p + "\x1f";
   for (const auto& p : g.negative_prompts) negatives += p + "\x1f";
   return parallel_job_lines(
-      f.parallel, f.model, g.seed,
+      // Every rank has a seed: the launcher fixes one, require_shared_seed asks for one.
+      f.parallel, f.model, g.seed.value_or(0),
       {{"command", img2img ? "img2img" : "txt2img"},
        {"prompts", prompts},
        {"negative prompts", negatives},

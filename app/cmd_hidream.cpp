@@ -105,8 +105,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
   const auto dtype = device::resolve_dtype(f.dtype, device, "transformer");
   const auto placement = pipeline::hidream_placement(f.text_encoder_device, f.vae_device, f.dtype);
   nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(f.attention, device));
-  const bool seed_given = f.seed.has_value();
-  const uint64_t seed = seed_given ? parse_seed(*f.seed, "--seed") : std::random_device{}();
+  const uint64_t seed = f.seed ? parse_seed(*f.seed, "--seed") : std::random_device{}();
 
   const bool talk = !f.quiet && !f.json;  // --json keeps stdout for the summary alone
   if (!f.scheduler.empty()) check_flow_scheduler_name(f.scheduler);
@@ -147,8 +146,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
   if (f.parallel.is_worker())
     pipe.set_sequence_group(join_group(
         f.parallel, "Ulysses",
-        parallel_job_lines(f.parallel, f.model,
-                           seed_given ? std::optional<uint64_t>(seed) : std::nullopt,
+        parallel_job_lines(f.parallel, f.model, seed,
                            {{"command", edit ? "edit" : "txt2img"},
                             {"transformer", f.transformer},
                             {"prompt", f.prompt},

@@ -194,14 +194,9 @@ void require_shared_seed(const ParallelFlags& f, bool seed_given) {
         "its own noise)");
 }
 
-std::string parallel_job_lines(const ParallelFlags& f, const std::string& model,
-                               const std::optional<uint64_t>& seed,
+std::string parallel_job_lines(const ParallelFlags& f, const std::string& model, uint64_t seed,
                                const std::vector<std::pair<std::string, std::string>>& fields) {
-  if (!seed)
-    throw InvalidArgument(
-        "--seed: ranks started separately must all be given the same seed (each would draw "
-        "its own noise)");
-  std::string job = "model=" + model + "\nseed=" + std::to_string(*seed) +
+  std::string job = "model=" + model + "\nseed=" + std::to_string(seed) +
                     "\nparallel=" + (f.mode.empty() ? "cfg" : f.mode) + "\n";
   for (const auto& [key, value] : fields) job += key + "=" + value + "\n";
   return job;

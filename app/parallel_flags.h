@@ -8,7 +8,6 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,10 +67,8 @@ std::shared_ptr<parallel::RankGroup> join_group(const ParallelFlags& flags,
 // its own noise. (The local launcher fixes one for its workers.)
 void require_shared_seed(const ParallelFlags& flags, bool seed_given);
 // The `job` of join_group: "model=...", "seed=...", "parallel=MODE", then `fields` as
-// "key=value" lines. InvalidArgument when a rank started elsewhere has no seed (each would draw
-// its own noise).
-std::string parallel_job_lines(const ParallelFlags& flags, const std::string& model,
-                               const std::optional<uint64_t>& seed,
+// "key=value" lines.
+std::string parallel_job_lines(const ParallelFlags& flags, const std::string& model, uint64_t seed,
                                const std::vector<std::pair<std::string, std::string>>& fields);
 // A worker's step callback: `inner`, plus the hidden hash log and the test-only fault
 // injection ($DIFFUSE_TEST_CFG_FAULT="RANK:STEP:exit|hang": that rank exits with status 3, or

@@ -1,15 +1,19 @@
-// Groups of ranks for the parallel tests: `world` threads of this process, each with its own rank
-// of one Gloo group on 127.0.0.1 (a FileStore in a temporary folder).
+// What the parallel tests share: groups of ranks as `world` threads of this process, each with
+// its own rank of one Gloo group on 127.0.0.1 (a FileStore in a temporary folder), and the
+// comparison of a parallel run's PNG with one process's.
 #pragma once
 #include <torch/types.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <thread>
 #include <vector>
 
 #include "diffuse/errors.h"
+#include "diffuse/image.h"
 #include "parallel/process_group.h"
 #include "test_util.h"
 
@@ -50,6 +54,15 @@ inline void with_group(int world, const std::function<void(parallel::RankGroup&)
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+// The largest difference of one 8-bit channel between two PNGs; 256 when their sizes differ.
+inline int worst_pixel_difference(const std::string& a_path, const std::string& b_path) {
+  const auto a = read_png(a_path), b = read_png(b_path);
+  if (a.rgb.size() != b.rgb.size()) return 256;
+  int worst = 0;
+  for (size_t i = 0; i < a.rgb.size(); ++i) worst = std::max(worst, std::abs(a.rgb[i] - b.rgb[i]));
+  return worst;
 }
 
 }  // namespace diffuse::test

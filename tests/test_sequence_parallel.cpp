@@ -227,13 +227,7 @@ std::vector<std::string> t2i_args(const std::string& out, const std::string& see
           "-W",      "64", "-H",           "64", "--seed",    seed, "-o",     out};
 }
 
-int worst_pixel_difference(const std::string& a_path, const std::string& b_path) {
-  const auto a = read_png(a_path), b = read_png(b_path);
-  if (a.rgb.size() != b.rgb.size()) return 256;
-  int worst = 0;
-  for (size_t i = 0; i < a.rgb.size(); ++i) worst = std::max(worst, std::abs(a.rgb[i] - b.rgb[i]));
-  return worst;
-}
+using test::worst_pixel_difference;
 
 #define SKIP_WITHOUT_GOLDEN_MODEL()                      \
   SKIP_WITHOUT_CPU_COLLECTIVES();                        \

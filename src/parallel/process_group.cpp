@@ -70,9 +70,9 @@ compat::BackendPtr make_backend(const std::string& name,
   throw DeviceError(o.purpose + ": the " + name + " backend is not in this build");
 }
 
-// The bytes of `t`, flat (a view of a contiguous copy when `t` is not contiguous).
-torch::Tensor as_bytes(const torch::Tensor& t) {
-  return t.contiguous().view({-1}).view(torch::kUInt8);
+// A contiguous copy of `t`'s bytes, flat: what the backend sends.
+torch::Tensor bytes_copy(const torch::Tensor& t) {
+  return t.clone(at::MemoryFormat::Contiguous).view({-1}).view(torch::kUInt8);
 }
 
 class ProcessGroupRanks : public RankGroup {
@@ -99,7 +99,7 @@ class ProcessGroupRanks : public RankGroup {
     // InferenceMode: they must be normal tensors, not inference tensors. Bytes, whatever the
     // dtype: Gloo lacks some (bfloat16 in libtorch 1.13), and the data only moves.
     c10::InferenceMode normal_tensors(false);
-    std::vector<at::Tensor> in{as_bytes(mine).clone()};
+    std::vector<at::Tensor> in{bytes_copy(mine)};
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < options_.world; ++r) out[0].push_back(torch::empty_like(in[0]));
     bytes_sent_ += in[0].numel() * (options_.world - 1);
@@ -131,7 +131,7 @@ class ProcessGroupRanks : public RankGroup {
     for (auto c : send_counts) send_bytes.push_back(c * esize);
     for (auto c : recv_counts) recv_bytes.push_back(c * esize);
     c10::InferenceMode normal_tensors(false);
-    auto in = as_bytes(send).clone();
+    auto in = bytes_copy(send);
     auto out = torch::empty({received * esize}, in.options());
     bytes_sent_ += (sent - send_counts[static_cast<size_t>(options_.rank)]) * esize;
     run(what, [&] {
