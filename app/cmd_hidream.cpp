@@ -58,6 +58,28 @@ void check_flow_scheduler_name(const std::string& name) {
       "the DiT models (HiDream, FLUX) run the flow-matching schedulers: " + list);
 }
 
+// HiDream's parallel modes against the run: cfg needs guidance (its two branches, E1's three)
+// and at most a rank per branch; cfg,ulysses an even number of ranks. InvalidArgument saying
+// what would run.
+void check_hidream_parallel_run(ParallelMode mode, int world, bool edit, double cfg_scale) {
+  if (mode == ParallelMode::kUlysses) return;
+  const std::string flag = mode == ParallelMode::kCfg ? "--parallel cfg" : "--parallel cfg,ulysses";
+  if (cfg_scale <= 1.0)
+    throw InvalidArgument(flag +
+                          " splits the guidance branches, and guidance is off (--cfg-scale " +
+                          c10::str(cfg_scale) + "); --parallel ulysses splits the tokens instead");
+  const int branches = edit ? 3 : 2;
+  if (mode == ParallelMode::kCfg && world > branches)
+    throw InvalidArgument(flag + ": " + std::to_string(world) + " ranks for HiDream's " +
+                          std::to_string(branches) +
+                          " guidance branches (at most one rank per branch; cfg,ulysses splits "
+                          "each branch share's tokens over more)");
+  if (mode == ParallelMode::kCfgUlysses && world % 2 != 0)
+    throw InvalidArgument(flag +
+                          " runs on 2 x N ranks (two branch shares of N token shares), not " +
+                          std::to_string(world));
+}
+
 int run_hidream(const DitCliFlags& f, bool edit) {
   if (pipeline::is_flux_folder(f.model)) {
     if (f.parallel.active())
@@ -88,13 +110,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     throw InvalidArgument("--lora-alpha must be a finite number");
   const auto cache = accel::parse_dit_cache(f.cache);
   quant::parse_weight_type(f.weights, "--weights");  // refused before the load
-  if (f.parallel.active() && parallel_mode(f.parallel) != ParallelMode::kUlysses)
-    throw InvalidArgument(
-        "--devices/--parallel cfg: HiDream's guidance branches run as one batch on each rank; "
-        "HiDream shares its work over ranks with --parallel ulysses (each attention's image "
-        "tokens split over them)");
   require_shared_seed(f.parallel, f.seed.has_value());
-  if (f.parallel.is_launcher()) return run_parallel_launcher(f.parallel, f.seed.has_value());
   Image source;
   if (edit) {
     if (f.image.empty()) throw InvalidArgument("edit needs a source image (-i/--image)");
@@ -127,6 +143,9 @@ int run_hidream(const DitCliFlags& f, bool edit) {
   const double cfg_scale = f.cfg_scale.value_or(defaults.guidance_scale);
   const double image_guidance = f.image_guidance.value_or(defaults.image_guidance_scale);
   const double refine = f.refine.value_or(f.e1_lora.empty() ? 0.0 : defaults.refine_strength);
+  const auto mode = parallel_mode(f.parallel);
+  if (f.parallel.world > 1) check_hidream_parallel_run(mode, f.parallel.world, edit, cfg_scale);
+  if (f.parallel.is_launcher()) return run_parallel_launcher(f.parallel, f.seed.has_value());
   if (talk)
     std::cerr << "HiDream " << defaults.variant << ": " << steps << " steps, guidance " << cfg_scale
               << (edit ? ", image guidance " + c10::str(image_guidance) : "")
@@ -143,9 +162,9 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     pipe.set_editing_lora(f.e1_lora, lo);
   }
   const auto lora_lines = apply_dit_flags(pipe, folder, f, talk);
-  if (f.parallel.is_worker())
-    pipe.set_sequence_group(join_group(
-        f.parallel, "Ulysses",
+  if (f.parallel.is_worker()) {
+    const auto groups = join_groups(
+        f.parallel, mode,
         parallel_job_lines(f.parallel, f.model, seed,
                            {{"command", edit ? "edit" : "txt2img"},
                             {"transformer", f.transformer},
@@ -156,7 +175,10 @@ int run_hidream(const DitCliFlags& f, bool edit) {
                             {"steps", std::to_string(steps)},
                             {"guidance", c10::str(cfg_scale)},
                             {"weights", f.weights},
-                            {"cache", f.cache}})));
+                            {"cache", f.cache}}));
+    pipe.set_cfg_group(groups.cfg);
+    pipe.set_sequence_group(groups.sequence);
+  }
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Progress progress(!talk);

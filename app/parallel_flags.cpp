@@ -55,11 +55,12 @@ void add_parallel_flags(CLI::App& app, ParallelFlags& f) {
       "(Gloo on cpu, NCCL on cuda, HCCL on npu; --parallel says how they share the work)");
   if (auto* device = app.get_option_no_throw("--device")) devices->excludes(device);
   app.add_option("--parallel", f.mode,
-                 "cfg: the guidance branches over the ranks (Stable Diffusion); ulysses: each "
-                 "attention's image tokens over the ranks (HiDream). With --devices, local "
+                 "cfg: the guidance branches over the ranks; ulysses: each attention's image "
+                 "tokens over the ranks (HiDream); cfg,ulysses: both, on 2 x N ranks (HiDream). "
+                 "With --devices, local "
                  "processes; without, this process is one rank (torchrun's RANK, WORLD_SIZE, "
                  "LOCAL_RANK, MASTER_ADDR, MASTER_PORT or the flags below)")
-      ->check(CLI::IsMember({"cfg", "ulysses"}));
+      ->check(CLI::IsMember({"cfg", "ulysses", "cfg,ulysses"}));
   app.add_option("--parallel-timeout", f.timeout_s,
                  "Parallel runs: seconds a rank waits for the others at each exchange before "
                  "failing")
@@ -90,7 +91,9 @@ void add_parallel_flags(CLI::App& app, ParallelFlags& f) {
 }
 
 ParallelMode parallel_mode(const ParallelFlags& f) {
-  return f.mode == "ulysses" ? ParallelMode::kUlysses : ParallelMode::kCfg;
+  if (f.mode == "ulysses") return ParallelMode::kUlysses;
+  if (f.mode == "cfg,ulysses") return ParallelMode::kCfgUlysses;
+  return ParallelMode::kCfg;
 }
 
 void resolve_parallel_flags(ParallelFlags& f, const std::string& device_flag) {
@@ -171,8 +174,10 @@ int run_parallel_launcher(const ParallelFlags& f, bool seed_given) {
   return 0;
 }
 
-std::shared_ptr<parallel::RankGroup> join_group(const ParallelFlags& f, const std::string& purpose,
-                                                const std::string& job) {
+namespace {
+
+parallel::GroupOptions group_options(const ParallelFlags& f, const std::string& purpose,
+                                     const std::string& job) {
   parallel::GroupOptions o;
   o.rank = f.worker_rank;
   o.world = f.world;
@@ -184,7 +189,27 @@ std::shared_ptr<parallel::RankGroup> join_group(const ParallelFlags& f, const st
   o.purpose = purpose;
   o.timeout = to_ms(f.timeout_s);
   o.startup_timeout = to_ms(f.join_timeout_s);
-  return parallel::connect_group(o);
+  return o;
+}
+
+}  // namespace
+
+std::shared_ptr<parallel::RankGroup> join_group(const ParallelFlags& f, const std::string& purpose,
+                                                const std::string& job) {
+  return parallel::connect_group(group_options(f, purpose, job));
+}
+
+parallel::ParallelGroups join_groups(const ParallelFlags& f, ParallelMode mode,
+                                     const std::string& job) {
+  switch (mode) {
+    case ParallelMode::kCfg:
+      return parallel::connect_groups(group_options(f, "CFG-parallel", job), f.world);
+    case ParallelMode::kUlysses:
+      return parallel::connect_groups(group_options(f, "Ulysses", job), 1);
+    case ParallelMode::kCfgUlysses:
+      break;
+  }
+  return parallel::connect_groups(group_options(f, "CFG-parallel + Ulysses", job), 2);
 }
 
 void require_shared_seed(const ParallelFlags& f, bool seed_given) {

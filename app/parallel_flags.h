@@ -14,14 +14,12 @@
 
 #include "diffuse/pipeline.h"
 
-namespace diffuse::parallel {
-class RankGroup;
-}
+#include "parallel/process_group.h"
 
 namespace diffuse::app {
 
-// How the ranks share the work: the guidance branches (cfg: Stable Diffusion), or the image
-// tokens of each attention (ulysses: the DiTs).
+// How the ranks share the work: the guidance branches (cfg), the image tokens of each
+// attention (ulysses: HiDream), or both (cfg,ulysses: HiDream on 2 x N ranks).
 enum class ParallelMode { kCfg, kUlysses, kCfgUlysses };
 
 struct ParallelFlags {
@@ -70,6 +68,11 @@ void require_shared_seed(const ParallelFlags& flags, bool seed_given);
 // "key=value" lines.
 std::string parallel_job_lines(const ParallelFlags& flags, const std::string& model, uint64_t seed,
                                const std::vector<std::pair<std::string, std::string>>& fields);
+// A DiT rank, after loading: meets the others and splits the world for `mode` (cfg: every rank
+// a branch share; ulysses: every rank a token share; cfg,ulysses: two branch shares of N token
+// shares each).
+parallel::ParallelGroups join_groups(const ParallelFlags& flags, ParallelMode mode,
+                                     const std::string& job);
 // A worker's step callback: `inner`, plus the hidden hash log and the test-only fault
 // injection ($DIFFUSE_TEST_CFG_FAULT="RANK:STEP:exit|hang": that rank exits with status 3, or
 // blocks until killed, when step STEP (1-based) is done). `latents` of the step, if any.

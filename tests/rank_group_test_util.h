@@ -32,8 +32,10 @@ inline bool have_cpu_collectives() {
 #define SKIP_WITHOUT_CPU_COLLECTIVES() \
   if (!::diffuse::test::have_cpu_collectives()) GTEST_SKIP() << "this build has no Gloo"
 
-// Runs `body(group)` on `world` threads, one rank each; rethrows the first rank's failure.
-inline void with_group(int world, const std::function<void(parallel::RankGroup&)>& body) {
+// Runs `body(groups)` on `world` threads, one rank each, split into `cfg_ways` branch shares
+// (parallel::connect_groups); rethrows the first rank's failure.
+inline void with_groups(int world, int cfg_ways,
+                        const std::function<void(parallel::ParallelGroups&)>& body) {
   TempDir dir;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
@@ -45,8 +47,8 @@ inline void with_group(int world, const std::function<void(parallel::RankGroup&)
         o.world = world;
         o.store_file = dir.file("store");
         o.timeout = std::chrono::seconds(60);
-        auto group = parallel::connect_group(o);
-        body(*group);
+        auto groups = parallel::connect_groups(o, cfg_ways);
+        body(groups);
       } catch (...) {
         errors[static_cast<size_t>(r)] = std::current_exception();
       }
@@ -54,6 +56,11 @@ inline void with_group(int world, const std::function<void(parallel::RankGroup&)
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+// Runs `body(group)` on `world` threads, one rank each of one group.
+inline void with_group(int world, const std::function<void(parallel::RankGroup&)>& body) {
+  with_groups(world, 1, [&](parallel::ParallelGroups& g) { body(*g.world); });
 }
 
 // The largest difference of one 8-bit channel between two PNGs; 256 when their sizes differ.

@@ -1,10 +1,11 @@
-// Ulysses sequence parallelism (src/parallel/ulysses.h) for HiDream's transformer: the
+// Ulysses sequence parallelism (src/parallel/ulysses.h) for HiDream's transformer, alone and
+// with HiDream's CFG-parallel (cfg,ulysses): the
 // all-to-all exchanges against plain slicing, the transformer over 2-4 ranks against one device
 // (float64 reference, square and padded non-square latents, more ranks than heads), the First-
-// Block Cache deciding alike on every rank, every golden HiDream pipeline case on 2 and 4 ranks,
-// and the CLI: `--devices cpu,cpu --parallel ulysses`, two "hosts" meeting at MASTER_ADDR
-// 127.0.0.1, and the groups that must fail (another seed, another group size, a port in use,
-// nobody at the address) within their timeout. Ranks are threads of this process (library) or
+// Block Cache deciding alike on every rank, every golden HiDream pipeline case on 2 and 4 ranks
+// and under cfg and cfg,ulysses, and the CLI: local ranks in every mode, two "hosts" meeting at
+// MASTER_ADDR 127.0.0.1, and the groups that must fail (another seed, another group size, a port in
+// use, nobody at the address) within their timeout. Ranks are threads of this process (library) or
 // processes (CLI), one intra-op thread each.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -192,25 +193,44 @@ TEST(Ulysses, FirstBlockCacheDecidesAlikeOnEveryRank) {
 
 // ---- the golden pipeline cases ----
 
-TEST(Ulysses, GoldenHiDreamPipelineCasesPassOnTwoAndFourRanks) {
-  SKIP_WITHOUT_CPU_COLLECTIVES();
-  const auto dir = test::hidream_golden_dir();
-  if (!fs::exists(dir + "/cases.json")) GTEST_SKIP() << "no HiDream golden set at " << dir;
-  const auto set = verify::GoldenSet::load(dir);
+// Every HiDream pipeline case of the golden set, run by every rank of `world` split into
+// `cfg_ways` branch shares; returns the cases run.
+int run_golden_pipeline_cases(int world, int cfg_ways) {
+  const auto set = verify::GoldenSet::load(test::hidream_golden_dir());
   int cases = 0;
-  for (int world : {2, 4})
-    with_group(world, [&](parallel::RankGroup& g) {
-      verify::VerifyOptions o;
-      o.sequence_group = std::shared_ptr<parallel::RankGroup>(&g, [](auto*) {});
-      for (const auto& c : set.cases) {
-        if (c.component != "pipeline") continue;
-        const auto r = verify::run_case(set, c, o);
-        EXPECT_TRUE(r.passed) << c.name << " on rank " << g.rank() << " of " << world << ": "
-                              << r.reason;
-        if (g.rank() == 0 && world == 2) ++cases;
-      }
-    });
-  EXPECT_GT(cases, 0) << "the set has no pipeline cases";
+  test::with_groups(world, cfg_ways, [&](parallel::ParallelGroups& g) {
+    verify::VerifyOptions o;
+    o.sequence_group = g.sequence;
+    o.cfg_group = g.cfg;
+    for (const auto& c : set.cases) {
+      if (c.component != "pipeline") continue;
+      const auto r = verify::run_case(set, c, o);
+      EXPECT_TRUE(r.passed) << c.name << " on rank " << g.world->rank() << " of " << world << " ("
+                            << cfg_ways << " branch shares): " << r.reason;
+      if (g.world->rank() == 0) ++cases;
+    }
+  });
+  return cases;
+}
+
+#define SKIP_WITHOUT_HIDREAM_SET()                             \
+  SKIP_WITHOUT_CPU_COLLECTIVES();                              \
+  if (!fs::exists(test::hidream_golden_dir() + "/cases.json")) \
+  GTEST_SKIP() << "no HiDream golden set at " << test::hidream_golden_dir()
+
+TEST(Ulysses, GoldenHiDreamPipelineCasesPassOnTwoAndFourRanks) {
+  SKIP_WITHOUT_HIDREAM_SET();
+  EXPECT_GT(run_golden_pipeline_cases(2, 1), 0) << "the set has no pipeline cases";
+  run_golden_pipeline_cases(4, 1);
+}
+
+// CFG-parallel: I1's two branches and E1's three over 2 and 3 ranks (E1-Full's two-branch refine
+// phase then runs whole on each of the 3); cfg,ulysses: 2 branch shares x 2 token shares.
+TEST(Ulysses, GoldenHiDreamPipelineCasesPassWithCfgAndCfgUlysses) {
+  SKIP_WITHOUT_HIDREAM_SET();
+  EXPECT_GT(run_golden_pipeline_cases(2, 2), 0);
+  run_golden_pipeline_cases(3, 3);
+  run_golden_pipeline_cases(4, 2);
 }
 
 // ---- the CLI ----
@@ -234,24 +254,34 @@ using test::worst_pixel_difference;
   if (!fs::exists(golden_model() + "/model_index.json")) \
   GTEST_SKIP() << "no HiDream golden model at " << golden_model()
 
-TEST(Ulysses, CliTwoLocalRanksMatchOneProcess) {
+// Local ranks in each mode give one process's image; every rank held the same latents after
+// every step, and only rank 0 wrote.
+TEST(Ulysses, CliLocalRanksInEveryModeMatchOneProcess) {
   SKIP_WITHOUT_GOLDEN_MODEL();
   test::TempDir dir;
   auto one = run_cli(t2i_args(dir.file("one.png")), dir);
   ASSERT_EQ(one.exit_code, 0) << one.err;
-  auto args = t2i_args(dir.file("two.png"));
-  args.insert(args.end(), {"--devices", "cpu,cpu", "--parallel", "ulysses", "--cfg-hash-log",
-                           dir.file("hashes")});
-  auto two = run_cli(args, dir);
-  ASSERT_EQ(two.exit_code, 0) << two.err;
-  EXPECT_EQ(two.out.find("two.png"), two.out.rfind("two.png")) << two.out;  // rank 0 writes
-  std::ifstream h0(dir.file("hashes.rank0")), h1(dir.file("hashes.rank1"));
-  std::stringstream s0, s1;
-  s0 << h0.rdbuf();
-  s1 << h1.rdbuf();
-  EXPECT_FALSE(s0.str().empty());
-  EXPECT_EQ(s0.str(), s1.str());  // both ranks held the same latents after every step
-  EXPECT_LE(worst_pixel_difference(dir.file("one.png"), dir.file("two.png")), 1);
+  for (const auto& [devices, mode] : {std::pair<std::string, std::string>{"cpu,cpu", "ulysses"},
+                                      {"cpu,cpu", "cfg"},
+                                      {"cpu,cpu,cpu,cpu", "cfg,ulysses"}}) {
+    const std::string out = dir.file(mode + ".png"), log = dir.file(mode + ".hashes");
+    auto args = t2i_args(out);
+    args.insert(args.end(), {"--devices", devices, "--parallel", mode, "--cfg-hash-log", log});
+    auto run = run_cli(args, dir);
+    ASSERT_EQ(run.exit_code, 0) << mode << ": " << run.err;
+    EXPECT_EQ(run.out.find(out), run.out.rfind(out)) << run.out;  // rank 0 writes
+    const int ranks = devices == "cpu,cpu" ? 2 : 4;
+    std::string first;
+    for (int r = 0; r < ranks; ++r) {
+      std::ifstream in(log + ".rank" + std::to_string(r));
+      std::stringstream lines;
+      lines << in.rdbuf();
+      if (r == 0) first = lines.str();
+      EXPECT_FALSE(lines.str().empty()) << mode << " rank " << r;
+      EXPECT_EQ(lines.str(), first) << mode << " rank " << r;
+    }
+    EXPECT_LE(worst_pixel_difference(dir.file("one.png"), out), 1) << mode;
+  }
 }
 
 // A port nobody listens on right now (the kernel's pick for a socket just closed).
@@ -362,8 +392,14 @@ TEST(Ulysses, GroupsThatCannotRunFailWithinTheirTimeoutNamingWhy) {
   auto outside = host_args(dir.file("a.png"), 2, 2, 1);
   expect_failure(run_cli(outside, dir), "outside a group of 2");
   auto cfg = t2i_args(dir.file("a.png"));
-  cfg.insert(cfg.end(), {"--devices", "cpu,cpu"});
-  expect_failure(run_cli(cfg, dir), "--parallel ulysses");
+  cfg.insert(cfg.end(), {"--devices", "cpu,cpu,cpu"});  // txt2img has two branches
+  expect_failure(run_cli(cfg, dir), "at most one rank per branch");
+  auto odd = t2i_args(dir.file("a.png"));
+  odd.insert(odd.end(), {"--devices", "cpu,cpu,cpu", "--parallel", "cfg,ulysses"});
+  expect_failure(run_cli(odd, dir), "2 x N ranks");
+  auto unguided = t2i_args(dir.file("a.png"));
+  unguided.insert(unguided.end(), {"--devices", "cpu,cpu", "--cfg-scale", "1"});
+  expect_failure(run_cli(unguided, dir), "guidance is off");
   EXPECT_FALSE(fs::exists(dir.file("a.png")));
 }
 

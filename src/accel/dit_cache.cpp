@@ -250,6 +250,7 @@ bool DitCache::reuse_after_first_block(const torch::Tensor& first_residual) {
         first_residual_.abs().sum(torch::kFloat64).item<double>(),
         (first_residual - first_residual_).abs().sum(torch::kFloat64).item<double>()};
     if (rank_sum_) sums = rank_sum_(sums);
+    if (branch_sum_) sums = branch_sum_(sums);
     const double before = sums[0], change = sums[1];
     // Against the last full step's residual, not the last call's: small changes add up.
     if (change < options_.threshold * before) {

@@ -72,10 +72,13 @@ class DitCache {
   // First-Block Cache: after the first block, with its residual on the image tokens. True:
   // skip the other blocks and add remaining_residual() to the first block's image output.
   bool reuse_after_first_block(const torch::Tensor& first_residual);
-  // Under sequence parallelism each rank sees a share of the tokens, but all must decide alike:
-  // the First-Block Cache then sums its means' numerators and counts over the ranks with this.
+  // Split over ranks, each rank sees a share of the tokens (sequence parallelism) and/or of the
+  // batch (CFG-parallel), but all must decide alike: the First-Block Cache then adds its sums
+  // over the token shares (set_rank_sum, by the transformer) and over the batch shares
+  // (set_branch_sum, by the pipeline), which gives every rank one device's numbers.
   using RankSum = std::function<std::vector<double>(const std::vector<double>&)>;
   void set_rank_sum(RankSum sum) { rank_sum_ = std::move(sum); }
+  void set_branch_sum(RankSum sum) { branch_sum_ = std::move(sum); }
   torch::Tensor remaining_residual() const { return remaining_; }
   bool first_block_cache() const { return options_.method == DitCacheOptions::Method::kFirstBlock; }
 
@@ -107,7 +110,7 @@ class DitCache {
 
   // First-Block Cache.
   torch::Tensor first_residual_, remaining_;
-  RankSum rank_sum_;
+  RankSum rank_sum_, branch_sum_;
   // TaylorSeer: the last full step's features and their derivatives (per step), and its index.
   std::vector<torch::Tensor> taylor_;
   int taylor_step_ = -1;

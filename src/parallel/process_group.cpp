@@ -10,6 +10,7 @@
 #include "diffuse/errors.h"
 #include "parallel/c10d_compat.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace diffuse::parallel {
@@ -235,6 +236,20 @@ c10::intrusive_ptr<c10d::Store> open_store(const GroupOptions& o) {
   return c10::make_intrusive<c10d::TCPStore>(o.master_addr, t);
 }
 
+// The backend over a store whose ranks have met (connect_world) or meet in its constructor.
+std::shared_ptr<RankGroup> start_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                       const GroupOptions& o) {
+  const std::string name = backend_for(o.device);
+  try {
+    return std::make_shared<ProcessGroupRanks>(make_backend(name, store, o), store, name, o);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(o.purpose + " rank " + std::to_string(o.rank) + ": starting " + name +
+                " failed: " + first_line(e));
+  }
+}
+
 std::string store_name(const GroupOptions& o) {
   if (!o.store_file.empty()) return "store " + o.store_file;
   return "store " + o.master_addr + ":" + std::to_string(o.master_port);
@@ -296,9 +311,12 @@ void meet(c10d::Store& store, const GroupOptions& o) {
   if (!refusal.empty()) throw InvalidArgument(refusal);
 }
 
-}  // namespace
+struct Connected {
+  std::shared_ptr<RankGroup> group;
+  c10::intrusive_ptr<c10d::Store> store;
+};
 
-std::shared_ptr<RankGroup> connect_group(const GroupOptions& o) {
+Connected connect_world(const GroupOptions& o) {
   if (o.world < 2 || o.rank < 0 || o.rank >= o.world)
     throw InvalidArgument(o.purpose + ": rank " + std::to_string(o.rank) + " of " +
                           std::to_string(o.world) + " is not a valid place in a group");
@@ -306,7 +324,7 @@ std::shared_ptr<RankGroup> connect_group(const GroupOptions& o) {
     throw InvalidArgument(o.purpose +
                           ": the ranks meet through a store file or at "
                           "MASTER_ADDR:MASTER_PORT (a port 1..65535), and neither was given");
-  const std::string name = backend_for(o.device);
+  backend_for(o.device);  // refused before meeting when this build lacks it
   const std::string where =
       o.purpose + " rank " + std::to_string(o.rank) + " (" + store_name(o) + ")";
   c10::intrusive_ptr<c10d::Store> store;
@@ -328,13 +346,41 @@ std::shared_ptr<RankGroup> connect_group(const GroupOptions& o) {
     throw Error(where + ": the other ranks did not all arrive within " +
                 seconds(o.startup_timeout) + ": " + first_line(e));
   }
-  try {
-    return std::make_shared<ProcessGroupRanks>(make_backend(name, store, o), store, name, o);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw Error(where + ": starting " + name + " failed: " + first_line(e));
+  return {start_group(store, o), store};
+}
+
+}  // namespace
+
+std::shared_ptr<RankGroup> connect_group(const GroupOptions& o) {
+  return connect_world(o).group;
+}
+
+ParallelGroups connect_groups(const GroupOptions& o, int cfg_ways) {
+  if (cfg_ways < 1 || o.world % cfg_ways != 0)
+    throw InvalidArgument(o.purpose + ": " + std::to_string(o.world) + " ranks do not split into " +
+                          std::to_string(cfg_ways) + " guidance shares of equal size");
+  auto world = connect_world(o);
+  ParallelGroups g;
+  g.world = world.group;
+  const int n = o.world / cfg_ways, share = o.rank / n, token_share = o.rank % n;
+  // Every rank makes its sub-groups in the same order (each one's members meet in its
+  // constructor), under keys of their own in the same store.
+  const auto sub = [&](const std::string& prefix, int rank, int size, const std::string& purpose) {
+    GroupOptions so = o;
+    so.rank = rank;
+    so.world = size;
+    so.purpose = purpose;
+    return start_group(c10::make_intrusive<c10d::PrefixStore>(prefix, world.store), so);
+  };
+  // A split one way only is the world itself.
+  if (n == 1) g.cfg = g.world;
+  if (cfg_ways == 1) g.sequence = g.world;
+  if (n > 1 && cfg_ways > 1) {
+    g.sequence = sub("diffuse/ulysses/" + std::to_string(share) + "/", token_share, n, "Ulysses");
+    g.cfg =
+        sub("diffuse/cfg/" + std::to_string(token_share) + "/", share, cfg_ways, "CFG-parallel");
   }
+  return g;
 }
 
 }  // namespace diffuse::parallel

@@ -39,4 +39,14 @@ std::string backend_for(const torch::Device& device);
 // come, or the first line of `job` a rank disagrees on.
 std::shared_ptr<RankGroup> connect_group(const GroupOptions& options);
 
+// CFG-parallel and/or Ulysses: the world of options.world = cfg_ways x N ranks meets as
+// connect_group does, then splits. Rank r holds guidance-branch share r / N and, within it,
+// token share r % N: `sequence` joins the N ranks of its branch share (null when N is 1),
+// `cfg` the cfg_ways ranks of its token share (null when cfg_ways is 1); a split one way only
+// is the world group itself. InvalidArgument when cfg_ways does not divide the world.
+struct ParallelGroups {
+  std::shared_ptr<RankGroup> world, cfg, sequence;
+};
+ParallelGroups connect_groups(const GroupOptions& options, int cfg_ways);
+
 }  // namespace diffuse::parallel

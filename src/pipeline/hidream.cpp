@@ -14,6 +14,7 @@
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 #include "models/load_component.h"
+#include "parallel/branch_split.h"
 #include "parallel/replicated.h"
 #include "parallel/ulysses.h"
 #include "pipeline/denoised_estimate.h"
@@ -194,9 +195,22 @@ torch::Tensor HiDreamPipeline::run_transformer(const torch::Tensor& input, const
   auto options = fwd;
   options.cache = cache_.get();
   options.sequence_group = sequence_group_.get();
-  auto raw = transformer()
-                 ->forward(input, ts, text.t5, text.llama, text.pooled, options)
-                 .to(torch::kFloat32);
+  torch::Tensor raw;
+  const int64_t batch = input.size(0);  // one image per guidance branch
+  if (cfg_group_ && batch >= cfg_group_->size()) {
+    parallel::BranchShard shard(*cfg_group_, static_cast<int>(batch));
+    const auto mine = [&](const torch::Tensor& x, int64_t dim) {
+      return x.narrow(dim, shard.range().first, shard.range().count);
+    };
+    raw = shard.gather(transformer()
+                           ->forward(mine(input, 0), mine(ts, 0), mine(text.t5, 0),
+                                     mine(text.llama, 1), mine(text.pooled, 0), options)
+                           .to(torch::kFloat32));
+  } else {
+    raw = transformer()
+              ->forward(input, ts, text.t5, text.llama, text.pooled, options)
+              .to(torch::kFloat32);
+  }
   step.transformer_input = input;
   step.transformer_timesteps = ts;
   step.transformer_out = raw;
@@ -218,11 +232,14 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
   in.step_noise = &s.step_noise;
   in.device = device_;
   if (cache_) in.begin_step = [this](int step, int total) { cache_->begin_step(step, total); };
+  if (cache_ && cfg_group_) cache_->set_branch_sum(parallel::sum_over_ranks(*cfg_group_));
   std::function<StepAction(const HiDreamStep&)> on_step = s.on_step;
-  if (sequence_group_)
+  if (sequence_group_ || cfg_group_)
     on_step = [&](const HiDreamStep& st) -> StepAction {
-      parallel::check_replicated(*sequence_group_, st.latents,
-                                 "latents after step " + std::to_string(st.index + 1));
+      const std::string what = "latents after step " + std::to_string(st.index + 1);
+      // Equal within every token group and every branch group: equal everywhere.
+      for (auto* g : {sequence_group_.get(), cfg_group_.get()})
+        if (g) parallel::check_replicated(*g, st.latents, what);
       return s.on_step ? s.on_step(st) : StepAction(true);
     };
   auto run = flow_denoise<HiDreamStep>(*scheduler_, latents, in, velocity, on_step, timings.step_s);

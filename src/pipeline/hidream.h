@@ -193,6 +193,13 @@ class HiDreamPipeline {
   // generation (same inputs and seed) and each transformer call splits its image tokens over
   // them; after every step the ranks check that their latents are identical. Null: one device.
   void set_sequence_group(std::shared_ptr<parallel::RankGroup> group);
+  // CFG-parallel: each rank of `group` runs the transformer on its share of the guidance
+  // branches (I1's two, E1's three; branch_split.h) and the ranks all-gather the predictions,
+  // so guidance and scheduler steps are replicated. With a sequence group too, each branch
+  // share is split by tokens over that group (cfg,ulysses). A batch with fewer branches than
+  // ranks (no guidance, E1's two-branch refine phase with three ranks) runs whole on every
+  // rank. Null: one device.
+  void set_cfg_group(std::shared_ptr<parallel::RankGroup> group) { cfg_group_ = std::move(group); }
   // InvalidArgument for a cache this model cannot run (a block range outside its blocks).
   void check_cache(const DitCacheOptions& cache) const;
 
@@ -238,7 +245,7 @@ class HiDreamPipeline {
   nn::QuantizedLayers quantized_;
   std::unique_ptr<HiDreamTextEncoders> text_;
   std::unique_ptr<accel::DitCache> cache_;  // the running generation's, if it caches
-  std::shared_ptr<parallel::RankGroup> sequence_group_;
+  std::shared_ptr<parallel::RankGroup> sequence_group_, cfg_group_;
   models::HiDreamImageTransformer2DModel transformer_{nullptr};
   models::AutoencoderKL vae_{nullptr};
   std::unique_ptr<schedulers::Scheduler> scheduler_;

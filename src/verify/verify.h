@@ -27,6 +27,8 @@ struct VerifyOptions {
   // HiDream pipeline cases run with Ulysses sequence parallelism over this group (every rank
   // runs the same case; parallel/ulysses.h). Null: one device.
   std::shared_ptr<parallel::RankGroup> sequence_group;
+  // ... and CFG-parallel over this one (HiDreamPipeline::set_cfg_group); both: cfg,ulysses.
+  std::shared_ptr<parallel::RankGroup> cfg_group;
 };
 
 // The stated tolerance of a verify run with quantized weights, as the relative RMS error of each

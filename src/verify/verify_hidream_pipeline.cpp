@@ -68,6 +68,7 @@ CaseResult verify_hidream_pipeline(const GoldenSet& set, const GoldenCase& c,
         set.path_inside(lora["lora_file"].get<std::string>(), "e1_weights.lora_file"), lo);
   }
   pipe.set_sequence_group(o.sequence_group);
+  pipe.set_cfg_group(o.cfg_group);
   if (c.params.contains("scheduler"))
     pipe.set_scheduler(schedulers::make_scheduler(
         io::JsonConfig(c.param("scheduler", nlohmann::json()), c.where + ": params.scheduler")));
