@@ -68,11 +68,18 @@ int run_flux(const DitCliFlags& f, bool edit) {
   refuse_hidream_flags(f);
   quant::parse_weight_type(f.weights, "--weights");  // refused before the load
   const auto cache = accel::parse_dit_cache(f.cache);
+  if (f.parallel.active() && parallel_mode(f.parallel) != ParallelMode::kUlysses)
+    throw InvalidArgument(
+        "--devices/--parallel cfg: FLUX's guidance is one embedding (true CFG's negative pass "
+        "rides in the same batch); FLUX shares its work over ranks with --parallel ulysses");
+  require_shared_seed(f.parallel, f.seed.has_value());
+  if (f.parallel.is_launcher()) return run_parallel_launcher(f.parallel, f.seed.has_value());
   const bool img2img = !edit && !f.image.empty();
   Image source;
   if (edit && f.image.empty()) throw InvalidArgument("edit needs a source image (-i/--image)");
   if (!f.image.empty()) source = read_png(f.image);
-  const auto device = device::resolve_device(f.device);
+  const auto device =
+      device::resolve_device(f.parallel.is_worker() ? f.parallel.rank_device : f.device);
   const auto dtype = device::resolve_dtype(f.dtype, device, "transformer");
   nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(f.attention, device));
   const uint64_t seed = f.seed ? parse_seed(*f.seed, "--seed") : std::random_device{}();
@@ -104,6 +111,9 @@ int run_flux(const DitCliFlags& f, bool edit) {
   if (!f.latents_file.empty()) s.latents = read_tensor_file(f.latents_file, "latents");
   s.vae_tiling = f.vae_tiling;
   s.cache = cache;
+  if (f.parallel.is_worker())
+    pipe.set_sequence_group(join_group(f.parallel, "Ulysses",
+                                       dit_parallel_job(f, edit, seed, s.steps, s.guidance_scale)));
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (talk)
@@ -113,14 +123,17 @@ int run_flux(const DitCliFlags& f, bool edit) {
               << (s.true_cfg_scale > 1 ? ", true CFG " + c10::str(s.true_cfg_scale) : "") << "\n";
   Progress progress(!talk);
   const auto loop_start = std::chrono::steady_clock::now();
+  StepCallback report = [&progress](const StepEvent& e) { return progress(e); };
+  if (f.parallel.is_worker()) report = worker_step_callback(f.parallel, report);
   s.on_step = [&](const pipeline::FluxStep& st) {
     StepEvent e;
     e.step = st.index;
     e.num_steps = s.steps;
     e.timestep = st.t.item<double>();
+    e.latents = &st.latents;
     e.elapsed_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
-    return progress(e);
+    return report(e);
   };
   std::optional<std::string> negative;
   if (!f.negative_prompt.empty()) negative = f.negative_prompt;
@@ -154,6 +167,7 @@ int run_flux(const DitCliFlags& f, bool edit) {
     r = pipe.text_to_image(t);
   }
   progress.finish();
+  if (f.parallel.worker_rank > 0) return 0;  // rank 0 writes
   for (const auto& w : r.warnings) std::cerr << "warning: " << w << "\n";
   pipeline::ImageParameters params;
   params.prompt = f.prompt;

@@ -58,6 +58,21 @@ void check_flow_scheduler_name(const std::string& name) {
       "the DiT models (HiDream, FLUX) run the flow-matching schedulers: " + list);
 }
 
+std::string dit_parallel_job(const DitCliFlags& f, bool edit, uint64_t seed, int steps,
+                             double guidance) {
+  return parallel_job_lines(f.parallel, f.model, seed,
+                            {{"command", edit ? "edit" : "txt2img"},
+                             {"transformer", f.transformer},
+                             {"prompt", f.prompt},
+                             {"negative prompt", f.negative_prompt},
+                             {"image", f.image},
+                             {"size", std::to_string(f.width) + "x" + std::to_string(f.height)},
+                             {"steps", std::to_string(steps)},
+                             {"guidance", c10::str(guidance)},
+                             {"weights", f.weights},
+                             {"cache", f.cache}});
+}
+
 // HiDream's parallel modes against the run: cfg needs guidance (its two branches, E1's three)
 // and at most a rank per branch; cfg,ulysses an even number of ranks. InvalidArgument saying
 // what would run.
@@ -81,13 +96,7 @@ void check_hidream_parallel_run(ParallelMode mode, int world, bool edit, double 
 }
 
 int run_hidream(const DitCliFlags& f, bool edit) {
-  if (pipeline::is_flux_folder(f.model)) {
-    if (f.parallel.active())
-      throw InvalidArgument(
-          "--devices/--parallel: a FLUX model runs on one process for now (Ulysses sequence "
-          "parallelism serves HiDream)");
-    return run_flux(f, edit);
-  }
+  if (pipeline::is_flux_folder(f.model)) return run_flux(f, edit);
   if (f.true_cfg_scale || f.max_sequence_length || f.no_auto_resize)
     throw InvalidArgument(
         "--true-cfg-scale/--max-sequence-length/--no-auto-resize: FLUX options; HiDream guides "
@@ -163,19 +172,8 @@ int run_hidream(const DitCliFlags& f, bool edit) {
   }
   const auto lora_lines = apply_dit_flags(pipe, folder, f, talk);
   if (f.parallel.is_worker()) {
-    const auto groups = join_groups(
-        f.parallel, mode,
-        parallel_job_lines(f.parallel, f.model, seed,
-                           {{"command", edit ? "edit" : "txt2img"},
-                            {"transformer", f.transformer},
-                            {"prompt", f.prompt},
-                            {"negative prompt", f.negative_prompt},
-                            {"image", f.image},
-                            {"size", std::to_string(f.width) + "x" + std::to_string(f.height)},
-                            {"steps", std::to_string(steps)},
-                            {"guidance", c10::str(cfg_scale)},
-                            {"weights", f.weights},
-                            {"cache", f.cache}}));
+    const auto groups =
+        join_groups(f.parallel, mode, dit_parallel_job(f, edit, seed, steps, cfg_scale));
     pipe.set_cfg_group(groups.cfg);
     pipe.set_sequence_group(groups.sequence);
   }

@@ -12,6 +12,11 @@
 
 namespace diffuse::app {
 
+// What the ranks of a DiT run must agree on (join_group's job): model, seed, prompts, image,
+// size, steps, guidance, weights, cache.
+std::string dit_parallel_job(const DitCliFlags& f, bool edit, uint64_t seed, int steps,
+                             double guidance);
+
 // InvalidArgument unless `name` is a flow-matching scheduler (the DiTs denoise by flow matching).
 void check_flow_scheduler_name(const std::string& name);
 

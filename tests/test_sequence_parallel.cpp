@@ -193,10 +193,11 @@ TEST(Ulysses, FirstBlockCacheDecidesAlikeOnEveryRank) {
 
 // ---- the golden pipeline cases ----
 
-// Every HiDream pipeline case of the golden set, run by every rank of `world` split into
-// `cfg_ways` branch shares; returns the cases run.
-int run_golden_pipeline_cases(int world, int cfg_ways) {
-  const auto set = verify::GoldenSet::load(test::hidream_golden_dir());
+// Every pipeline case of the golden set in `dir` (HiDream's by default), run by every rank of
+// `world` split into `cfg_ways` branch shares; returns the cases run.
+int run_golden_pipeline_cases(int world, int cfg_ways,
+                              const std::string& dir = test::hidream_golden_dir()) {
+  const auto set = verify::GoldenSet::load(dir);
   int cases = 0;
   test::with_groups(world, cfg_ways, [&](parallel::ParallelGroups& g) {
     verify::VerifyOptions o;
@@ -231,6 +232,20 @@ TEST(Ulysses, GoldenHiDreamPipelineCasesPassWithCfgAndCfgUlysses) {
   EXPECT_GT(run_golden_pipeline_cases(2, 2), 0);
   run_golden_pipeline_cases(3, 3);
   run_golden_pipeline_cases(4, 2);
+}
+
+// FLUX.1 dev/schnell (true CFG's two-row batch too) and Kontext (its reference tokens split
+// with the target's) on 2 and 3 ranks (3 > the sets' 2 heads).
+TEST(Ulysses, GoldenFluxAndKontextPipelineCasesPassOnTwoAndThreeRanks) {
+  SKIP_WITHOUT_CPU_COLLECTIVES();
+  int sets = 0;
+  for (const auto& dir : {test::flux_golden_dir(), test::flux_kontext_golden_dir()}) {
+    if (!fs::exists(dir + "/cases.json")) continue;
+    ++sets;
+    EXPECT_GT(run_golden_pipeline_cases(2, 1, dir), 0) << dir << " has no pipeline cases";
+    run_golden_pipeline_cases(3, 1, dir);
+  }
+  if (sets == 0) GTEST_SKIP() << "no FLUX golden sets at " << test::flux_golden_dir();
 }
 
 // ---- the CLI ----
@@ -282,6 +297,22 @@ TEST(Ulysses, CliLocalRanksInEveryModeMatchOneProcess) {
     }
     EXPECT_LE(worst_pixel_difference(dir.file("one.png"), out), 1) << mode;
   }
+}
+
+TEST(Ulysses, CliFluxOnTwoLocalRanksMatchesOneProcess) {
+  SKIP_WITHOUT_CPU_COLLECTIVES();
+  const auto flux = test::flux_golden_dir() + "/model";
+  if (!fs::exists(flux + "/model_index.json")) GTEST_SKIP() << "no FLUX golden model at " << flux;
+  test::TempDir dir;
+  auto args = t2i_args(dir.file("one.png"));
+  args[2] = flux;
+  auto one = run_cli(args, dir);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  args.back() = dir.file("two.png");
+  args.insert(args.end(), {"--devices", "cpu,cpu", "--parallel", "ulysses"});
+  auto two = run_cli(args, dir);
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_LE(worst_pixel_difference(dir.file("one.png"), dir.file("two.png")), 1);
 }
 
 // A port nobody listens on right now (the kernel's pick for a socket just closed).
@@ -397,6 +428,14 @@ TEST(Ulysses, GroupsThatCannotRunFailWithinTheirTimeoutNamingWhy) {
   auto odd = t2i_args(dir.file("a.png"));
   odd.insert(odd.end(), {"--devices", "cpu,cpu,cpu", "--parallel", "cfg,ulysses"});
   expect_failure(run_cli(odd, dir), "2 x N ranks");
+  const auto flux = test::flux_golden_dir() + "/model";
+  if (fs::exists(flux + "/model_index.json")) {
+    auto flux_cfg = t2i_args(dir.file("a.png"));
+    flux_cfg[2] = flux;
+    flux_cfg.insert(flux_cfg.end(), {"--devices", "cpu,cpu", "--parallel", "cfg"});
+    expect_failure(run_cli(flux_cfg, dir),
+                   "FLUX shares its work over ranks with --parallel ulysses");
+  }
   auto unguided = t2i_args(dir.file("a.png"));
   unguided.insert(unguided.end(), {"--devices", "cpu,cpu", "--cfg-scale", "1"});
   expect_failure(run_cli(unguided, dir), "guidance is off");

@@ -5,12 +5,15 @@
 #include <numeric>
 
 #include "accel/dit_block_loop.h"
+#include "accel/dit_cache.h"
 #include "diffuse/errors.h"
 #include "models/config_values.h"
 #include "models/flux_bfl_names.h"
 #include "models/load_component.h"
 #include "nn/fused_ops.h"
 #include "nn/rope.h"
+#include "parallel/replicated.h"
+#include "parallel/ulysses.h"
 
 namespace diffuse::models {
 namespace {
@@ -179,7 +182,22 @@ torch::Tensor FluxTransformer2DModelImpl::forward(
   const auto dtype = x_embedder->bias.scalar_type();
   const int64_t B = hidden_states.size(0);
 
-  auto image = x_embedder(hidden_states.to(dev, dtype));
+  if (options.sequence_group && inter)
+    throw InvalidArgument(
+        "FluxTransformer2DModel: intermediates are captured on one device, not under sequence "
+        "parallelism");
+  // Ulysses: this rank embeds and carries its share of the image tokens.
+  std::optional<parallel::UlyssesShard> ulysses;
+  nn::FluxBlockInputs in;
+  auto tokens_in = hidden_states;
+  if (options.sequence_group) {
+    ulysses.emplace(*options.sequence_group, c.num_attention_heads, hidden_states.size(1));
+    tokens_in = ulysses->local_rows(hidden_states);
+    in.ulysses = &*ulysses;
+    if (options.cache)
+      options.cache->set_rank_sum(parallel::sum_over_ranks(*options.sequence_group));
+  }
+  auto image = x_embedder(tokens_in.to(dev, dtype));
   capture(inter, "x_embedder", image);
 
   // diffusers rounds t * 1000 (and guidance * 1000) in the model's dtype before the sinusoidal
@@ -188,7 +206,6 @@ torch::Tensor FluxTransformer2DModelImpl::forward(
     auto scaled = t.to(dev, dtype).reshape({-1}).expand({B}) * 1000;
     return mlp(time_proj(scaled).to(dtype));
   };
-  nn::FluxBlockInputs in;
   in.temb = embed(timestep_embedder, timestep);
   if (c.guidance_embeds) in.temb = in.temb + embed(guidance_embedder, guidance);
   in.temb = in.temb + text_embedder(pooled.to(dev, dtype));
@@ -240,7 +257,8 @@ torch::Tensor FluxTransformer2DModelImpl::forward(
   auto mod = norm_out_linear(torch::silu(in.temb)).unsqueeze(1).chunk(2, -1);
   auto normed = nn::layer_norm(image, {}, {}, kFluxNormEps) * (1 + mod[0]) + mod[1];
   capture(inter, "norm_out", normed);
-  return proj_out(normed);
+  auto out = proj_out(normed);
+  return ulysses ? ulysses->gather_rows(out) : out;
 }
 
 FluxTransformer2DModel load_flux_transformer(const io::ModelFolder& folder, torch::Device device,

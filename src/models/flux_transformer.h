@@ -24,6 +24,10 @@ namespace diffuse::accel {
 class DitCache;
 }
 
+namespace diffuse::parallel {
+class RankGroup;
+}
+
 namespace diffuse::models {
 
 struct FluxTransformerConfig {
@@ -49,6 +53,10 @@ struct FluxTransformerConfig {
 struct FluxForwardOptions {
   // A DiT cache (accel/dit_cache.h) this call consults and updates. Null: every block runs.
   accel::DitCache* cache = nullptr;
+  // Ulysses sequence parallelism (parallel/ulysses.h): every rank of the group makes this call
+  // with the same inputs; each runs its share of the image tokens and all get the whole
+  // output. Null: one device. Not with `intermediates`.
+  parallel::RankGroup* sequence_group = nullptr;
 };
 
 class FluxTransformer2DModelImpl : public torch::nn::Module {

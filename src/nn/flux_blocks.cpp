@@ -5,6 +5,7 @@
 #include "diffuse/errors.h"
 #include "nn/attention.h"
 #include "nn/fused_ops.h"
+#include "parallel/ulysses.h"
 
 namespace diffuse::nn {
 namespace {
@@ -33,6 +34,39 @@ torch::Tensor rotary_attention(torch::Tensor q, torch::Tensor k, const torch::Te
   }
   auto o = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), {});
   return o.transpose(1, 2).reshape({B, N, H * D});
+}
+
+FluxQkv flux_tokens_of(const FluxQkv& p, int64_t first, int64_t count) {
+  return {p.q.narrow(1, first, count), p.k.narrow(1, first, count), p.v.narrow(1, first, count)};
+}
+
+// Joint attention over [text | image] -> (image out, text out), each [B, N, H*D]. With Ulysses,
+// `image` holds this rank's tokens: they are traded for all image tokens of this rank's heads
+// (the text, held whole by every rank, keeps those heads), and the outputs traded back.
+std::pair<torch::Tensor, torch::Tensor> flux_attend(const FluxQkv& image, const FluxQkv& text,
+                                                    const FluxBlockInputs& in) {
+  const int64_t B = image.q.size(0), Ni = image.q.size(1), Nt = text.q.size(1);
+  const int64_t H = image.q.size(2), D = image.q.size(3);
+  if (!in.ulysses) {
+    // Text first: the rotary table's rows follow cat(txt_ids, img_ids).
+    auto o = rotary_attention(torch::cat({text.q, image.q}, 1), torch::cat({text.k, image.k}, 1),
+                              torch::cat({text.v, image.v}, 1), in);
+    return {o.narrow(1, Nt, Ni), o.narrow(1, 0, Nt)};
+  }
+  auto& u = *in.ulysses;
+  const auto mine = u.heads();
+  const auto heads_of = [&](const torch::Tensor& t) { return t.narrow(2, mine.first, mine.count); };
+  auto all = u.to_heads({image.q, image.k, image.v});
+  const int64_t S = u.image_tokens();
+  // A rank beyond the model's head count holds no heads: it attends to nothing.
+  auto o = mine.count == 0 ? all[0].new_empty({B, Nt + S, 0, D})
+                           : rotary_attention(torch::cat({heads_of(text.q), all[0]}, 1),
+                                              torch::cat({heads_of(text.k), all[1]}, 1),
+                                              torch::cat({heads_of(text.v), all[2]}, 1), in)
+                                 .reshape({B, Nt + S, mine.count, D});
+  auto [oi, ot] = u.to_rows(o.narrow(1, Nt, S), o.narrow(1, 0, Nt));
+  return {oi.reshape({B, Ni, H * D}),
+          Nt > 0 ? ot.reshape({B, Nt, H * D}) : o.new_empty({B, 0, H * D})};
 }
 
 }  // namespace
@@ -74,7 +108,11 @@ FluxAttentionImpl::FluxAttentionImpl(int64_t dim, int64_t heads, int64_t head_di
 torch::Tensor FluxAttentionImpl::forward_single(const torch::Tensor& tokens,
                                                 const FluxBlockInputs& in) {
   auto p = project_heads(tokens, to_q, to_k, to_v, norm_q, norm_k, heads, head_dim);
-  return rotary_attention(p.q, p.k, p.v, in);
+  if (!in.ulysses) return rotary_attention(p.q, p.k, p.v, in);
+  // The text comes first, then this rank's image tokens.
+  const int64_t N = tokens.size(1), Nt = N - in.ulysses->rows().count;
+  auto [oi, ot] = flux_attend(flux_tokens_of(p, Nt, N - Nt), flux_tokens_of(p, 0, Nt), in);
+  return torch::cat({ot, oi}, 1);
 }
 
 std::pair<torch::Tensor, torch::Tensor> FluxAttentionImpl::forward_joint(
@@ -84,11 +122,8 @@ std::pair<torch::Tensor, torch::Tensor> FluxAttentionImpl::forward_joint(
   auto pi = project_heads(image, to_q, to_k, to_v, norm_q, norm_k, heads, head_dim);
   auto pt = project_heads(text, add_q_proj, add_k_proj, add_v_proj, norm_added_q, norm_added_k,
                           heads, head_dim);
-  // Text first: the rotary table's rows follow cat(txt_ids, img_ids).
-  auto o = rotary_attention(torch::cat({pt.q, pi.q}, 1), torch::cat({pt.k, pi.k}, 1),
-                            torch::cat({pt.v, pi.v}, 1), in);
-  const int64_t Nt = text.size(1), Ni = image.size(1);
-  return {to_out(o.narrow(1, Nt, Ni)), to_add_out(o.narrow(1, 0, Nt))};
+  auto [oi, ot] = flux_attend(pi, pt, in);
+  return {to_out(oi), to_add_out(ot)};
 }
 
 FluxFeedForwardImpl::FluxFeedForwardImpl(int64_t dim, int64_t hidden) {

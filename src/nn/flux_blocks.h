@@ -14,6 +14,10 @@
 #include "nn/layers.h"
 #include "nn/rope.h"
 
+namespace diffuse::parallel {
+class UlyssesShard;
+}
+
 namespace diffuse::nn {
 
 struct FluxBlockOptions {
@@ -27,6 +31,10 @@ struct FluxBlockOptions {
 struct FluxBlockInputs {
   torch::Tensor temb;               // [B, dim]: timestep + guidance + pooled-text embedding
   const RopeTable* rope = nullptr;  // one row per token of the joint [text | image] sequence
+  // Ulysses sequence parallelism (parallel/ulysses.h): the image tokens a block sees are this
+  // rank's share; the attention trades them for a share of the heads and back. The RoPE table
+  // still describes the whole sequence. Null: one device.
+  parallel::UlyssesShard* ulysses = nullptr;
 };
 
 // AdaLayerNormZero's and AdaLayerNormZeroSingle's modulation: a Linear(dim, chunks * dim) on

@@ -16,6 +16,8 @@
 #include "io/pillow_resample.h"
 #include "models/flux_bfl_names.h"
 #include "models/load_component.h"
+#include "parallel/replicated.h"
+#include "parallel/ulysses.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/flow_decode.h"
 #include "pipeline/flow_denoise.h"
@@ -187,6 +189,11 @@ std::pair<int, int> FluxPipeline::edit_output_size(int width, int height, int64_
   return {w, h};
 }
 
+void FluxPipeline::set_sequence_group(std::shared_ptr<parallel::RankGroup> group) {
+  if (group) parallel::check_ulysses_group(tconfig_.num_attention_heads, group->size());
+  sequence_group_ = std::move(group);
+}
+
 void FluxPipeline::check_cache(const DitCacheOptions& cache) const {
   if (cache.method == DitCacheOptions::Method::kOff) return;
   const accel::DitCache check(cache, tconfig_.num_layers, tconfig_.num_single_layers);
@@ -277,6 +284,7 @@ torch::Tensor FluxPipeline::denoise(const FluxSampling& s, torch::Tensor latents
         std::make_unique<accel::DitCache>(s.cache, tconfig_.num_layers, tconfig_.num_single_layers);
   models::FluxForwardOptions fwd;
   fwd.cache = cache.get();
+  fwd.sequence_group = sequence_group_.get();
 
   const double start = flux_clock_s();
   device::reset_peak_memory(device_);
@@ -305,8 +313,15 @@ torch::Tensor FluxPipeline::denoise(const FluxSampling& s, torch::Tensor latents
   in.device = device_;
   in.first_step = first_step;
   if (cache) in.begin_step = [&cache](int step, int total) { cache->begin_step(step, total); };
+  std::function<StepAction(const FluxStep&)> on_step = s.on_step;
+  if (sequence_group_)
+    on_step = [&](const FluxStep& st) -> StepAction {
+      parallel::check_replicated(*sequence_group_, st.latents,
+                                 "latents after step " + std::to_string(st.index + 1));
+      return s.on_step ? s.on_step(st) : StepAction(true);
+    };
   auto run =
-      flow_denoise<FluxStep>(*scheduler_, latents, in, velocity, s.on_step, out.timings.step_s);
+      flow_denoise<FluxStep>(*scheduler_, latents, in, velocity, on_step, out.timings.step_s);
   if (cache) out.cache = cache->stats();
   out.steps_run = run.steps_run;
   out.interrupted = run.interrupted;

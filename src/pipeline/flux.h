@@ -24,6 +24,7 @@
 #include "io/model_folder.h"
 #include "models/autoencoder_kl.h"
 #include "models/flux_transformer.h"
+#include "parallel/rank_group.h"
 #include "pipeline/flux_text.h"
 #include "schedulers/scheduler.h"
 
@@ -164,6 +165,11 @@ class FluxPipeline {
   int64_t vae_scale_factor() const;
   // InvalidArgument for a cache this model cannot run (a block range outside its blocks).
   void check_cache(const DitCacheOptions& cache) const;
+  // Ulysses sequence parallelism (parallel/ulysses.h): every rank of `group` runs the same
+  // generation (same inputs and seed) and each transformer call splits its image tokens (with
+  // Kontext's reference tokens) over them; after every step the ranks check that their latents
+  // are identical. Null: one device.
+  void set_sequence_group(std::shared_ptr<parallel::RankGroup> group);
   // What image sides must be multiples of: twice the VAE factor (the 2x2 packing).
   int64_t size_multiple() const { return 2 * vae_scale_factor(); }
 
@@ -198,6 +204,7 @@ class FluxPipeline {
   nn::QuantizedLayers quantized_;
   std::unique_ptr<FluxTextEncoders> text_;
   models::FluxTransformer2DModel transformer_{nullptr};
+  std::shared_ptr<parallel::RankGroup> sequence_group_;
   models::AutoencoderKL vae_{nullptr};
   std::unique_ptr<schedulers::Scheduler> scheduler_;
   std::unique_ptr<adapters::LoraMerger> lora_;

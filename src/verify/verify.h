@@ -24,10 +24,11 @@ struct VerifyOptions {
   // within quantized_tolerance(type) of the largest magnitude of its expected tensor instead of
   // the case's tolerance. Cases of other components are not run.
   std::optional<quant::GgmlType> weights;
-  // HiDream pipeline cases run with Ulysses sequence parallelism over this group (every rank
-  // runs the same case; parallel/ulysses.h). Null: one device.
+  // HiDream and FLUX pipeline cases run with Ulysses sequence parallelism over this group (every
+  // rank runs the same case; parallel/ulysses.h). Null: one device.
   std::shared_ptr<parallel::RankGroup> sequence_group;
-  // ... and CFG-parallel over this one (HiDreamPipeline::set_cfg_group); both: cfg,ulysses.
+  // ... and HiDream's CFG-parallel over this one (HiDreamPipeline::set_cfg_group); both:
+  // cfg,ulysses.
   std::shared_ptr<parallel::RankGroup> cfg_group;
 };
 

@@ -41,6 +41,7 @@ CaseResult verify_flux_pipeline(const GoldenSet& set, const GoldenCase& c, const
   CaseTensors t(c);
   const auto [dir, component] = case_component(set, c, "transformer", "transformer");
   pipeline::FluxPipeline pipe(io::ModelFolder::open(dir), o.device, torch::kFloat32, component);
+  pipe.set_sequence_group(o.sequence_group);
   if (c.params.contains("scheduler"))
     pipe.set_scheduler(schedulers::make_scheduler(
         io::JsonConfig(c.param("scheduler", nlohmann::json()), c.where + ": params.scheduler")));
