@@ -45,28 +45,18 @@ FluxQkv flux_tokens_of(const FluxQkv& p, int64_t first, int64_t count) {
 // (the text, held whole by every rank, keeps those heads), and the outputs traded back.
 std::pair<torch::Tensor, torch::Tensor> flux_attend(const FluxQkv& image, const FluxQkv& text,
                                                     const FluxBlockInputs& in) {
-  const int64_t B = image.q.size(0), Ni = image.q.size(1), Nt = text.q.size(1);
-  const int64_t H = image.q.size(2), D = image.q.size(3);
   if (!in.ulysses) {
+    const int64_t Ni = image.q.size(1), Nt = text.q.size(1);
     // Text first: the rotary table's rows follow cat(txt_ids, img_ids).
     auto o = rotary_attention(torch::cat({text.q, image.q}, 1), torch::cat({text.k, image.k}, 1),
                               torch::cat({text.v, image.v}, 1), in);
     return {o.narrow(1, Nt, Ni), o.narrow(1, 0, Nt)};
   }
-  auto& u = *in.ulysses;
-  const auto mine = u.heads();
-  const auto heads_of = [&](const torch::Tensor& t) { return t.narrow(2, mine.first, mine.count); };
-  auto all = u.to_heads({image.q, image.k, image.v});
-  const int64_t S = u.image_tokens();
-  // A rank beyond the model's head count holds no heads: it attends to nothing.
-  auto o = mine.count == 0 ? all[0].new_empty({B, Nt + S, 0, D})
-                           : rotary_attention(torch::cat({heads_of(text.q), all[0]}, 1),
-                                              torch::cat({heads_of(text.k), all[1]}, 1),
-                                              torch::cat({heads_of(text.v), all[2]}, 1), in)
-                                 .reshape({B, Nt + S, mine.count, D});
-  auto [oi, ot] = u.to_rows(o.narrow(1, Nt, S), o.narrow(1, 0, Nt));
-  return {oi.reshape({B, Ni, H * D}),
-          Nt > 0 ? ot.reshape({B, Nt, H * D}) : o.new_empty({B, 0, H * D})};
+  return in.ulysses->attend_joint(
+      {image.q, image.k, image.v}, {text.q, text.k, text.v}, /*text_first=*/true,
+      [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+        return rotary_attention(q, k, v, in);
+      });
 }
 
 }  // namespace

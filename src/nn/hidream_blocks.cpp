@@ -93,28 +93,17 @@ torch::Tensor joint_attention(torch::Tensor q, torch::Tensor k, const torch::Ten
 // heads (the text, held whole by every rank, keeps those heads), and the outputs traded back.
 std::pair<torch::Tensor, torch::Tensor> attend(const Qkv& image, const Qkv& text,
                                                const HiDreamBlockInputs& in, int64_t head_dim) {
-  const int64_t B = image.q.size(0), Ni = image.q.size(1), Nt = text.q.size(1);
-  const int64_t H = image.q.size(2);
   if (!in.ulysses) {
+    const int64_t Ni = image.q.size(1), Nt = text.q.size(1);
     auto o = joint_attention(torch::cat({image.q, text.q}, 1), torch::cat({image.k, text.k}, 1),
                              torch::cat({image.v, text.v}, 1), in, head_dim);
     return {o.narrow(1, 0, Ni), o.narrow(1, Ni, Nt)};
   }
-  auto& u = *in.ulysses;
-  const auto mine = u.heads();
-  const auto heads_of = [&](const torch::Tensor& t) { return t.narrow(2, mine.first, mine.count); };
-  auto all = u.to_heads({image.q, image.k, image.v});
-  const int64_t S = u.image_tokens();
-  // A rank beyond the model's head count holds no heads: it attends to nothing.
-  auto o = mine.count == 0
-               ? all[0].new_empty({B, S + Nt, 0, head_dim})
-               : joint_attention(torch::cat({all[0], heads_of(text.q)}, 1),
-                                 torch::cat({all[1], heads_of(text.k)}, 1),
-                                 torch::cat({all[2], heads_of(text.v)}, 1), in, head_dim)
-                     .reshape({B, S + Nt, mine.count, head_dim});
-  auto [oi, ot] = u.to_rows(o.narrow(1, 0, S), o.narrow(1, S, Nt));
-  return {oi.reshape({B, Ni, H * head_dim}),
-          Nt > 0 ? ot.reshape({B, Nt, H * head_dim}) : o.new_empty({B, 0, H * head_dim})};
+  return in.ulysses->attend_joint(
+      {image.q, image.k, image.v}, {text.q, text.k, text.v}, /*text_first=*/false,
+      [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+        return joint_attention(q, k, v, in, head_dim);
+      });
 }
 
 Qkv tokens_of(const Qkv& p, int64_t first, int64_t count) {

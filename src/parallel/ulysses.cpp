@@ -124,6 +124,26 @@ std::pair<torch::Tensor, torch::Tensor> UlyssesShard::to_rows(const torch::Tenso
   return {torch::cat(image_parts, 2), T > 0 ? torch::cat(text_parts, 2) : torch::Tensor()};
 }
 
+std::pair<torch::Tensor, torch::Tensor> UlyssesShard::attend_joint(
+    const std::array<torch::Tensor, 3>& image, const std::array<torch::Tensor, 3>& text,
+    bool text_first, const Attend& attend) {
+  const int64_t B = image[0].size(0), Ni = image[0].size(1), H = image[0].size(2);
+  const int64_t D = image[0].size(3), Nt = text[0].size(1), S = image_tokens_;
+  const auto mine = heads();
+  auto all = to_heads({image[0], image[1], image[2]});
+  const auto joint = [&](size_t i) {
+    auto t = text[i].narrow(2, mine.first, mine.count);
+    return text_first ? torch::cat({t, all[i]}, 1) : torch::cat({all[i], t}, 1);
+  };
+  auto o = mine.count == 0
+               ? all[0].new_empty({B, S + Nt, 0, D})
+               : attend(joint(0), joint(1), joint(2)).reshape({B, S + Nt, mine.count, D});
+  const int64_t image_at = text_first ? Nt : 0, text_at = text_first ? 0 : S;
+  auto [oi, ot] = to_rows(o.narrow(1, image_at, S), o.narrow(1, text_at, Nt));
+  return {oi.reshape({B, Ni, H * D}),
+          Nt > 0 ? ot.reshape({B, Nt, H * D}) : o.new_empty({B, 0, H * D})};
+}
+
 torch::Tensor UlyssesShard::gather_rows(const torch::Tensor& local) {
   const auto me = rows();
   if (local.dim() < 2 || local.size(1) != me.count)

@@ -16,7 +16,9 @@
 #pragma once
 #include <torch/types.h>
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -57,6 +59,17 @@ class UlyssesShard {
   // undefined) becomes [B, T, H, D], every head.
   std::pair<torch::Tensor, torch::Tensor> to_rows(const torch::Tensor& image,
                                                   const torch::Tensor& text);
+  // One joint attention of this rank's image tokens with the text every rank holds whole:
+  // image {q, k, v} [B, rows().count, H, D] and text {q, k, v} [B, T, H, D] -> (image out
+  // [B, rows().count, H*D], text out [B, T, H*D]), through to_heads and to_rows. `attend(q, k,
+  // v)` is the model's attention ([B, N, h, D] -> [B, N, h*D]) over the whole joint sequence in
+  // its order: [image | text] (HiDream), or [text | image] with `text_first` (FLUX). A rank
+  // without heads attends to nothing.
+  using Attend = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,
+                                             const torch::Tensor& v)>;
+  std::pair<torch::Tensor, torch::Tensor> attend_joint(const std::array<torch::Tensor, 3>& image,
+                                                       const std::array<torch::Tensor, 3>& text,
+                                                       bool text_first, const Attend& attend);
   // [B, rows().count, ...] from every rank -> [B, image_tokens, ...].
   torch::Tensor gather_rows(const torch::Tensor& local);
 
