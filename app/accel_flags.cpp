@@ -42,6 +42,9 @@ void add_accel_flags(CLI::App& app, AccelFlags& f) {
                  "always: merge without measuring")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "always"}));
+  app.add_flag("--graph", f.graph,
+               "CUDA: record the UNet step once as a CUDA graph and replay it (bit-identical, "
+               "less host work per step; not with --deepcache or --tome)");
   app.add_option("--cache", f.cache,
                  "DiT models (HiDream): skip part of the transformer on some steps: off, "
                  "fbcache[:THRESHOLD] (0.1), taylorseer[:INTERVAL[:ORDER]] (3:1), "
@@ -51,10 +54,11 @@ void add_accel_flags(CLI::App& app, AccelFlags& f) {
 
 bool any_accel_flag(const AccelFlags& f) {
   return !f.deepcache.empty() || !f.tome.empty() || !f.tome_layers.empty() ||
-         f.tome_policy != AccelFlags{}.tome_policy;
+         f.tome_policy != AccelFlags{}.tome_policy || f.graph;
 }
 
 void apply_accel_flags(const AccelFlags& f, GenerationConfig& g) {
+  g.cuda_graph = f.graph;
   if (!f.deepcache.empty()) {
     const std::string flag = "--deepcache '" + f.deepcache + "'";
     const auto parts = io::split_fields(f.deepcache, ':');

@@ -1,5 +1,5 @@
 // The accelerator flags of txt2img / img2img: for UNets --deepcache N[:LAYER:BLOCK],
-// --deepcache-schedule, --tome RATIO, --tome-layers; for DiTs --cache SPEC.
+// --deepcache-schedule, --tome RATIO, --tome-layers, --graph (CUDA); for DiTs --cache SPEC.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
@@ -16,6 +16,7 @@ struct AccelFlags {
   std::vector<std::string> tome_layers;
   std::string tome_policy = "auto";  // auto: measured, left out where it does not pay; always
   std::string cache;                 // a DiT cache spec (accel/dit_cache.h); empty = off
+  bool graph = false;                // CUDA graph replay of the UNet step
 };
 
 void add_accel_flags(CLI::App& app, AccelFlags& flags);

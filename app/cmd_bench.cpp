@@ -68,9 +68,16 @@ void print_roofline(const bench::Roofline& r) {
 }
 
 json unet_run_json(const bench::UNetRun& u) {
-  return {{"dtype", u.dtype},           {"attention", u.attention},
-          {"step_s", u.step_s},         {"step_mean_s", u.step_mean_s},
-          {"step_min_s", u.step_min_s}, {"cpu", device::cpu_share_json(u.cpu)}};
+  return {{"dtype", u.dtype},
+          {"attention", u.attention},
+          {"step_s", u.step_s},
+          {"step_mean_s", u.step_mean_s},
+          {"step_min_s", u.step_min_s},
+          {"step_median_s", u.step_median_s},
+          {"cpu", device::cpu_share_json(u.cpu)},
+          {"graph", u.graph},
+          {"graph_identical", u.graph_identical},
+          {"graph_max_abs_diff", u.graph_max_abs_diff}};
 }
 
 // "; other processes used 0.1 of 2 CPUs" while the timed steps ran: with the spread, how far
@@ -180,12 +187,15 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
           {"cpu", device::cpu_share_json(w.cpu)},
           {"vae_decode_s", w.vae_decode_s},
           {"generate_s", w.generate_s},
+          {"first_generate_s", w.first_generate_s},
+          {"generate_runs_s", w.generate_runs_s},
           {"limit_s", r.whole_image_limit_s},
           {"roofline",
            r.whole_image_roofline ? roofline_json(*r.whole_image_roofline) : nlohmann::json()},
           {"ratio", r.whole_image_limit_s > 0 ? w.generate_s / r.whole_image_limit_s : 0.0},
           {"peak_rss_mb", w.peak_rss_mb}};
     }
+    if (o.unet) j["unet"] = unet_run_json(r.unet);
     if (r.baseline) {
       j["baseline"] = unet_run_json(*r.baseline);
       j["speedup_vs_baseline"] = step > 0 ? r.baseline->step_mean_s / step : 0.0;
@@ -218,6 +228,12 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
               << f("%.1f", r.unet_flops.attention / 1e9) << ", "
               << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0)
               << spread(r.unet.step_s) << load_text(r.unet.cpu) << ")\n";
+  if (o.unet && r.unet.graph)
+    std::cout << "  unet step as CUDA graph  replayed; output "
+              << (r.unet.graph_identical ? "bit-identical to the eager step"
+                                         : "differs from the eager step by up to " +
+                                               f("%.3g", r.unet.graph_max_abs_diff))
+              << "\n";
   if (o.vae) {
     std::cout << "  vae decode (1 image)    " << f("%8.3f s", r.vae_decode_s) << "  ("
               << f("%.1f GFLOP", r.vae_flops.total() / 1e9) << " = conv "
@@ -272,6 +288,10 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
               << f("%.2f", w.text_encode_s) << " + denoise " << f("%.2f", w.denoise_s) << " ("
               << f("%.3f s/step", w.denoise_s / denoise_steps) << spread(w.step_s)
               << load_text(w.cpu) << ") + decode " << f("%.2f", w.vae_decode_s) << "\n";
+    if (w.generate_runs_s.size() > 1)
+      std::cout << "  whole image, " << w.generate_runs_s.size()
+                << " runs: the median of runs 2.. above; the first took "
+                << f("%.2f s", w.first_generate_s) << " (one-time costs)\n";
     if (r.whole_image_limit_s > 0)
       std::cout << "  whole image limit       " << f("%8.3f s", r.whole_image_limit_s) << "  ("
                 << w.steps
@@ -360,6 +380,14 @@ Command add_bench_command(CLI::App& app) {
                "Also time a float32 UNet step with math attention and report the speed-up");
   app.add_flag("--profile", o->profile,
                "Also run one UNet step under an operator profile: its time by operator kind");
+  app.add_flag("--graph", o->graph,
+               "CUDA: time the UNet step replayed from a CUDA graph (checked bit for bit against "
+               "the eager step first); with --whole-image, generate with txt2img --graph");
+  app.add_option("--whole-image-runs", o->whole_image_runs,
+                 "Generations for --whole-image: the first is reported apart (one-time costs), "
+                 "the median of the others is the image's time")
+      ->check(int_range(1, 100, "a run count"))
+      ->capture_default_str();
   app.add_option("--whole-image", o->whole_image_steps,
                  "With -m FOLDER: first generate one image of this many steps (DPM++ 2M) through "
                  "the pipeline, load timed cold/warm, and put it against the step and decode "

@@ -175,6 +175,10 @@ void check_hidream_generate_flags(const GenerateFlags& f, const std::string& fam
   if (f.prompts.size() != 1 || f.negative_prompts.size() > 1 || f.num_images != 1 ||
       f.batch_count != 1)
     throw InvalidArgument(family + " models take one prompt and one image per run");
+  if (f.accel.graph)
+    refuse("--graph", "it replays a UNet step; " + family +
+                          " models have none (their step is long enough on a GPU not to wait on "
+                          "the host)");
   if (any_accel_flag(f.accel))
     refuse("--deepcache/--tome", "they accelerate a UNet; " + family + " models have none");
   if (f.prompt_syntax_given && f.prompt_syntax != "plain")

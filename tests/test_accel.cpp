@@ -380,6 +380,28 @@ TEST(Accel, BadParametersAreRefusedNamingThem) {
   EXPECT_THROW(pipeline::validate_generation_config(g, false), InvalidArgument);
 }
 
+// --graph replays one recorded whole-UNet call: refused with DeepCache and token merging, and
+// on a device that has no CUDA graphs, saying so; a refused generation leaves the pipeline
+// generating as before.
+TEST(Accel, CudaGraphIsRefusedWhereItCannotReplay) {
+  auto& pipe = demo_pipe();
+  auto expect_error = [&](const GenerationConfig& cfg, std::vector<std::string> words) {
+    auto msg = test::expect_throw<InvalidArgument>([&] { pipe.generate(cfg); });
+    for (const auto& w : words) EXPECT_NE(msg.find(w), std::string::npos) << w << " in: " << msg;
+  };
+  auto cfg = demo_config();
+  cfg.cuda_graph = true;
+  cfg.deep_cache.interval = 2;
+  expect_error(cfg, {"--graph", "DeepCache"});
+  cfg.deep_cache.interval = 1;
+  cfg.token_merging.ratio = 0.3;
+  expect_error(cfg, {"--graph", "token merging"});
+  cfg.token_merging.ratio = 0;
+  expect_error(cfg, {"--graph", "CUDA device", "cpu"});
+  const auto plain = pipe.generate(demo_config());
+  EXPECT_TRUE(torch::equal(plain.latents, pipe.generate(demo_config()).latents));
+}
+
 TEST(TokenMerging, PaysOnlyBelowTheMargin) {
   accel::TokenMergingPayoff p;
   p.plain_s = 1.0;

@@ -17,6 +17,7 @@
 #include "bench/precision_bench.h"
 #include "bench/text_encoder_bench.h"
 #include "cli_run.h"
+#include "cpu_bf16.h"
 #include "device/cpu_load.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
@@ -30,7 +31,6 @@
 #include "nn/random_init.h"
 #include "nn/winograd_conv.h"
 #include "pipeline/step_work.h"
-#include "cpu_bf16.h"
 #include "test_util.h"
 #include "verify/golden.h"
 
@@ -447,6 +447,31 @@ TEST(BenchCli, WholeImageRunsThePipelineAgainstTheStageLimits) {
   auto bad = test::run_cli({"bench", "--arch", "tiny", "--whole-image", "2"}, dir);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--whole-image runs the real pipeline"), std::string::npos) << bad.err;
+}
+
+// Several whole-image runs: the first reported apart, the stage times the median later run's;
+// --graph refused before anything is built where there are no CUDA graphs.
+TEST(BenchCli, WholeImageRunsReportTheFirstApartAndGraphNeedsCuda) {
+  test::TempDir dir;
+  const std::string model = verify::GoldenSet::load(test::golden_dir()).model_dir();
+  auto r = test::run_cli(
+      {"bench", "-m", model, "--whole-image", "2", "--whole-image-runs", "3", "--no-unet",
+       "--no-vae", "--no-text-encoder", "--no-roofline", "--device", "cpu", "--json"},
+      dir, "DIFFUSE_THREADS=1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto w = nlohmann::json::parse(r.out).at("whole_image");
+  ASSERT_EQ(w["generate_runs_s"].size(), 3u);
+  EXPECT_EQ(w["first_generate_s"].get<double>(), w["generate_runs_s"][0].get<double>());
+  bool is_a_later_run = false;
+  for (size_t i = 1; i < 3; ++i)
+    is_a_later_run |= w["generate_s"].get<double>() == w["generate_runs_s"][i].get<double>();
+  EXPECT_TRUE(is_a_later_run);
+  auto bad = test::run_cli({"bench", "--arch", "tiny", "--graph", "--device", "cpu"}, dir);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--graph: CUDA graphs replay CUDA kernels; this runs on cpu"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_EQ(bad.err.find("built"), std::string::npos) << "refused only after building: " << bad.err;
 }
 
 TEST(BenchCli, RejectsUnknownArch) {

@@ -186,6 +186,9 @@ struct GenerationConfig {
   // UNet accelerators; both off by default (bit-identical to running without them).
   DeepCacheOptions deep_cache;
   TokenMergingOptions token_merging;
+  // CUDA graph replay of the UNet call (UNet models on a CUDA device): recorded at the first
+  // step, replayed after; bit-identical to the eager call, with less host work per step.
+  bool cuda_graph = false;
   // DiT models (HiDream): refused by UNet models.
   DitCacheOptions dit_cache;
   VaeTilingOptions vae_tiling;

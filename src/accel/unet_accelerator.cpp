@@ -3,25 +3,46 @@
 #include "accel/dit_cache.h"
 
 #include "accel/deepcache.h"
+#include "diffuse/errors.h"
 #include "nn/token_merge_hook.h"
 
 namespace diffuse::accel {
+
+namespace {
+
+// A graph replays one whole, fixed call: DeepCache's shallow steps run another call, and token
+// merging draws new destinations each step.
+void validate_cuda_graph(const GenerationConfig& c) {
+  if (!c.cuda_graph) return;
+  if (c.deep_cache.interval > 1)
+    throw InvalidArgument("--graph replays one recorded UNet call, DeepCache (--deepcache " +
+                          std::to_string(c.deep_cache.interval) +
+                          ") alternates two different calls: use one of them");
+  if (c.token_merging.ratio > 0)
+    throw InvalidArgument(
+        "--graph replays one recorded UNet call, token merging (--tome) draws new merge "
+        "destinations every step: use one of them");
+}
+
+}  // namespace
 
 void validate_accel_config(const GenerationConfig& c) {
   validate_deep_cache(c.deep_cache);
   validate_token_merging(c.token_merging);
   validate_dit_cache(c.dit_cache);
+  validate_cuda_graph(c);
 }
 
 void validate_accel_config(const GenerationConfig& c, const models::UNet2DConditionConfig& unet) {
   validate_deep_cache(c.deep_cache, unet);
   validate_token_merging(c.token_merging);
   if (c.token_merging.ratio > 0) token_merging_sites(c.token_merging, unet);
+  validate_cuda_graph(c);
 }
 
 UNetAccelerator::UNetAccelerator(const GenerationConfig& c,
                                  const models::UNet2DConditionConfig& unet, int64_t steps,
-                                 uint64_t seed) {
+                                 uint64_t seed, UNetGraph* graph) {
   validate_accel_config(c, unet);
   if (c.deep_cache.interval > 1) {
     deep_cache_.emplace();
@@ -32,6 +53,10 @@ UNetAccelerator::UNetAccelerator(const GenerationConfig& c,
   if (c.token_merging.ratio > 0)
     tome_ = std::make_unique<TokenMerging>(c.token_merging.ratio,
                                            token_merging_sites(c.token_merging, unet), seed);
+  if (c.cuda_graph) {
+    if (!graph) own_graph_ = std::make_unique<UNetGraph>();
+    graph_ = graph ? graph : own_graph_.get();
+  }
 }
 
 bool UNetAccelerator::full_step(int64_t step) const {
@@ -43,6 +68,7 @@ torch::Tensor UNetAccelerator::forward(models::UNet2DConditionModelImpl& unet, i
                                        const torch::Tensor& sample, const torch::Tensor& timestep,
                                        const torch::Tensor& context,
                                        const models::UNetAddedConditions* added) {
+  if (graph_) return graph_->forward(unet, sample, timestep, context, added);
   nn::ScopedTokenMergeHook hook(tome_.get());
   if (!deep_cache_) return unet.forward(sample, timestep, context, nullptr, added);
   return unet.forward_deep_cache(sample, timestep, context, full_step(step), *deep_cache_, added);

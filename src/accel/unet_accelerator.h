@@ -1,5 +1,5 @@
-// What the denoising loop calls instead of unet->forward: DeepCache and token merging when
-// the generation asks for them, exactly the plain forward when it does not.
+// What the denoising loop calls instead of unet->forward: DeepCache, token merging or CUDA
+// graph replay when the generation asks for them, exactly the plain forward when it does not.
 #pragma once
 #include <torch/types.h>
 
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "accel/token_merging.h"
+#include "accel/unet_graph.h"
 #include "diffuse/pipeline.h"
 #include "models/unet2d_condition.h"
 
@@ -24,8 +25,11 @@ class UNetAccelerator {
  public:
   // `steps`: the iterations of this run's denoising loop; `seed`: the run's seed (token
   // merging's random destinations). Validates as above.
+  // `graph`: where config.cuda_graph keeps its recording across generations (a pipeline's
+  // own, so that the next image of the same shapes replays without recording again); null =
+  // one of its own for this run.
   UNetAccelerator(const GenerationConfig& config, const models::UNet2DConditionConfig& unet,
-                  int64_t steps, uint64_t seed);
+                  int64_t steps, uint64_t seed, UNetGraph* graph = nullptr);
 
   bool deep_cache() const { return deep_cache_.has_value(); }
   bool token_merging() const { return tome_ != nullptr; }
@@ -41,6 +45,8 @@ class UNetAccelerator {
   std::optional<models::UNetDeepCache> deep_cache_;
   std::vector<bool> full_;
   std::unique_ptr<TokenMerging> tome_;
+  std::unique_ptr<UNetGraph> own_graph_;
+  UNetGraph* graph_ = nullptr;
 };
 
 }  // namespace diffuse::accel

@@ -13,6 +13,7 @@
 #include "device/cpu_allocator.h"
 #include "device/cpu_load.h"
 #include "device/cpu_threads.h"
+#include "device/cuda_graph.h"
 #include "device/device.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
@@ -21,6 +22,7 @@
 #include "models/clip_text_model.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
+#include "nn/fused_ops.h"
 #include "nn/layers.h"
 #include "nn/load_weights.h"
 #include "nn/random_init.h"
@@ -79,6 +81,7 @@ Module build(Make make, torch::Dtype dtype, const torch::Device& device,
   else
     nn::init_pooled_random_weights(*m, seed);
   m->to(device, dtype);
+  nn::use_compute_layout(*m);
   m->eval();
   return m;
 }
@@ -95,7 +98,10 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
   auto t = torch::tensor(981.0).to(device);
   const auto added = random_added_conditions(unet->config(), o.batch, lh * vae_scale,
                                              lw * vae_scale, gen, device, dtype);
-  const auto step = [&] { unet->forward(sample, t, context, nullptr, added_or_null(added)); };
+  const auto eager = [&] {
+    return unet->forward(sample, t, context, nullptr, added_or_null(added));
+  };
+  std::function<void()> step = [&] { eager(); };
   UNetRun run;
   run.dtype = device::dtype_name(dtype);
   run.attention = nn::attention_backend_name(nn::default_attention_backend());
@@ -104,6 +110,30 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
     step();
     sync_device(device);
     if (o.log) o.log("unet warm-up step: " + fmt("%.3f s", now_s() - t0));
+  }
+  // A replayed graph dispatches no operators, so the FLOPs are counted on an eager call here.
+  device::CudaGraph graph;
+  torch::Tensor graph_out;
+  if (o.graph) {
+    torch::Tensor reference;
+    {
+      std::optional<FlopCounter> counter;
+      if (flops) counter.emplace();
+      reference = eager();
+      sync_device(device);
+      if (counter) *flops = counter->counts();
+      flops = nullptr;
+    }
+    double t0 = now_s();
+    graph.capture(device, [&] { graph_out = eager(); });
+    graph.replay();
+    sync_device(device);
+    if (o.log) o.log("unet graph captured and replayed: " + fmt("%.3f s", now_s() - t0));
+    run.graph = true;
+    run.graph_identical = torch::equal(reference, graph_out);
+    run.graph_max_abs_diff =
+        (reference.to(torch::kFloat32) - graph_out.to(torch::kFloat32)).abs().max().item<double>();
+    step = [&] { graph.replay(); };
   }
   device::CpuShareMeter cpu_meter(at::get_num_threads());
   for (int i = 0; i < o.steps; ++i) {
@@ -127,10 +157,16 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
     run.step_min_s = std::min(run.step_min_s, s);
   }
   run.step_mean_s = run.step_s.empty() ? 0 : sum / static_cast<double>(run.step_s.size());
+  if (!run.step_s.empty()) {
+    auto sorted = run.step_s;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    run.step_median_s = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  }
   if (profiled) {
     OpProfile profile;
     double t0 = now_s();
-    step();
+    eager();  // the operators as dispatched (a replayed graph dispatches none)
     sync_device(device);
     profiled->profile_step_s = now_s() - t0;
     profiled->profile_kinds = profile.by_kind();
@@ -172,6 +208,8 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   r.model = o.model;
   const torch::Device device = device::resolve_device(o.load.device);
   const torch::Dtype dtype = device::resolve_dtype(o.load.dtype, device, "unet");
+  if (o.graph && !device::CudaGraph::available(device))
+    throw InvalidArgument("--graph: " + device::CudaGraph::unavailable_reason(device));
   const torch::Dtype text_dtype = device::resolve_dtype(o.load.dtype, device, "text_encoder");
   const torch::Dtype vae_dtype = device::resolve_dtype(o.load.vae_dtype, device, "vae");
   const auto backend = nn::attention_backend_from_flag_or_env(o.load.attention, device);
@@ -194,6 +232,8 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     w.height = o.height;
     w.steps = o.whole_image_steps;
     w.seed = o.seed;
+    w.cuda_graph = o.graph;
+    w.runs = o.whole_image_runs;
     if (o.roofline) {
       r.whole_image_roofline = measure_roofline(device, dtype, /*channels_last=*/false);
       if (vae_dtype != dtype)
@@ -324,6 +364,13 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
     auto z = torch::randn({1, vae_cfg.latent_channels, lh, lw}, gen,
                           torch::TensorOptions().dtype(torch::kFloat32))
                  .to(device, vae_dtype);
+    // On an accelerator the first decode loads kernels and plans its convolutions (0.1-1 s
+    // on a GPU, more than the decode): one untimed decode first. A CPU decode has no such
+    // cost worth a second decode.
+    if (!device.is_cpu()) {
+      vae->decode(z);
+      sync_device(device);
+    }
     double s0 = now_s();
     {
       FlopCounter counter;  // the observer costs little next to the decoder's convolutions

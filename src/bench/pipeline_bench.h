@@ -35,6 +35,11 @@ struct PipelineBenchOptions {
   bool baseline = false;
   // Also run one more UNet step under an OpProfile and report its time by operator kind.
   bool profile = false;
+  // Time the UNet step as a replayed CUDA graph (after checking it against the eager call).
+  bool graph = false;
+  // Whole-image runs: the first is reported apart (one-time costs: kernels loading, cuDNN
+  // plans), the median of the others is the image's time. 1 = that one run.
+  int whole_image_runs = 1;
   // With a model folder: first a real text-to-image run of this many steps (DPM++ 2M, guidance
   // 7.5, the bench's size), put against `whole_image_steps` x the step limit + the decode limit.
   int whole_image_steps = 0;
@@ -47,7 +52,11 @@ struct UNetRun {
   std::vector<double> step_s;  // timed steps
   double step_mean_s = 0;
   double step_min_s = 0;
-  CpuShare cpu;  // the timed steps' threads and what other processes took meanwhile
+  double step_median_s = 0;
+  CpuShare cpu;                  // the timed steps' threads and what other processes took meanwhile
+  bool graph = false;            // the timed steps replayed a CUDA graph
+  bool graph_identical = false;  // its output equalled the eager call's, bit for bit
+  double graph_max_abs_diff = 0;
 };
 
 struct PipelineBenchResult {

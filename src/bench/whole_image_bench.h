@@ -20,6 +20,10 @@ struct WholeImageOptions {
   std::string scheduler = "dpmpp_2m";
   double guidance_scale = 7.5;  // > 1: the UNet runs at batch 2, as the stage bench's step
   uint64_t seed = 0;
+  bool cuda_graph = false;  // GenerationConfig::cuda_graph
+  // Generations in a row: with more than one, the first is reported apart (first_generate_s)
+  // and the stage times are the median run's.
+  int runs = 1;
 };
 
 struct WholeImageResult {
@@ -32,7 +36,9 @@ struct WholeImageResult {
   // that took 7-9 s against 3-3.6 s here; load_s of `txt2img --json` measures it).
   double warm_load_s = 0;
   double text_encode_s = 0, denoise_s = 0, vae_decode_s = 0;
-  double generate_s = 0;  // text encode + denoise + decode, as the pipeline reports its total
+  double generate_s = 0;        // text encode + denoise + decode, as the pipeline reports its total
+  double first_generate_s = 0;  // the first run's, when there were several
+  std::vector<double> generate_runs_s;  // every run's, in order
   std::vector<double> step_s;
   CpuShare cpu;            // the denoising loop's threads and what other processes took
   double peak_rss_mb = 0;  // process peak after the run

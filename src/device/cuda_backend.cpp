@@ -18,12 +18,18 @@ bool tf32_allowed() {
   return env && std::strcmp(env, "1") == 0;
 }
 
+bool cudnn_benchmark() {
+  const char* env = std::getenv("DIFFUSE_CUDNN_BENCHMARK");
+  return env && std::strcmp(env, "1") == 0;
+}
+
 void apply_float32_precision() {
   static std::once_flag once;
   std::call_once(once, [] {
     const bool tf32 = tf32_allowed();
     at::globalContext().setAllowTF32CuDNN(tf32);
     at::globalContext().setAllowTF32CuBLAS(tf32);
+    at::globalContext().setBenchmarkCuDNN(cudnn_benchmark());
   });
 }
 

@@ -27,7 +27,10 @@ void empty_cache();
 // mantissa) by default, which put the H100's fp32 images 1e-3 away from the reference and
 // from the CPU's. Turns TF32 off for convolutions and matmuls unless DIFFUSE_ALLOW_TF32=1 (the
 // faster, less exact choice). Applied once, when a CUDA device is first resolved.
+// Also sets cuDNN's benchmark mode (time the candidate algorithms of each new convolution
+// shape once, keep the fastest) from DIFFUSE_CUDNN_BENCHMARK=1; off by default.
 void apply_float32_precision();
 bool tf32_allowed();
+bool cudnn_benchmark();
 
 }  // namespace diffuse::device::cuda

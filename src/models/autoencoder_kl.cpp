@@ -7,6 +7,7 @@
 #include "diffuse/errors.h"
 #include "models/config_values.h"
 #include "models/load_component.h"
+#include "nn/fused_ops.h"
 #include "nn/layers.h"
 
 namespace diffuse::models {
@@ -160,6 +161,7 @@ AutoencoderKL load_vae(const io::ModelFolder& folder, torch::Device device, torc
   }
   load_component_weights(*model, folder, component);
   model->to(device, dtype);
+  nn::use_compute_layout(*model);
   model->eval();
   return model;
 }

@@ -6,6 +6,7 @@
 
 #include "diffuse/errors.h"
 #include "models/load_component.h"
+#include "nn/fused_ops.h"
 #include "nn/layers.h"
 
 namespace diffuse::models {
@@ -269,6 +270,7 @@ UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device devi
   }
   load_component_weights(*model, folder, component);
   model->to(device, dtype);
+  nn::use_compute_layout(*model);
   model->eval();
   return model;
 }

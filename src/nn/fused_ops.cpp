@@ -300,13 +300,33 @@ void add_bias_residual_(torch::Tensor& h, const torch::Tensor& bias,
   });
 }
 
-bool channels_last_enabled() {
-  static const bool enabled = [] {
+namespace {
+
+// DIFFUSE_CHANNELS_LAST: 0 = NCHW everywhere; 1 = also channels-last for fp16/bf16 on CUDA
+// (cuDNN's tensor-core convolutions are NHWC; NCHW costs them transposes); unset = the
+// measured defaults below.
+enum class ChannelsLastSetting { kOff, kDefault, kForce };
+
+ChannelsLastSetting channels_last_setting() {
+  static const ChannelsLastSetting setting = [] {
     const char* env = std::getenv("DIFFUSE_CHANNELS_LAST");
-    return !(env && std::string(env) == "0");
+    if (env && std::string(env) == "0") return ChannelsLastSetting::kOff;
+    if (env && std::string(env) == "1") return ChannelsLastSetting::kForce;
+    return ChannelsLastSetting::kDefault;
   }();
-  return enabled;
+  return setting;
 }
+
+bool channels_last_enabled() {
+  return channels_last_setting() != ChannelsLastSetting::kOff;
+}
+
+bool channels_last_on_cuda(const torch::Device& device, torch::Dtype dtype) {
+  return device.is_cuda() && (dtype == torch::kHalf || dtype == torch::kBFloat16) &&
+         channels_last_setting() == ChannelsLastSetting::kForce;
+}
+
+}  // namespace
 
 bool channels_last_at(int64_t pixels) {
   constexpr int64_t kMinChannelsLastPixels = 32 * 32;
@@ -314,11 +334,21 @@ bool channels_last_at(int64_t pixels) {
 }
 
 torch::Tensor to_compute_layout(const torch::Tensor& x) {
-  if (x.dim() != 4 || !x.device().is_cpu() || x.scalar_type() != torch::kBFloat16 ||
-      !channels_last_enabled())
+  if (x.dim() != 4) return x;
+  if (channels_last_on_cuda(x.device(), x.scalar_type()))
+    return x.contiguous(torch::MemoryFormat::ChannelsLast);
+  if (!x.device().is_cpu() || x.scalar_type() != torch::kBFloat16 || !channels_last_enabled())
     return x;
   return x.contiguous(channels_last_at(x.size(2) * x.size(3)) ? torch::MemoryFormat::ChannelsLast
                                                               : torch::MemoryFormat::Contiguous);
+}
+
+void use_compute_layout(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    if (p.dim() == 4 && channels_last_on_cuda(p.device(), p.scalar_type()))
+      p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+  }
 }
 
 torch::Tensor GroupNormImpl::group_norm(const torch::Tensor& x, bool silu, bool overwrite_input) {

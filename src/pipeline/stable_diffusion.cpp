@@ -22,6 +22,7 @@
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
 #include "nn/attention_npu.h"
+#include "nn/fused_ops.h"
 #include "nn/layers.h"
 #include "nn/load_weights.h"
 #include "parallel/branch_split.h"
@@ -90,8 +91,9 @@ struct StableDiffusion::Components {
                vae_dtype = torch::kFloat32;
   ModelSource source;  // weights (file mappings) stay here only with offload
   bool offload = false;
-  bool keep_16bit_weights = true;                   // LoadOptions::keep_16bit_weights
-  bool pack_conv_weights = true;                    // LoadOptions::pack_conv_weights
+  accel::UNetGraph unet_graph;     // GenerationConfig::cuda_graph's recording, across generations
+  bool keep_16bit_weights = true;  // LoadOptions::keep_16bit_weights
+  bool pack_conv_weights = true;   // LoadOptions::pack_conv_weights
   std::optional<quant::GgmlType> unet_weight_type;  // LoadOptions::weights
   // The CLIP text encoders, as ModelSource::text_encoders lists them.
   struct TextEncoder {
@@ -131,6 +133,7 @@ struct StableDiffusion::Components {
     nn::load_state_dict(*slot, weights, source.path + " (" + component + ")", ignored,
                         /*share_mapped=*/false, keep_16bit);
     if (keep_16bit.empty()) slot->to(where, dtype);  // else: already float32 on the CPU
+    nn::use_compute_layout(*slot);
     slot->eval();
     if (pack_conv_weights && !offload) nn::set_weight_packing(*slot, true);
     bind_loras(component, *slot);
@@ -213,6 +216,7 @@ struct StableDiffusion::Components {
         *unet_module, file.path, unet_weight_type, device,
         [layout](const std::vector<std::string>&) { return layout; }, file.prefix);
     unet_module->to(device, unet_dtype);  // quantized layers' placeholders are there already
+    nn::use_compute_layout(*unet_module);
     unet_module->eval();
     if (pack_conv_weights && !offload) nn::set_weight_packing(*unet_module, true);
     bind_loras("unet", *unet_module);
@@ -807,7 +811,7 @@ GenerationResult StableDiffusion::denoise_and_decode(
                                                                  device::device_name(c_->device)));
     }
   }
-  accel::UNetAccelerator unet_accel(accel_config, c_->unet_config, n, seed);
+  accel::UNetAccelerator unet_accel(accel_config, c_->unet_config, n, seed, &c_->unet_graph);
   device::CpuShareMeter cpu_meter(at::get_num_threads());
   bool interrupted = false;
   int steps_run = 0;

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# diffuse against diffusers on one CUDA GPU, side by side in one run (docs/cuda.md):
+# the SD2.1-base UNet step (512x512, batch 2, fp16) in diffuse's layouts and modes and in
+# diffusers eager and compiled, the VAE decode, the whole 20-step image from one folder (the
+# same random weights on both sides, and the two images compared), and one full-size
+# HiDream-I1 block of each kind. Every number is put against the roofline diffuse measures
+# in the same run; the last lines are the table docs/cuda.md takes.
+#
+#   scripts/bench_gpu_peers.sh OUT_DIR [DIFFUSE_BINARY]
+#
+# Needs a CUDA build of diffuse (docs/cuda.md) and python3 with torch, diffusers and
+# transformers (PYTHONPATH may point at source trees: the script downloads nothing).
+# PEERS_BUDGET_S bounds the diffusers half (default 300 s), or PEERS_DEADLINE (seconds since
+# the epoch) the whole run: torch.compile phases that would not fit are skipped and said so.
+set -u
+out=${1:?usage: scripts/bench_gpu_peers.sh OUT_DIR [DIFFUSE_BINARY]}
+diffuse=${2:-build-cuda/diffuse}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+model=${PEERS_MODEL:-$out/sd21-base}
+stamp() { echo "[peers $(date +%H:%M:%S)] $*"; }
+
+if [ ! -f "$model/model_index.json" ]; then
+  stamp "writing a random-weight SD2.1-base folder to $model"
+  "$diffuse" create-demo-model --arch sd2.1-base -o "$model" || exit 1
+fi
+
+bench() {  # TAG ENV... -- FLAGS...
+  local tag=$1
+  shift
+  local envs=()
+  while [ "$1" != "--" ]; do
+    envs+=("$1")
+    shift
+  done
+  shift
+  stamp "diffuse $tag: ${envs[*]} $*"
+  env "${envs[@]}" timeout 120 "$diffuse" bench --device cuda --dtype fp16 --vae-dtype fp16 \
+    --attention sdpa "$@" --json >"$out/diffuse_$tag.json" 2>"$out/diffuse_$tag.log" ||
+    { stamp "diffuse $tag failed:"; tail -5 "$out/diffuse_$tag.log"; }
+}
+
+steps="--arch sd2.1-base --steps 20 --warmup 5 --no-text-encoder"
+bench default DIFFUSE_CUDNN_BENCHMARK=0 -- $steps
+bench cudnn_benchmark DIFFUSE_CUDNN_BENCHMARK=1 -- $steps
+bench channels_last DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1 -- $steps
+bench graph DIFFUSE_CUDNN_BENCHMARK=1 -- $steps --graph
+bench graph_channels_last DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1 -- $steps --graph
+image="-m $model --whole-image 20 --whole-image-runs 4 --no-unet --no-vae --no-text-encoder --no-roofline"
+bench image_default DIFFUSE_CUDNN_BENCHMARK=0 -- $image
+bench image_best ${BEST_ENV:-DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1} -- $image --graph
+
+# The same seed with and without --graph: the files must be equal byte for byte.
+gen() {
+  "$diffuse" txt2img -m "$model" --device cuda --dtype fp16 --vae-dtype fp16 --steps 20 \
+    --scheduler dpmpp_2m --cfg-scale 7.5 --seed 1 -p "a photograph of an astronaut riding a horse" \
+    "$@" 2>>"$out/txt2img.log"
+}
+stamp "txt2img eager and --graph"
+gen -o "$out/diffuse_image.png" >/dev/null && gen --graph -o "$out/diffuse_image_graph.png" >/dev/null
+if cmp -s "$out/diffuse_image.png" "$out/diffuse_image_graph.png"; then
+  stamp "--graph image: byte-identical to the eager image"
+else
+  stamp "--graph image: DIFFERS from the eager image (or a run failed; see txt2img.log)"
+fi
+
+stamp "diffuse HiDream-I1 blocks"
+"$diffuse" bench --arch hidream-i1 --device cuda --dtype bf16 --steps 10 --warmup 3 --json \
+  >"$out/diffuse_hidream.json" 2>"$out/diffuse_hidream.log" ||
+  { stamp "diffuse hidream failed:"; tail -5 "$out/diffuse_hidream.log"; }
+
+budget=${PEERS_BUDGET_S:-300}
+if [ -n "${PEERS_DEADLINE:-}" ]; then
+  budget=$((PEERS_DEADLINE - $(date +%s)))
+  [ "$budget" -lt 60 ] && budget=60
+fi
+stamp "diffusers (budget $budget s)"
+PYTHONUNBUFFERED=1 timeout $((budget + 60)) python3 "$here/bench_gpu_peers.py" --model "$model" --out "$out/diffusers.json" \
+  --budget-s "$budget" 2>&1 | tee "$out/diffusers.log" | grep -v "^\s*$" | tail -n 40
+
+stamp "summary"
+python3 "$here/bench_gpu_peers.py" --summarize --dir "$out" | tee "$out/summary.txt"
