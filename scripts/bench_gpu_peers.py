@@ -56,6 +56,8 @@ def run_peers(args):
         return deadline - time.time()
 
     def phase(name, fn, need_s=0):
+        if args.phases and name not in args.phases.split(",") and name != "load":
+            return
         if left() < need_s:
             out["errors"][name] = f"skipped: {left():.0f} s of the budget left, needs ~{need_s}"
             log(out["errors"][name])
@@ -105,6 +107,11 @@ def run_peers(args):
             requires_safety_checker=False)
         pipe = pipe.to(dev)
         pipe.set_progress_bar_config(disable=True)
+        # diffuse's bench and txt2img run DPM++ 2M (--scheduler dpmpp_2m); a folder may name
+        # another scheduler (create-demo-model writes SD's PNDM).
+        from diffusers import DPMSolverMultistepScheduler
+
+        pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
         state["pipe"] = pipe
         return {"load_s": time.time() - t0, "scheduler": type(pipe.scheduler).__name__,
                 "attention": type(pipe.unet.attn_processors[next(iter(pipe.unet.attn_processors))]).__name__}
@@ -325,15 +332,18 @@ def summarize(args):
                        ("image_compile_reduce_overhead", "diffusers compile reduce-overhead")]:
         if key in ph:
             print(f"  {label:40} {ph[key]['median_s']:6.3f} s (first run {ph[key]['first_s']:.2f} s)")
-    hd = load("diffuse_hidream.json")
     print("\nHiDream-I1 block, 1024x1024 (4096 image + 384 text tokens), batch 2, bf16:")
-    if hd:
-        for key in ["dual_block", "single_block"]:
+    for name in sorted(os.listdir(d)):
+        if not (name.startswith("diffuse_hidream") and name.endswith(".json")):
+            continue
+        hd = load(name)
+        for key in ["dual_block", "single_block"] if hd else []:
             b = hd.get(key, {})
             if b:
-                print(f"  diffuse {key:24} best {b.get('best_s', 0) * 1e3:7.2f} ms, mean "
-                      f"{b.get('mean_s', 0) * 1e3:7.2f} ms ({b.get('gflop', 0):.0f} GFLOP, "
-                      f"{100 * b.get('roofline_fraction', 0):.0f} % of the matmul roofline)")
+                print(f"  diffuse {key:12} attention {hd.get('attention', '?'):6} best "
+                      f"{b.get('best_s', 0) * 1e3:7.2f} ms, mean {b.get('mean_s', 0) * 1e3:7.2f} ms "
+                      f"({b.get('gflop', 0):.0f} GFLOP, {100 * b.get('roofline_fraction', 0):.0f} % "
+                      f"of the matmul roofline)")
     for key in ["hidream_dual_eager", "hidream_single_eager", "hidream_dual_compile",
                 "hidream_single_compile"]:
         if key in ph:
@@ -378,6 +388,8 @@ def main():
     ap.add_argument("--hidream-size", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prompt", default="a photograph of an astronaut riding a horse")
+    ap.add_argument("--phases", default="",
+                    help="comma-separated phases to run (default: all; load always runs)")
     ap.add_argument("--budget-s", type=float, default=300,
                     help="phases that would not fit in what is left are skipped")
     args = ap.parse_args()

@@ -12,6 +12,8 @@
 # transformers (PYTHONPATH may point at source trees: the script downloads nothing).
 # PEERS_BUDGET_S bounds the diffusers half (default 300 s), or PEERS_DEADLINE (seconds since
 # the epoch) the whole run: torch.compile phases that would not fit are skipped and said so.
+# PEERS_PARTS picks parts (default: steps image txt2img hidream diffusers); PEERS_PHASES
+# passes a phase list to the diffusers half (bench_gpu_peers.py --phases).
 set -u
 out=${1:?usage: scripts/bench_gpu_peers.sh OUT_DIR [DIFFUSE_BINARY]}
 diffuse=${2:-build-cuda/diffuse}
@@ -40,15 +42,22 @@ bench() {  # TAG ENV... -- FLAGS...
     { stamp "diffuse $tag failed:"; tail -5 "$out/diffuse_$tag.log"; }
 }
 
+parts=" ${PEERS_PARTS:-steps image txt2img hidream diffusers} "
+part() { [[ "$parts" == *" $1 "* ]]; }
+
 steps="--arch sd2.1-base --steps 20 --warmup 5 --no-text-encoder"
-bench default DIFFUSE_CUDNN_BENCHMARK=0 -- $steps
-bench cudnn_benchmark DIFFUSE_CUDNN_BENCHMARK=1 -- $steps
-bench channels_last DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1 -- $steps
-bench graph DIFFUSE_CUDNN_BENCHMARK=1 -- $steps --graph
-bench graph_channels_last DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1 -- $steps --graph
+if part steps; then
+  bench default DIFFUSE_CUDNN_BENCHMARK=0 -- $steps
+  bench cudnn_benchmark DIFFUSE_CUDNN_BENCHMARK=1 -- $steps
+  bench channels_last DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1 -- $steps
+  bench graph DIFFUSE_CUDNN_BENCHMARK=1 -- $steps --graph
+  bench graph_channels_last DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1 -- $steps --graph
+fi
 image="-m $model --whole-image 20 --whole-image-runs 4 --no-unet --no-vae --no-text-encoder --no-roofline"
-bench image_default DIFFUSE_CUDNN_BENCHMARK=0 -- $image
-bench image_best ${BEST_ENV:-DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1} -- $image --graph
+if part image; then
+  bench image_default DIFFUSE_CUDNN_BENCHMARK=0 -- $image
+  bench image_best ${BEST_ENV:-DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1} -- $image --graph
+fi
 
 # The same seed with and without --graph: the files must be equal byte for byte.
 gen() {
@@ -56,27 +65,33 @@ gen() {
     --scheduler dpmpp_2m --cfg-scale 7.5 --seed 1 -p "a photograph of an astronaut riding a horse" \
     "$@" 2>>"$out/txt2img.log"
 }
-stamp "txt2img eager and --graph"
-gen -o "$out/diffuse_image.png" >/dev/null && gen --graph -o "$out/diffuse_image_graph.png" >/dev/null
-if cmp -s "$out/diffuse_image.png" "$out/diffuse_image_graph.png"; then
-  stamp "--graph image: byte-identical to the eager image"
-else
-  stamp "--graph image: DIFFERS from the eager image (or a run failed; see txt2img.log)"
+if part txt2img; then
+  stamp "txt2img eager and --graph"
+  gen -o "$out/diffuse_image.png" >/dev/null && gen --graph -o "$out/diffuse_image_graph.png" >/dev/null
+  if cmp -s "$out/diffuse_image.png" "$out/diffuse_image_graph.png"; then
+    stamp "--graph image: byte-identical to the eager image"
+  else
+    stamp "--graph image: DIFFERS from the eager image (or a run failed; see txt2img.log)"
+  fi
 fi
 
-stamp "diffuse HiDream-I1 blocks"
-"$diffuse" bench --arch hidream-i1 --device cuda --dtype bf16 --steps 10 --warmup 3 --json \
-  >"$out/diffuse_hidream.json" 2>"$out/diffuse_hidream.log" ||
-  { stamp "diffuse hidream failed:"; tail -5 "$out/diffuse_hidream.log"; }
+if part hidream; then
+  for attention in ${HIDREAM_ATTENTION:-auto}; do
+    tag=hidream$([ "$attention" = auto ] || echo "_$attention")
+    stamp "diffuse HiDream-I1 blocks, attention $attention"
+    timeout 120 "$diffuse" bench --arch hidream-i1 --device cuda --dtype bf16 --steps 10 --warmup 3 \
+      --attention "$attention" --json >"$out/diffuse_$tag.json" 2>"$out/diffuse_$tag.log" ||
+      { stamp "diffuse $tag failed:"; tail -5 "$out/diffuse_$tag.log"; }
+  done
+fi
 
 budget=${PEERS_BUDGET_S:-300}
 if [ -n "${PEERS_DEADLINE:-}" ]; then
   budget=$((PEERS_DEADLINE - $(date +%s)))
   [ "$budget" -lt 60 ] && budget=60
 fi
-stamp "diffusers (budget $budget s)"
-PYTHONUNBUFFERED=1 timeout $((budget + 60)) python3 "$here/bench_gpu_peers.py" --model "$model" --out "$out/diffusers.json" \
-  --budget-s "$budget" 2>&1 | tee "$out/diffusers.log" | grep -v "^\s*$" | tail -n 40
+part diffusers && stamp "diffusers (budget $budget s)" && PYTHONUNBUFFERED=1 timeout $((budget + 60)) python3 "$here/bench_gpu_peers.py" --model "$model" --out "$out/diffusers.json" \
+  --budget-s "$budget" --phases "${PEERS_PHASES:-}" 2>&1 | tee "$out/diffusers.log" | grep -v "^\s*$" | tail -n 40
 
 stamp "summary"
 python3 "$here/bench_gpu_peers.py" --summarize --dir "$out" | tee "$out/summary.txt"

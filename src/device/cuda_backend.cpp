@@ -9,6 +9,7 @@
 #ifdef DIFFUSE_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace diffuse::device::cuda {
@@ -35,12 +36,22 @@ void apply_float32_precision() {
 
 #ifdef DIFFUSE_WITH_CUDA
 
+namespace {
+
+// "cuda" without an index means the current device; the allocator's and the runtime's calls
+// take only a real index (LibTorch 2.11 refused -1 with "Invalid device argument").
+c10::DeviceIndex concrete_index(c10::DeviceIndex index) {
+  return index >= 0 ? index : c10::cuda::current_device();
+}
+
+}  // namespace
+
 bool compiled_with_cuda() {
   return true;
 }
 
 bool properties(c10::DeviceIndex index, Properties* out) {
-  const cudaDeviceProp* p = at::cuda::getDeviceProperties(index);
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(concrete_index(index));
   if (!p) return false;
   out->name = p->name;
   out->major = p->major;
@@ -51,6 +62,7 @@ bool properties(c10::DeviceIndex index, Properties* out) {
 
 bool allocator_stats(c10::DeviceIndex index, AllocatorStats* out) {
   namespace A = c10::cuda::CUDACachingAllocator;
+  index = concrete_index(index);
   auto stats = A::getDeviceStats(index);
   // Index 0 is StatType::AGGREGATE in every libtorch release (the enum moved namespaces in 2.x).
   const auto& allocated = stats.allocated_bytes[0];
@@ -65,7 +77,7 @@ bool allocator_stats(c10::DeviceIndex index, AllocatorStats* out) {
 }
 
 void reset_peak(c10::DeviceIndex index) {
-  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(concrete_index(index));
 }
 
 void empty_cache() {

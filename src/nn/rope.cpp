@@ -48,6 +48,8 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTable& table) {
   auto y0 = c * x0 + (-s) * x1;
   auto y1 = s * x0 + c * x1;
   auto rotated = torch::stack({y0, y1}, -1).reshape({B, S, H, 2 * R}).to(x.scalar_type());
+  // Every token and every channel rotated (HiDream, FLUX): nothing of x to keep.
+  if (S == x.size(1) && 2 * R == x.size(3)) return rotated;
   auto out = x.clone(torch::MemoryFormat::Contiguous);
   out.narrow(1, 0, S).narrow(3, 0, 2 * R).copy_(rotated);
   return out;
