@@ -39,7 +39,7 @@ void apply_float32_precision() {
 namespace {
 
 // "cuda" without an index means the current device; the allocator's and the runtime's calls
-// take only a real index (LibTorch 2.11 refused -1 with "Invalid device argument").
+// take only a real index.
 c10::DeviceIndex concrete_index(c10::DeviceIndex index) {
   return index >= 0 ? index : c10::cuda::current_device();
 }
@@ -63,7 +63,15 @@ bool properties(c10::DeviceIndex index, Properties* out) {
 bool allocator_stats(c10::DeviceIndex index, AllocatorStats* out) {
   namespace A = c10::cuda::CUDACachingAllocator;
   index = concrete_index(index);
-  auto stats = A::getDeviceStats(index);
+  // Before the process's first CUDA allocation the caching allocator has no devices yet, and
+  // LibTorch 2.11 throws "Invalid device argument" (the stage bench failed at once on an H200
+  // when its first stage asked): nothing allocated means nothing to report.
+  decltype(A::getDeviceStats(index)) stats;  // the type moved namespaces in 2.x
+  try {
+    stats = A::getDeviceStats(index);
+  } catch (const c10::Error&) {
+    return false;
+  }
   // Index 0 is StatType::AGGREGATE in every libtorch release (the enum moved namespaces in 2.x).
   const auto& allocated = stats.allocated_bytes[0];
   const auto& reserved = stats.reserved_bytes[0];
@@ -77,7 +85,10 @@ bool allocator_stats(c10::DeviceIndex index, AllocatorStats* out) {
 }
 
 void reset_peak(c10::DeviceIndex index) {
-  c10::cuda::CUDACachingAllocator::resetPeakStats(concrete_index(index));
+  try {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(concrete_index(index));
+  } catch (const c10::Error&) {  // no allocation yet (see allocator_stats): no peak to reset
+  }
 }
 
 void empty_cache() {
