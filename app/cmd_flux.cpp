@@ -45,8 +45,6 @@ void refuse_hidream_flags(const DitCliFlags& f) {
   if (!f.text_encoder_device.empty() || !f.vae_device.empty())
     refuse("--text-encoder-device/--vae-device",
            "FLUX runs its stages on --device (placement per stage is HiDream's so far)");
-  if (f.stream_weights == "on")
-    refuse("--stream-weights on", "block streaming is HiDream's so far; use --weights q8_0 to fit");
   if (!f.step_noise_file.empty())
     refuse("--step-noise", "FLUX's Euler scheduler draws no noise per step");
   if (f.max_sequence_length && (*f.max_sequence_length < 1 || *f.max_sequence_length > 512))
@@ -98,6 +96,7 @@ int run_flux(const DitCliFlags& f, bool edit) {
                           "); instruction editing needs FLUX.1 Kontext (FluxKontextPipeline)");
   pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
   pipe.set_weight_type(f.weights);
+  pipe.set_weight_streaming(f.stream_weights);
   const auto lora_lines = apply_dit_flags(pipe, folder, f, talk);
   // The references' defaults: FLUX.1-dev 28 steps at guidance 3.5 (Kontext 2.5), schnell
   // (no guidance embedding) 4 steps and 256 T5 tokens.

@@ -2,7 +2,8 @@
 // transformer: the streamed model gives exactly the resident model's output, zero-copy on the
 // CPU (block weights keep viewing the file after a forward) and by per-block copies in another
 // dtype; a LoRA merged into a streamed model survives its pages being dropped; the pipeline
-// takes the mode by name.
+// takes the mode by name. The same for FLUX's transformer (flux-tiny), which refuses what
+// cannot stream (a LoRA, quantized weights, BFL's fused names) saying why.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,15 +12,18 @@
 
 #include "adapters/lora.h"
 #include "adapters/lora_merger.h"
+#include "cpu_bf16.h"
 #include "diffuse/errors.h"
 #include "hidream_test_util.h"
 #include "io/lora_key_map.h"
 #include "io/model_folder.h"
 #include "io/safetensors.h"
+#include "models/flux_transformer.h"
 #include "models/hidream_transformer.h"
+#include "models/load_component.h"
+#include "pipeline/flux.h"
 #include "pipeline/hidream.h"
 #include "pipeline/hidream_random_model.h"
-#include "cpu_bf16.h"
 #include "test_util.h"
 #include "verify/verify.h"
 
@@ -145,7 +149,7 @@ TEST(WeightStreaming, RandomTransformerWriterMakesALoadableShardedFolder) {
   o.shard_bytes = 8 << 10;
   const int64_t bytes = pipeline::create_random_hidream_i1(dir.path().string(), o);
   const auto folder = io::ModelFolder::open(dir.path().string());
-  EXPECT_EQ(models::hidream_transformer_file_bytes(folder), bytes);
+  EXPECT_EQ(models::component_weight_bytes(folder, "transformer"), bytes);
   int shards = 0;
   for (const auto& e : fs::directory_iterator(dir.path() / "transformer"))
     if (e.path().extension() == ".safetensors") {
@@ -215,6 +219,85 @@ TEST(WeightStreaming, ThePipelineTakesTheModeByName) {
   pipeline::HiDreamPipeline small(folder, torch::Device(torch::kCPU), torch::kFloat32);
   small.transformer();  // auto: a tiny transformer fits
   EXPECT_FALSE(small.streams_weights());
+}
+
+// --- FLUX -------------------------------------------------------------------------------------
+
+bool have_flux() {
+  return fs::exists(test::flux_golden_dir() + "/cases.json");
+}
+
+// One forward of the tiny FLUX transformer on fixed inputs of the shapes its config asks for.
+torch::Tensor flux_forward(models::FluxTransformer2DModel& m, torch::Dtype dtype) {
+  const auto& c = m->config();
+  auto gen = at::detail::createCPUGenerator(3);
+  auto x = torch::randn({1, 16, c.in_channels}, gen).to(dtype);
+  auto enc = torch::randn({1, 5, c.joint_attention_dim}, gen).to(dtype);
+  auto pooled = torch::randn({1, c.pooled_projection_dim}, gen).to(dtype);
+  auto t = torch::full({1}, 0.7f), g = torch::full({1}, 3.5f);
+  torch::InferenceMode guard;
+  return m->forward(x, t, enc, pooled, models::flux_image_ids(8, 8), torch::zeros({5, 3}),
+                    c.guidance_embeds ? g : torch::Tensor());
+}
+
+TEST(WeightStreaming, FluxStreamedGivesTheResidentOutputZeroCopyAndByCopies) {
+  if (!have_flux()) GTEST_SKIP() << "no set at " << test::flux_golden_dir();
+  const auto folder = io::ModelFolder::open(test::flux_golden_dir() + "/model");
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    if (dtype == torch::kBFloat16 && !test::cpu_runs_bf16()) continue;
+    auto resident = models::load_flux_transformer(folder, torch::kCPU, dtype);
+    auto streamed = models::load_flux_transformer(folder, torch::kCPU, dtype, "transformer", {},
+                                                  nullptr, /*stream=*/true);
+    ASSERT_NE(streamed->stream, nullptr);
+    EXPECT_EQ(streamed->stream->blocks(),
+              resident->double_blocks.size() + resident->single_blocks.size());
+    // The tiny set's files are float32: zero-copy in float32, per-block copies in bf16.
+    EXPECT_EQ(streamed->stream->zero_copy(), dtype == torch::kFloat32);
+    const auto a = flux_forward(resident, dtype), b = flux_forward(streamed, dtype);
+    EXPECT_TRUE(torch::equal(a, b)) << c10::toString(dtype);
+    // A second call, after the blocks' pages or copies went: the same again.
+    EXPECT_TRUE(torch::equal(a, flux_forward(streamed, dtype))) << c10::toString(dtype);
+  }
+}
+
+TEST(WeightStreaming, FluxPipelineTakesTheModeAndRefusesWhatCannotStream) {
+  if (!have_flux()) GTEST_SKIP() << "no set at " << test::flux_golden_dir();
+  const auto dir = test::flux_golden_dir() + "/model";
+  const auto folder = io::ModelFolder::open(dir);
+  pipeline::FluxPipeline pipe(folder, torch::kCPU, torch::kFloat32);
+  EXPECT_THROW(pipe.set_weight_streaming("sometimes"), InvalidArgument);
+  pipe.set_weight_streaming("on");
+  EXPECT_NE(test::expect_throw<InvalidArgument>([&] {
+              pipe.set_weight_type("q8_0");
+            }).find("exclude each other"),
+            std::string::npos);
+  EXPECT_NE(test::expect_throw<InvalidArgument>([&] {
+              pipe.add_lora("any.safetensors", 1.0);
+            }).find("--stream-weights off"),
+            std::string::npos);
+  pipe.transformer();
+  EXPECT_TRUE(pipe.streams_weights());
+  EXPECT_THROW(pipe.set_weight_streaming("off"), InvalidArgument);  // already loaded
+  pipeline::FluxPipeline small(folder, torch::kCPU, torch::kFloat32);
+  small.transformer();  // auto: a tiny transformer fits
+  EXPECT_FALSE(small.streams_weights());
+
+  // BFL's names fuse what diffusers splits: nothing to view, "on" says so before loading.
+  test::TempDir tmp;
+  const auto file = tmp.file("flux-bfl-named.safetensors");
+  {
+    auto weights = folder.component_weights("transformer");
+    std::vector<std::pair<std::string, torch::Tensor>> renamed;
+    for (const auto& [k, v] : weights) renamed.emplace_back("double_blocks_renamed." + k, v);
+    io::save_safetensors(file, renamed);
+  }
+  auto other = io::ModelFolder::open(dir);
+  other.set_component_weights_file("transformer", file);
+  auto message = test::expect_throw<InvalidArgument>([&] {
+    models::load_flux_transformer(other, torch::kCPU, torch::kFloat32, "transformer", {}, nullptr,
+                                  /*stream=*/true);
+  });
+  EXPECT_NE(message.find("another key layout"), std::string::npos) << message;
 }
 
 }  // namespace test_weight_streaming

@@ -10,6 +10,7 @@
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
 #include "models/hidream_transformer.h"
+#include "models/load_component.h"
 
 namespace diffuse::bench {
 namespace {
@@ -38,7 +39,7 @@ HiDreamStreamBenchResult run_hidream_stream_bench(const HiDreamStreamBenchOption
   r.device = device::device_name(device);
   r.dtype = device::dtype_name(dtype);
   const auto folder = io::ModelFolder::open(o.model);
-  const auto bytes = models::hidream_transformer_file_bytes(folder, "transformer");
+  const auto bytes = models::component_weight_bytes(folder, "transformer");
   r.weights_gib = gib(static_cast<double>(bytes));
   r.available_gib = gib(static_cast<double>(device::available_bytes(device)));
   bool stream = o.stream == "on";

@@ -230,7 +230,9 @@ torch::Tensor FluxTransformer2DModelImpl::forward(
   loop.dual_blocks = c.num_layers;
   loop.single_blocks = c.num_single_layers;
   loop.dual = [&](int64_t i, const torch::Tensor& img, const torch::Tensor& txt) {
+    if (stream) stream->before(static_cast<size_t>(i));
     auto [img_out, txt_out] = double_blocks[i]->forward(img, txt, in);
+    if (stream) stream->after(static_cast<size_t>(i));
     capture(inter, "transformer_blocks." + std::to_string(i) + ".text", txt_out);
     capture(inter, "transformer_blocks." + std::to_string(i) + ".image", img_out);
     return std::make_pair(img_out, txt_out);
@@ -242,7 +244,9 @@ torch::Tensor FluxTransformer2DModelImpl::forward(
     return tokens.narrow(1, text_len, tokens.size(1) - text_len);
   };
   loop.single = [&](int64_t j, const torch::Tensor& tokens) {
+    if (stream) stream->before(static_cast<size_t>(c.num_layers + j));
     auto out = single_blocks[j]->forward(tokens, in);
+    if (stream) stream->after(static_cast<size_t>(c.num_layers + j));
     if (inter) {
       capture(inter, "single_transformer_blocks." + std::to_string(j) + ".text",
               out.narrow(1, 0, text_len));
@@ -264,7 +268,7 @@ torch::Tensor FluxTransformer2DModelImpl::forward(
 FluxTransformer2DModel load_flux_transformer(const io::ModelFolder& folder, torch::Device device,
                                              torch::Dtype dtype, const std::string& component,
                                              std::optional<quant::GgmlType> weight_type,
-                                             nn::QuantizedLayers* quantized) {
+                                             nn::QuantizedLayers* quantized, bool stream) {
   auto cfg = component_config(folder, component, "FluxTransformer2DModel");
   FluxTransformer2DModel model{nullptr};
   {
@@ -272,6 +276,19 @@ FluxTransformer2DModel load_flux_transformer(const io::ModelFolder& folder, torc
     model = FluxTransformer2DModel(FluxTransformerConfig::from_json(cfg));
   }
   model->eval();
+  if (stream) {
+    if (weight_type)
+      throw InvalidArgument(
+          "weight streaming reads plain weights from their files at every step; not with "
+          "quantized weights (--weights)");
+    std::vector<std::string> prefixes;
+    for (size_t i = 0; i < model->double_blocks.size(); ++i)
+      prefixes.push_back("transformer_blocks." + std::to_string(i) + ".");
+    for (size_t i = 0; i < model->single_blocks.size(); ++i)
+      prefixes.push_back("single_transformer_blocks." + std::to_string(i) + ".");
+    model->stream = load_component_streamed(*model, folder, component, prefixes, device, dtype);
+    return model;
+  }
   // Diffusers names, or BFL's original ones (flux1-dev.safetensors, ComfyUI, city96's GGUFs).
   load_component_weights_to(*model, folder, component, weight_type, device, dtype, quantized,
                             flux_weight_layout_for(model->config()));

@@ -9,12 +9,14 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "io/json_config.h"
 #include "io/model_folder.h"
+#include "models/block_streaming.h"
 #include "models/intermediates.h"
 #include "nn/embeddings.h"
 #include "nn/flux_blocks.h"
@@ -81,6 +83,10 @@ class FluxTransformer2DModelImpl : public torch::nn::Module {
 
   std::vector<nn::FluxTransformerBlock> double_blocks;
   std::vector<nn::FluxSingleTransformerBlock> single_blocks;
+  // Set by load_flux_transformer(..., stream = true): the blocks' weights come in from the
+  // mapped files as the blocks run (double block i is stream block i, single block j is
+  // num_layers + j).
+  std::shared_ptr<BlockWeightStream> stream;
 
  private:
   void check_inputs(const torch::Tensor& x, const torch::Tensor& timestep, const torch::Tensor& enc,
@@ -100,12 +106,15 @@ TORCH_MODULE(FluxTransformer2DModel);
 // the weights in diffusers' names or in BFL's original ones (models/flux_bfl_names.h).
 // ConfigError/FormatError naming the file on a bad config or missing/mis-shaped weights. With
 // `weight_type`, or a GGUF weights file, the linear weights stay in ggml blocks (what was kept
-// goes to `quantized`).
+// goes to `quantized`). `stream`: the blocks' weights stay in the memory-mapped files and come
+// in block by block as they run (models/block_streaming.h; diffusers-named safetensors only,
+// not with quantized weights: InvalidArgument saying why).
 FluxTransformer2DModel load_flux_transformer(const io::ModelFolder& folder, torch::Device device,
                                              torch::Dtype dtype,
                                              const std::string& component = "transformer",
                                              std::optional<quant::GgmlType> weight_type = {},
-                                             nn::QuantizedLayers* quantized = nullptr);
+                                             nn::QuantizedLayers* quantized = nullptr,
+                                             bool stream = false);
 
 // Latent [B, C, h, w] (h, w even) -> tokens [B, (h/2)(w/2), 4C], row-major over the 2x2-patch
 // grid, features ordered (c, py, px) (FluxPipeline._pack_latents).

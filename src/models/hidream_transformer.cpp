@@ -293,34 +293,13 @@ HiDreamImageTransformer2DModel load_hidream_transformer(const io::ModelFolder& f
     load_component_weights_to(*model, folder, component, weight_type, device, dtype, quantized);
     return model;
   }
-  // The block parameters view the files; everything else is converted and placed now.
-  load_component_weights(*model, folder, component, {}, /*share_mapped=*/true);
   std::vector<std::string> prefixes;
   for (size_t i = 0; i < model->double_blocks.size(); ++i)
     prefixes.push_back("double_stream_blocks." + std::to_string(i) + ".");
   for (size_t i = 0; i < model->single_blocks.size(); ++i)
     prefixes.push_back("single_stream_blocks." + std::to_string(i) + ".");
-  model->stream = std::make_shared<BlockWeightStream>(*model, prefixes, device, dtype);
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->named_parameters(/*recurse=*/true)) {
-    bool in_block = false;
-    for (const auto& prefix : prefixes)
-      in_block = in_block || p.key().compare(0, prefix.size(), prefix) == 0;
-    if (!in_block) p.value().set_data(p.value().to(device, dtype, false, /*copy=*/true));
-  }
-  for (auto& b : model->buffers(/*recurse=*/true)) b.set_data(b.to(device));
+  model->stream = load_component_streamed(*model, folder, component, prefixes, device, dtype);
   return model;
-}
-
-int64_t hidream_transformer_file_bytes(const io::ModelFolder& folder,
-                                       const std::string& component) {
-  if (component_is_gguf(folder, component))
-    return static_cast<int64_t>(
-        std::filesystem::file_size(folder.component_weights_path(component)));
-  int64_t bytes = 0;
-  for (const auto& [name, t] : folder.component_weights(component))
-    bytes += static_cast<int64_t>(t.nbytes());
-  return bytes;
 }
 
 }  // namespace diffuse::models

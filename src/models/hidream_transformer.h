@@ -134,8 +134,4 @@ HiDreamImageTransformer2DModel load_hidream_transformer(
     std::optional<quant::GgmlType> weight_type = std::nullopt,
     nn::QuantizedLayers* quantized = nullptr);
 
-// The bytes of the transformer's weight files (what holding it whole costs, in the file dtype).
-int64_t hidream_transformer_file_bytes(const io::ModelFolder& folder,
-                                       const std::string& component = "transformer");
-
 }  // namespace diffuse::models

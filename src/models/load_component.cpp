@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "diffuse/errors.h"
 #include "io/gguf.h"
 #include "io/ldm_checkpoint.h"
@@ -63,6 +65,45 @@ void load_component_weights(torch::nn::Module& module, const io::ModelFolder& fo
 
 bool component_is_gguf(const io::ModelFolder& folder, const std::string& component) {
   return io::ends_with(folder.component_weights_path(component), ".gguf");
+}
+
+int64_t component_weight_bytes(const io::ModelFolder& folder, const std::string& component) {
+  if (component_is_gguf(folder, component))
+    return static_cast<int64_t>(
+        std::filesystem::file_size(folder.component_weights_path(component)));
+  int64_t bytes = 0;
+  for (const auto& [name, t] : folder.component_weights(component))
+    bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
+std::shared_ptr<BlockWeightStream> load_component_streamed(
+    torch::nn::Module& module, const io::ModelFolder& folder, const std::string& component,
+    const std::vector<std::string>& block_prefixes, torch::Device device, torch::Dtype dtype) {
+  const std::string where = folder.dir() + " (" + component + ")";
+  if (component_is_gguf(folder, component))
+    throw InvalidArgument("weight streaming reads plain weights from safetensors files; " + where +
+                          " is a GGUF file (quantized: it loads whole)");
+  const auto& file = folder.component_weights(component);
+  for (const auto& p : module.named_parameters(/*recurse=*/true))
+    if (!file.count(p.key()))
+      throw InvalidArgument(
+          "weight streaming views the weights where the files hold them, by "
+          "the module's names; " +
+          where + " has no '" + p.key() +
+          "' (a checkpoint in another key layout loads whole: streaming off)");
+  // The block parameters view the files; everything else is converted and placed now.
+  load_component_weights(module, folder, component, {}, /*share_mapped=*/true);
+  auto stream = std::make_shared<BlockWeightStream>(module, block_prefixes, device, dtype);
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.named_parameters(/*recurse=*/true)) {
+    bool in_block = false;
+    for (const auto& prefix : block_prefixes)
+      in_block = in_block || p.key().compare(0, prefix.size(), prefix) == 0;
+    if (!in_block) p.value().set_data(p.value().to(device, dtype, false, /*copy=*/true));
+  }
+  for (auto& b : module.buffers(/*recurse=*/true)) b.set_data(b.to(device));
+  return stream;
 }
 
 nn::QuantizedLayers load_component_weights_quantized(torch::nn::Module& module,

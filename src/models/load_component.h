@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -12,6 +13,7 @@
 #include "io/json_config.h"
 #include "io/model_folder.h"
 #include "io/weight_layout.h"
+#include "models/block_streaming.h"
 #include "nn/layers.h"
 
 namespace diffuse::models {
@@ -71,5 +73,18 @@ void load_component_weights_to(torch::nn::Module& module, const io::ModelFolder&
 
 // Whether the component's weights are a GGUF file.
 bool component_is_gguf(const io::ModelFolder& folder, const std::string& component);
+
+// The bytes of the component's weight files (a GGUF file's size; the safetensors' tensors).
+int64_t component_weight_bytes(const io::ModelFolder& folder, const std::string& component);
+
+// Loads the component for weight streaming (models/block_streaming.h): the parameters under
+// `block_prefixes` (in run order) keep viewing their memory-mapped file tensors and come in
+// block by block as the blocks run; every other parameter is placed on `device` in `dtype`
+// now. InvalidArgument, before anything loads, when the weights are quantized (GGUF) or the
+// files do not name every parameter as the module does (a checkpoint in another key layout,
+// whose fused tensors cannot be viewed).
+std::shared_ptr<BlockWeightStream> load_component_streamed(
+    torch::nn::Module& module, const io::ModelFolder& folder, const std::string& component,
+    const std::vector<std::string>& block_prefixes, torch::Device device, torch::Dtype dtype);
 
 }  // namespace diffuse::models

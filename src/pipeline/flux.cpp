@@ -97,10 +97,31 @@ FluxTextEncoders& FluxPipeline::text_encoders() {
   return *text_;
 }
 
+namespace {
+
+// Whether the component's safetensors name the blocks as diffusers does: only such weights
+// can be viewed where they lie (BFL's names fuse what diffusers' layers split).
+bool flux_names_in_files(const io::ModelFolder& folder, const std::string& component) {
+  if (models::component_is_gguf(folder, component)) return false;
+  for (const auto& [key, tensor] : folder.component_weights(component))
+    if (key.rfind("transformer_blocks.", 0) == 0 || key.rfind("single_transformer_blocks.", 0) == 0)
+      return true;
+  return false;
+}
+
+}  // namespace
+
 models::FluxTransformer2DModel& FluxPipeline::transformer() {
-  if (!transformer_)
-    transformer_ = models::load_flux_transformer(folder_, device_, dtype_, transformer_component_,
-                                                 weight_type_, &quantized_);
+  if (transformer_) return transformer_;
+  bool stream = weight_streaming_ == "on";
+  if (weight_streaming_ == "auto" && !weight_type_ && !lora_ &&
+      flux_names_in_files(folder_, transformer_component_)) {
+    const int64_t need = models::component_weight_bytes(folder_, transformer_component_);
+    const int64_t have = device::available_bytes(device_);
+    stream = have > 0 && static_cast<double>(need) > 0.8 * static_cast<double>(have);
+  }
+  transformer_ = models::load_flux_transformer(folder_, device_, dtype_, transformer_component_,
+                                               weight_type_, &quantized_, stream);
   return transformer_;
 }
 
@@ -108,14 +129,39 @@ void FluxPipeline::set_weight_type(const std::string& type) {
   const auto parsed = quant::parse_weight_type(type, "weight type");
   if (transformer_ && parsed != weight_type_)
     throw InvalidArgument("the weight type is chosen before the transformer loads");
+  if (parsed && weight_streaming_ == "on")
+    throw InvalidArgument("quantized weights (" + type +
+                          ") and weight streaming exclude each other: streaming reads the plain "
+                          "weights from their files at every step");
   weight_type_ = parsed;
+}
+
+void FluxPipeline::set_weight_streaming(const std::string& mode) {
+  if (mode != "auto" && mode != "on" && mode != "off")
+    throw InvalidArgument("weight streaming: expected auto, on or off, got '" + mode + "'");
+  if (transformer_ && mode != weight_streaming_)
+    throw InvalidArgument("weight streaming is chosen before the transformer loads");
+  if (mode == "on" && weight_type_)
+    throw InvalidArgument(
+        "weight streaming and quantized weights exclude each other: streaming reads the plain "
+        "weights from their files at every step");
+  weight_streaming_ = mode;
 }
 
 std::string FluxPipeline::add_lora(const std::string& path, double scale,
                                    const adapters::LoraOptions& options) {
   if (!std::isfinite(scale))
     throw InvalidArgument("LoRA '" + path + "': the scale must be a finite number");
+  if (weight_streaming_ == "on")
+    throw InvalidArgument("LoRA '" + path +
+                          "': a LoRA merges into the transformer's weights, which weight "
+                          "streaming reads from their files at every step (--stream-weights off)");
+  if (weight_streaming_ == "auto" && !transformer_) weight_streaming_ = "off";
   transformer();  // loaded, and with it what was kept quantized
+  if (streams_weights())
+    throw InvalidArgument("LoRA '" + path +
+                          "': a LoRA merges into the transformer's weights, which stream from "
+                          "their files at every step (--stream-weights off)");
   if (quantized_.layers > 0)
     throw InvalidArgument(
         "a LoRA merges into the transformer's plain weights, which quantized "

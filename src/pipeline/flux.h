@@ -155,6 +155,13 @@ class FluxPipeline {
   // The transformer's linear weights kept in ggml blocks ("q8_0", "q4_0"; "none": plain),
   // chosen before it loads.
   void set_weight_type(const std::string& type);
+  // Transformer weight streaming (models/block_streaming.h), chosen before it loads: "on",
+  // "off", or "auto" (default): on when its weight files need more than 80 % of the memory
+  // available on the device and they are diffusers-named safetensors (a BFL single file or a
+  // GGUF loads whole). Not with quantized weights or a LoRA (it merges into the weights).
+  void set_weight_streaming(const std::string& mode);
+  // Whether the loaded transformer streams its blocks.
+  bool streams_weights() const { return transformer_ && transformer_->stream != nullptr; }
   const nn::QuantizedLayers& quantized_layers() const { return quantized_; }
 
   FluxTextEncoders& text_encoders();
@@ -201,6 +208,7 @@ class FluxPipeline {
   bool kontext_ = false;
   bool keep_text_encoders_ = true;
   std::optional<quant::GgmlType> weight_type_;
+  std::string weight_streaming_ = "auto";
   nn::QuantizedLayers quantized_;
   std::unique_ptr<FluxTextEncoders> text_;
   models::FluxTransformer2DModel transformer_{nullptr};

@@ -125,7 +125,7 @@ models::HiDreamImageTransformer2DModel& HiDreamPipeline::transformer() {
   const bool quantized = weight_type_ || models::component_is_gguf(folder_, transformer_component_);
   bool stream = weight_streaming_ == "on";
   if (weight_streaming_ == "auto" && !quantized) {
-    const int64_t need = models::hidream_transformer_file_bytes(folder_, transformer_component_);
+    const int64_t need = models::component_weight_bytes(folder_, transformer_component_);
     const int64_t have = device::available_bytes(device_);
     stream = have > 0 && static_cast<double>(need) > 0.8 * static_cast<double>(have);
   }
