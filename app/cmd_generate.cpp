@@ -57,6 +57,7 @@ struct GenerateFlags {
   int batch_count = 1;
   std::string out = "output.png";
   std::string latents_file, noise_file;
+  double denoising_start = 0.0, denoising_end = 1.0;  // SDXL base -> refiner handoff
   std::string prompt_syntax = "a1111";
   std::string lora_dir;
   std::string transformer;  // HiDream/FLUX: the transformer's folder or file (DitCliFlags)
@@ -144,8 +145,21 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
   app.add_flag("-q,--quiet", f.quiet, "No progress output");
   app.add_flag("--json", f.json, "Print a JSON summary on stdout");
   add_parallel_flags(app, f.parallel);
+  app.add_option("--denoising-end", f.denoising_end,
+                 "Stop at this fraction of the schedule and write the latents, undecoded, to "
+                 "-o FILE.safetensors for the next expert (SDXL base -> refiner; diffusers' "
+                 "denoising_end)")
+      ->check(number_range(0, 1, "a fraction"));
   if (img2img) {
-    app.add_option("-i,--init-image", f.init_image, "Input PNG image")->required();
+    app.add_option("-i,--init-image", f.init_image,
+                   "Input PNG image (not with --denoising-start, which continues from --latents)");
+    app.add_option("--denoising-start", f.denoising_start,
+                   "Continue another run's latents (--latents FILE, from txt2img --denoising-end) "
+                   "from this fraction of the schedule, adding no noise (the SDXL refiner's "
+                   "denoising_start)")
+        ->check(number_range(0, 1, "a fraction"));
+    app.add_option("--latents", f.latents_file,
+                   "safetensors file with the latents --denoising-start continues from");
     app.add_option("--strength", f.strength, "How far to move from the init image, in (0, 1]")
         ->capture_default_str();
     app.add_option("--noise", f.noise_file,
@@ -175,6 +189,10 @@ void check_hidream_generate_flags(const GenerateFlags& f, const std::string& fam
   if (f.prompts.size() != 1 || f.negative_prompts.size() > 1 || f.num_images != 1 ||
       f.batch_count != 1)
     throw InvalidArgument(family + " models take one prompt and one image per run");
+  if (f.denoising_end < 1 || f.denoising_start > 0)
+    refuse("--denoising-end/--denoising-start",
+           "the expert handoff is for UNet models (SDXL base -> refiner); " + family +
+               " models run their whole schedule");
   if (f.accel.graph)
     refuse("--graph", "it replays a UNet step; " + family +
                           " models have none (their step is long enough on a GPU not to wait on "
@@ -263,6 +281,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   g.steps = f.steps;
   g.guidance_scale = f.cfg_scale;
   g.strength = f.strength;
+  g.denoising_start = f.denoising_start;
+  g.denoising_end = f.denoising_end;
   g.images_per_prompt = f.num_images;
   g.scheduler = f.scheduler;
   g.prompt_syntax = f.prompt_syntax;
@@ -350,21 +370,41 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (f.prompt_syntax == "a1111")
     for (auto& spec : pipeline::take_prompt_loras(g, f.lora_dir)) lo.loras.push_back(spec);
   {
-    // The output is checked before the (slow) load: PNG only, and never a path whose final
-    // rename would destroy a directory, device, FIFO or socket.
+    // The output is checked before the (slow) load: PNG only (latents for the next expert:
+    // safetensors), and never a path whose final rename would destroy a directory, device,
+    // FIFO or socket.
     std::string ext = fs::path(f.out).extension().string();
     std::transform(ext.begin(), ext.end(), ext.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (!f.out.empty() && ext != ".png")
+    const bool latents_out = g.denoising_end < 1;
+    if (latents_out && ext != ".safetensors")
+      throw InvalidArgument("-o/--out '" + f.out + "': --denoising-end " +
+                            c10::str(g.denoising_end) +
+                            " stops before decoding: name a .safetensors file for the latents");
+    if (!latents_out && !f.out.empty() && ext != ".png")
       throw InvalidArgument("-o/--out '" + f.out +
                             "': only PNG output is supported (use a .png name)");
-    const size_t total = g.prompts.size() * static_cast<size_t>(g.images_per_prompt) *
-                         static_cast<size_t>(std::max(f.batch_count, 1));
+    // One file per image, or with --denoising-end one latents file per run of the batch count.
+    const size_t total =
+        (latents_out ? 1 : g.prompts.size() * static_cast<size_t>(g.images_per_prompt)) *
+        static_cast<size_t>(std::max(f.batch_count, 1));
     for (size_t i = 0; i < std::max<size_t>(total, 1); ++i)
       io::check_output_path(output_path(f.out, i, total), "output");
   }
   Image init;
-  if (img2img) init = read_png(f.init_image);
+  if (img2img && g.denoising_start > 0) {
+    if (!f.init_image.empty())
+      throw InvalidArgument(
+          "-i/--init-image: --denoising-start continues from --latents; give "
+          "one or the other");
+    if (f.latents_file.empty())
+      throw InvalidArgument("--denoising-start " + c10::str(g.denoising_start) +
+                            " continues another run: --latents FILE (txt2img --denoising-end "
+                            "... -o FILE.safetensors writes it)");
+  } else if (img2img) {
+    if (f.init_image.empty()) throw InvalidArgument("-i/--init-image: an input PNG is required");
+    init = read_png(f.init_image);
+  }
   if (!f.latents_file.empty()) g.latents = read_tensor_file(f.latents_file, "latents");
   if (!f.noise_file.empty()) g.noise = read_tensor_file(f.noise_file, "noise");
 
@@ -415,6 +455,18 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   }
 
   if (f.parallel.worker_rank > 0) return 0;  // rank 0 decodes and writes
+  if (g.denoising_end < 1) {
+    // Latents for the next expert, one file per run of the batch count.
+    for (size_t b = 0; b < results.size(); ++b) {
+      const std::string path = output_path(f.out, b, results.size());
+      io::save_safetensors(path, {{"latents", results[b].latents}},
+                           {{"denoising_end", c10::str(g.denoising_end)},
+                            {"seed", std::to_string(results[b].seed)},
+                            {"steps", std::to_string(g.steps)}});
+      if (!f.json) std::cout << path << "\n";
+    }
+    return 0;
+  }
   size_t total = 0;
   for (const auto& r : results) total += r.images.size();
   nlohmann::json files = nlohmann::json::array();

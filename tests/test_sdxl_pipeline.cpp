@@ -1,6 +1,7 @@
 // Stable Diffusion XL through the Stable Diffusion engine: the golden pipeline cases (base
 // text-to-image and img2img, refiner img2img), the time ids, the empty negative prompt's zeros,
-// and folders whose parts do not fit together.
+// folders whose parts do not fit together, and the base -> refiner handoff (denoising_end /
+// denoising_start).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,6 +13,8 @@
 
 #include "cli_run.h"
 #include "diffuse/errors.h"
+#include "diffuse/pipeline.h"
+#include "pipeline/denoising_range.h"
 #include "pipeline/sdxl_conditioning.h"
 #include "pipeline/stable_diffusion.h"
 #include "test_util.h"
@@ -250,6 +253,113 @@ TEST(SdxlPipeline, TheCliDrawsAnImageWithTheModelsDefaults) {
                     dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(fs::exists(dir.file("refined.png")));
+}
+
+// diffusers' cut, Python's rounding included: int(round(10 - 0.35 * 10)) = round(6.5) = 6.
+TEST(SdxlHandoff, TheRangeCutsAsDiffusersDoes) {
+  const auto ts = torch::arange(9, -1, -1, torch::kFloat32);  // 9, 8, ..., 0
+  auto r = pipeline::denoising_range(ts, 10, 1, 0, 0.35);
+  EXPECT_EQ(r.begin, 0);
+  EXPECT_EQ(r.end, 4);  // 9, 8, 7, 6 (t >= 6)
+  r = pipeline::denoising_range(ts, 10, 1, 0.35, 1);
+  EXPECT_EQ(r.begin, 4);  // 5 .. 0 (t < 6)
+  EXPECT_EQ(r.end, 10);
+  r = pipeline::denoising_range(ts, 10, 2, 0.35, 1);  // a second-order scheduler: one more
+  EXPECT_EQ(r.begin, 3);
+  r = pipeline::denoising_range(ts, 10, 1, 0, 1, 7);  // strength's start, nothing cut
+  EXPECT_EQ(r.begin, 7);
+  EXPECT_EQ(r.end, 10);
+}
+
+// Base with denoising_end, then image-to-image from its latents with denoising_start, is the
+// whole run (Euler: the split changes nothing); the refiner continues the same latents; what
+// cannot work is refused, naming it.
+TEST(SdxlHandoff, BaseThenContinuationIsTheWholeRunAndTheRefinerContinues) {
+  if (!have_set()) GTEST_SKIP() << "no set at " << set_dir();
+  auto base = Text2Image::load(set_dir() + "/model", fp32());
+  auto g = small_run("a red fox");
+  g.steps = 6;
+  const auto whole = base.generate(g);
+  g.denoising_end = 0.5;
+  const auto first = base.generate(g);
+  EXPECT_TRUE(first.images.empty());
+  ASSERT_TRUE(first.latents.defined());
+  EXPECT_GT(first.steps_run, 0);
+  EXPECT_LT(first.steps_run, 6);
+
+  auto cont = Image2Image::load(set_dir() + "/model", fp32());
+  auto h = small_run("a red fox");
+  h.steps = 6;
+  h.denoising_start = 0.5;
+  h.latents = first.latents;
+  const auto second = cont.generate(h, Image{});
+  EXPECT_EQ(first.steps_run + second.steps_run, 6);
+  EXPECT_TRUE(torch::equal(second.latents, whole.latents));
+  ASSERT_EQ(second.images.size(), 1u);
+  EXPECT_EQ(second.images[0].rgb, whole.images[0].rgb);
+
+  auto refiner = Image2Image::load(set_dir() + "/model_refiner", fp32());
+  const auto refined = refiner.generate(h, Image{});
+  ASSERT_EQ(refined.images.size(), 1u);
+  EXPECT_TRUE(torch::isfinite(refined.latents).all().item<bool>());
+  EXPECT_FALSE(torch::equal(refined.latents, whole.latents));
+
+  auto message = [](auto f) { return test::expect_throw<InvalidArgument>(f); };
+  auto bad = h;
+  bad.latents = torch::Tensor();
+  EXPECT_NE(message([&] { cont.generate(bad, Image{}); }).find("give them"), std::string::npos);
+  bad = h;
+  bad.denoising_end = 0.4;
+  EXPECT_NE(message([&] { cont.generate(bad, Image{}); }).find("must be below"), std::string::npos);
+  bad = h;
+  bad.latents = first.latents.narrow(1, 0, 2);
+  EXPECT_NE(message([&] { cont.generate(bad, Image{}); }).find("given latents have shape"),
+            std::string::npos);
+  auto t2i = g;
+  t2i.denoising_end = 1;
+  t2i.denoising_start = 0.5;
+  EXPECT_NE(message([&] { base.generate(t2i); }).find("image-to-image takes them"),
+            std::string::npos);
+  t2i.denoising_start = 0;
+  t2i.denoising_end = 0.01;  // ends before the first step
+  EXPECT_NE(message([&] { base.generate(t2i); }).find("leaves no denoising step"),
+            std::string::npos);
+}
+
+TEST(SdxlHandoff, TheCliWritesTheLatentsAndContinuesThem) {
+  if (!have_set()) GTEST_SKIP() << "no set at " << set_dir();
+  test::TempDir dir;
+  const auto latents = dir.file("base.safetensors");
+  auto r =
+      test::run_cli({"txt2img", "-m", set_dir() + "/model", "-p", "a red fox", "--steps", "4", "-W",
+                     "64", "-H", "48", "-s", "3", "--denoising-end", "0.5", "-o", latents, "-q"},
+                    dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(latents));
+  r = test::run_cli(
+      {"img2img", "-m", set_dir() + "/model_refiner", "-p", "a red fox", "--steps", "4", "-s", "3",
+       "--denoising-start", "0.5", "--latents", latents, "-o", dir.file("refined.png"), "-q"},
+      dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir.file("refined.png")));
+  // Latents are no PNG, a continuation needs them, and not an image as well.
+  r = test::run_cli({"txt2img", "-m", set_dir() + "/model", "-p", "x", "--denoising-end", "0.5",
+                     "-o", dir.file("x.png"), "-q"},
+                    dir);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("name a .safetensors file"), std::string::npos) << r.err;
+  r = test::run_cli({"img2img", "-m", set_dir() + "/model", "-p", "x", "--denoising-start", "0.5",
+                     "-o", dir.file("y.png"), "-q"},
+                    dir);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--latents FILE"), std::string::npos) << r.err;
+  r = test::run_cli(
+      {"img2img", "-m", set_dir() + "/model", "-p", "x", "--denoising-start", "0.5", "--latents",
+       latents, "-i", dir.file("refined.png"), "-o", dir.file("y.png"), "-q"},
+      dir);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("one or the other"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir.file("y.png")));
 }
 
 }  // namespace test_sdxl_pipeline

@@ -186,6 +186,14 @@ struct GenerationConfig {
   // UNet accelerators; both off by default (bit-identical to running without them).
   DeepCacheOptions deep_cache;
   TokenMergingOptions token_merging;
+  // SDXL's ensemble of expert denoisers (base -> refiner), as diffusers' denoising_end /
+  // denoising_start: the fraction of the schedule at which this run stops or starts, cut where
+  // the timesteps pass round(T * (1 - fraction)) (T = num_train_timesteps). denoising_end < 1:
+  // stop there and return the latents undecoded (GenerationResult::latents, no images).
+  // denoising_start > 0 (image-to-image only): continue another run from its latents, given as
+  // `latents` (no init image, no noise added); strength is then unused.
+  double denoising_start = 0.0;
+  double denoising_end = 1.0;
   // CUDA graph replay of the UNet call (UNet models on a CUDA device): recorded at the first
   // step, replayed after; bit-identical to the eager call, with less host work per step.
   bool cuda_graph = false;

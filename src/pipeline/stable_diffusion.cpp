@@ -28,6 +28,7 @@
 #include "parallel/branch_split.h"
 #include "parallel/replicated.h"
 #include "pipeline/denoised_estimate.h"
+#include "pipeline/denoising_range.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/lora_set.h"
 #include "pipeline/memory_estimate.h"
@@ -261,6 +262,21 @@ void validate_generation_config(const GenerationConfig& c, bool image2image, int
     throw InvalidArgument("prompt syntax must be plain or a1111, got '" + c.prompt_syntax + "'");
   if (image2image && !(c.strength > 0 && c.strength <= 1))
     throw InvalidArgument("strength must be in (0, 1], got " + std::to_string(c.strength));
+  if (!(c.denoising_end > 0 && c.denoising_end <= 1))
+    throw InvalidArgument("denoising_end must be in (0, 1], got " +
+                          std::to_string(c.denoising_end));
+  if (!(c.denoising_start >= 0 && c.denoising_start < 1))
+    throw InvalidArgument("denoising_start must be in [0, 1), got " +
+                          std::to_string(c.denoising_start));
+  if (c.denoising_start >= c.denoising_end)
+    throw InvalidArgument("denoising_start (" + std::to_string(c.denoising_start) +
+                          ") must be below denoising_end (" + std::to_string(c.denoising_end) +
+                          "): nothing of the schedule would run");
+  if (!image2image && c.denoising_start > 0)
+    throw InvalidArgument(
+        "denoising_start continues another run from its latents: image-to-image takes them "
+        "(img2img --denoising-start with --latents)");
+
   accel::validate_accel_config(c);
   validate_vae_tiling_options(c.vae_tiling);
   validate_size_conditioning(c.size_conditioning);
@@ -883,9 +899,13 @@ GenerationResult StableDiffusion::denoise_and_decode(
   trace("latents_out", latents);
   GenerationResult result;
   result.warnings = std::move(accel_warnings);  // every rank's: they decided alike
-  if (shard && cfg_group_->rank() != 0) {       // rank 0 decodes and writes
+  // Stopped early for the next expert (denoising_end), or a rank that does not decode.
+  if (config.denoising_end < 1 || (shard && cfg_group_->rank() != 0)) {
     result.latents = latents.to(torch::kCPU);
     result.seed = seed;
+    result.interrupted = interrupted;
+    result.steps_run = steps_run;
+    timings.peak_rss_bytes = device::memory_stats().peak_rss_bytes;
     result.timings = std::move(timings);
     return result;
   }
@@ -977,8 +997,15 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
   if (!latents.defined()) latents = cpu_randn(shape, gen);
   trace("initial_latents", latents);
   latents = latents * scheduler->init_noise_sigma();
-  auto result = denoise_and_decode(config, embeds, latents, scheduler->timesteps(), *scheduler, gen,
-                                   on_step, timings, seed);
+  const auto all = scheduler->timesteps();
+  const auto range = denoising_range(all, scheduler->num_train_timesteps(), scheduler->order(), 0,
+                                     config.denoising_end);
+  if (range.end <= range.begin)
+    throw InvalidArgument("denoising_end " + std::to_string(config.denoising_end) + " with " +
+                          std::to_string(config.steps) +
+                          " steps leaves no denoising step; raise it or the steps");
+  auto result = denoise_and_decode(config, embeds, latents, all.slice(0, 0, range.end), *scheduler,
+                                   gen, on_step, timings, seed);
   result.timings.total_s = now_s() - t0;
   result.warnings.insert(result.warnings.begin(), embeds.warnings.begin(), embeds.warnings.end());
   return result;
@@ -995,34 +1022,81 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   StageTimings timings;
   timings.lora_s = apply_loras(config.loras);
   int64_t batch = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
-  if (init.dim() != 4 || init.size(1) != 3)
-    throw InvalidArgument("init image must be [B, 3, H, W], got " + c10::str(init.sizes()));
-  if (init.size(0) != 1 && init.size(0) != batch && batch % init.size(0) != 0)
-    throw InvalidArgument("init image batch " + std::to_string(init.size(0)) +
-                          " does not divide the prompt batch " + std::to_string(batch));
-  check_memory(config, static_cast<int>(init.size(3)), static_cast<int>(init.size(2)));
-  device::ScopedCpuThreads cpu_threads(cpu_threads_for(
-      config, batch, static_cast<int>(init.size(3)), static_cast<int>(init.size(2))));
+  const bool continues = config.denoising_start > 0;  // another run's latents, as they are
   int sf = vae_scale_factor();
-  if (init.size(2) % sf != 0 || init.size(3) % sf != 0)
-    throw InvalidArgument("init image size " + std::to_string(init.size(3)) + "x" +
-                          std::to_string(init.size(2)) + " is not a multiple of " +
-                          std::to_string(sf));
+  int64_t height = 0, width = 0;  // in pixels
+  if (continues) {
+    if (!config.latents.defined())
+      throw InvalidArgument(
+          "denoising_start continues another run from its latents: give them (latents; "
+          "--latents FILE, which txt2img --denoising-end ... -o FILE.safetensors writes)");
+    if (init.defined())
+      throw InvalidArgument(
+          "denoising_start continues from the given latents; an init image as well is "
+          "ambiguous (give one or the other)");
+    if (config.latents.defined() && config.latents.dim() == 4) {
+      height = config.latents.size(2) * sf;
+      width = config.latents.size(3) * sf;
+    }
+  } else {
+    if (!init.defined() || init.dim() != 4 || init.size(1) != 3)
+      throw InvalidArgument("init image must be [B, 3, H, W], got " +
+                            (init.defined() ? c10::str(init.sizes()) : std::string("none")));
+    if (init.size(0) != 1 && init.size(0) != batch && batch % init.size(0) != 0)
+      throw InvalidArgument("init image batch " + std::to_string(init.size(0)) +
+                            " does not divide the prompt batch " + std::to_string(batch));
+    if (init.size(2) % sf != 0 || init.size(3) % sf != 0)
+      throw InvalidArgument("init image size " + std::to_string(init.size(3)) + "x" +
+                            std::to_string(init.size(2)) + " is not a multiple of " +
+                            std::to_string(sf));
+    height = init.size(2);
+    width = init.size(3);
+  }
+  check_memory(config, static_cast<int>(width), static_cast<int>(height));
+  device::ScopedCpuThreads cpu_threads(
+      cpu_threads_for(config, batch, static_cast<int>(width), static_cast<int>(height)));
   uint64_t seed = config.seed.value_or(random_seed());
   auto embeds = encode_for_run(config, seed, t0, &timings);
 
   auto scheduler = make_scheduler(config);
-  // diffusers' get_timesteps: run only the last `strength` part of the schedule.
-  int init_steps = std::min(static_cast<int>(config.steps * config.strength), config.steps);
-  int t_start = std::max(config.steps - init_steps, 0);
-  int64_t begin = static_cast<int64_t>(t_start) * scheduler->order();
   auto all = scheduler->timesteps();
-  if (begin >= all.size(0))
-    throw InvalidArgument("strength " + std::to_string(config.strength) + " with " +
-                          std::to_string(config.steps) +
-                          " steps leaves no denoising step; raise strength or steps");
-  auto timesteps = all.slice(0, begin);
-  scheduler->set_begin_index(begin);
+  int64_t begin = 0;
+  if (!continues) {
+    // diffusers' get_timesteps: run only the last `strength` part of the schedule.
+    int init_steps = std::min(static_cast<int>(config.steps * config.strength), config.steps);
+    int t_start = std::max(config.steps - init_steps, 0);
+    begin = static_cast<int64_t>(t_start) * scheduler->order();
+  }
+  const auto range = denoising_range(all, scheduler->num_train_timesteps(), scheduler->order(),
+                                     config.denoising_start, config.denoising_end, begin);
+  if (range.end <= range.begin)
+    throw InvalidArgument((continues ? "denoising_start " + std::to_string(config.denoising_start)
+                                     : "strength " + std::to_string(config.strength)) +
+                          (config.denoising_end < 1
+                               ? " and denoising_end " + std::to_string(config.denoising_end)
+                               : std::string()) +
+                          " with " + std::to_string(config.steps) +
+                          " steps leave no denoising step; raise the steps or widen the range");
+  auto timesteps = all.slice(0, range.begin, range.end);
+  scheduler->set_begin_index(range.begin);
+  if (continues) {
+    // The previous expert's latents: no encode, no noise (diffusers: latents passed as image).
+    auto latents = config.latents;
+    check_input_tensor(latents, "given latents");
+    if (latents.dim() != 4 || latents.size(1) != latent_channels() ||
+        (latents.size(0) != 1 && latents.size(0) != batch))
+      throw InvalidArgument("given latents have shape " + c10::str(latents.sizes()) +
+                            ", expected [" + std::to_string(batch) + " or 1, " +
+                            std::to_string(latent_channels()) + ", h, w] (a previous run's)");
+    latents = latents.to(c_->device, torch::kFloat32);
+    if (latents.size(0) != batch) latents = latents.repeat({batch, 1, 1, 1});
+    auto gen = at::detail::createCPUGenerator(seed);
+    auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step,
+                                     timings, seed);
+    result.timings.total_s = now_s() - t0;
+    result.warnings.insert(result.warnings.begin(), embeds.warnings.begin(), embeds.warnings.end());
+    return result;
+  }
 
   auto gen = at::detail::createCPUGenerator(seed);
   double e0 = now_s();

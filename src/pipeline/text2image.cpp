@@ -69,8 +69,12 @@ GenerationResult Image2Image::generate(const GenerationConfig& config, const Ima
                                        const StepCallback& on_step) {
   const int f = impl_->vae_scale_factor();
   pipeline::validate_generation_config(config, true, f);
-  auto r = impl_->image2image(config, image_to_tensor(init_image, config.width, config.height, f),
-                              on_step);
+  // Continuing another run (denoising_start) starts from its latents, not from an image.
+  const bool from_latents = config.denoising_start > 0 && init_image.empty();
+  auto r = impl_->image2image(
+      config,
+      from_latents ? torch::Tensor() : image_to_tensor(init_image, config.width, config.height, f),
+      on_step);
   r.timings.load_s = impl_->info().load_s;
   return r;
 }
