@@ -19,6 +19,7 @@
 #include "io/model_folder.h"
 #include "io/pillow_resample.h"
 #include "io/safetensors.h"
+#include "models/clip_text_model.h"
 #include "models/flux_bfl_names.h"
 #include "models/flux_transformer.h"
 #include "pipeline/flux.h"
@@ -443,6 +444,47 @@ TEST(FluxPipeline, LorasMergeByTheirDiffusersNames) {
   EXPECT_TRUE(torch::equal(run(file, 0.0), plain));
   EXPECT_FALSE(torch::allclose(run(file, 1.0), plain));
   EXPECT_THROW(run(stray, 1.0), Error);
+}
+
+// kohya's lora_te1_* pairs patch CLIP-L (FLUX's first text encoder) by SD's names; the update is
+// merged again when the encoders load again (the CLI frees them after each prompt), and a
+// file resolves without the encoders loaded.
+TEST(FluxPipeline, LorasReachClipLAndStayMergedWhenTheEncodersLoadAgain) {
+  const auto dir = test::flux_golden_dir();
+  if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
+  test::TempDir tmp;
+  const auto folder = io::ModelFolder::open(dir + "/model");
+  const auto cfg = models::clip_text_config(folder, "text_encoder");
+  const int64_t H = cfg.hidden_size, r = 2;
+  auto gen = at::detail::createCPUGenerator(9);
+  const auto down = torch::randn({r, H}, gen), up = torch::randn({H, r}, gen);
+  const auto file = tmp.file("te.safetensors");
+  const std::string key = "lora_te1_text_model_encoder_layers_0_self_attn_q_proj";
+  io::save_safetensors(file, {{key + ".lora_down.weight", down},
+                              {key + ".lora_up.weight", up},
+                              {key + ".alpha", torch::full({}, 1.0)}});
+  const std::string param = "text_model.encoder.layers.0.self_attn.q_proj.weight";
+  const auto original =
+      models::load_clip_text_model(folder, torch::kCPU, torch::kFloat32, "text_encoder")
+          ->named_parameters()[param]
+          .clone();
+  const auto expected = original + 0.5 * (1.0 / r) * torch::matmul(up, down);
+
+  pipeline::FluxPipeline pipe(folder, torch::kCPU, torch::kFloat32);
+  pipe.set_keep_text_encoders(false);
+  const auto said = pipe.add_lora(file, 0.5);  // encoders not loaded: resolved by shapes
+  EXPECT_NE(said.find("text_encoder"), std::string::npos) << said;
+  auto weight = [&] { return pipe.text_encoders().clip()->named_parameters()[param]; };
+  EXPECT_TRUE(torch::allclose(weight(), expected, 1e-6, 1e-6));
+  pipeline::FluxTextToImage run;
+  run.prompt = "a red boat";
+  run.width = run.height = 32;
+  run.sampling.steps = 1;
+  run.sampling.max_sequence_length = 8;
+  const auto with_lora = pipe.text_to_image(run).image;          // encodes, then frees the encoders
+  EXPECT_TRUE(torch::allclose(weight(), expected, 1e-6, 1e-6));  // loaded again: merged again
+  pipeline::FluxPipeline plain(folder, torch::kCPU, torch::kFloat32);
+  EXPECT_FALSE(torch::allclose(plain.text_to_image(run).image, with_lora));
 }
 
 TEST(FluxPipeline, LorasInKohyasAndBflsNamesSplitTheFusedLayers) {

@@ -161,8 +161,7 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids,
   return out;
 }
 
-ClipTextModel load_clip_text_model(const io::ModelFolder& folder, torch::Device device,
-                                   torch::Dtype dtype, const std::string& component) {
+ClipTextConfig clip_text_config(const io::ModelFolder& folder, const std::string& component) {
   const auto json = folder.component_config(component);
   auto config = ClipTextConfig::from_json(json);
   std::string cls = folder.component_class(component);
@@ -170,6 +169,12 @@ ClipTextModel load_clip_text_model(const io::ModelFolder& folder, torch::Device 
       !json.json()["architectures"].empty() && json.json()["architectures"][0].is_string())
     cls = json.json()["architectures"][0].get<std::string>();
   config.with_projection = cls == "CLIPTextModelWithProjection";
+  return config;
+}
+
+ClipTextModel load_clip_text_model(const io::ModelFolder& folder, torch::Device device,
+                                   torch::Dtype dtype, const std::string& component) {
+  const auto config = clip_text_config(folder, component);
   ClipTextModel model{nullptr};
   {
     nn::SkipInitGuard skip_init(dtype);  // every parameter is loaded below

@@ -110,6 +110,10 @@ class ClipTextModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ClipTextModel);
 
+// <folder>/<component>/config.json as the model it builds (with_projection from the class).
+ClipTextConfig clip_text_config(const io::ModelFolder& folder,
+                                const std::string& component = "text_encoder");
+
 // Builds from <folder>/<component> (config.json + weights) on `device` in `dtype`; a
 // CLIPTextModelWithProjection (by model_index.json's class, else config.json's architectures)
 // gets its text_projection.

@@ -13,9 +13,12 @@
 #include "device/device.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
+#include "io/lora_key_map.h"
 #include "io/pillow_resample.h"
+#include "models/clip_text_model.h"
 #include "models/flux_bfl_names.h"
 #include "models/load_component.h"
+#include "nn/layers.h"
 #include "parallel/replicated.h"
 #include "parallel/ulysses.h"
 #include "pipeline/finite_check.h"
@@ -93,7 +96,14 @@ FluxPipeline::FluxPipeline(const io::ModelFolder& folder, torch::Device device, 
 }
 
 FluxTextEncoders& FluxPipeline::text_encoders() {
-  if (!text_) text_ = std::make_unique<FluxTextEncoders>(folder_, device_, dtype_);
+  if (text_) return *text_;
+  text_encoder_lora_.reset();
+  text_ = std::make_unique<FluxTextEncoders>(folder_, device_, dtype_);
+  if (!text_encoder_loras_.empty()) {
+    text_encoder_lora_ = std::make_unique<adapters::LoraMerger>(
+        std::vector<adapters::Network>{{io::lora::text_encoder_names(), text_->clip().get()}});
+    for (const auto& l : text_encoder_loras_) text_encoder_lora_->add(l.part, l.scale);
+  }
   return *text_;
 }
 
@@ -166,14 +176,40 @@ std::string FluxPipeline::add_lora(const std::string& path, double scale,
     throw InvalidArgument(
         "a LoRA merges into the transformer's plain weights, which quantized "
         "weights (--weights, or a GGUF transformer) give up");
-  if (!lora_) {
-    // Files name the transformer in diffusers' names or in BFL's (kohya's FLUX LoRAs).
-    adapters::Network net{io::lora::transformer_names(), transformer().get()};
-    net.file_layout = models::flux_bfl_layout({}, transformer()->config());
-    lora_ = std::make_unique<adapters::LoraMerger>(std::vector<adapters::Network>{std::move(net)});
+  // Files name the transformer in diffusers' names or in BFL's (kohya's FLUX LoRAs), and
+  // CLIP-L as SD's text encoder.
+  adapters::Network net{io::lora::transformer_names(), transformer().get()};
+  net.file_layout = models::flux_bfl_layout({}, transformer()->config());
+  // CLIP-L's names and shapes resolve the file; without the encoders loaded, a module built
+  // from the config alone holds them (no weights: nothing is allocated).
+  models::ClipTextModel shapes_only{nullptr};
+  torch::nn::Module* clip = nullptr;
+  if (text_) {
+    clip = text_->clip().get();
+  } else {
+    nn::SkipInitGuard no_weights(dtype_);
+    shapes_only = models::ClipTextModel(models::clip_text_config(folder_, "text_encoder"));
+    clip = shapes_only.get();
   }
-  const int id = lora_->add(path, scale, options);
-  return adapters::describe(lora_->adapter(id), path, scale);
+  auto adapter = adapters::load_lora(path, {net, {io::lora::text_encoder_names(), clip}}, options);
+  if (!lora_)
+    lora_ = std::make_unique<adapters::LoraMerger>(std::vector<adapters::Network>{std::move(net)});
+  auto for_transformer = adapters::select_network(adapter, 0);
+  auto for_text = adapters::select_network(adapter, 1);
+  const bool text_part = !for_text.pairs.empty() || !for_text.full.empty();
+  if (!for_transformer.pairs.empty() || !for_transformer.full.empty())
+    lora_->add(std::move(for_transformer), scale);
+  if (text_part) {
+    text_encoder_loras_.push_back({for_text, scale});
+    // Loaded encoders take it now; a later load takes every part (text_encoders()).
+    if (text_) {
+      if (!text_encoder_lora_)
+        text_encoder_lora_ = std::make_unique<adapters::LoraMerger>(
+            std::vector<adapters::Network>{{io::lora::text_encoder_names(), text_->clip().get()}});
+      text_encoder_lora_->add(std::move(for_text), scale);
+    }
+  }
+  return adapters::describe(adapter, path, scale);
 }
 
 void FluxPipeline::set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler) {
@@ -281,7 +317,10 @@ bool FluxPipeline::encode_prompts(const std::string& prompt,
     out.warnings.push_back("the prompt is longer than " + std::to_string(s.max_sequence_length) +
                            " T5 tokens (max_sequence_length): the rest was cut off");
   if (true_cfg) out.negative_embeddings = encode_prompt(*negative, s.max_sequence_length);
-  if (!keep_text_encoders_) text_.reset();
+  if (!keep_text_encoders_) {
+    text_encoder_lora_.reset();  // it points into the encoders
+    text_.reset();
+  }
   out.timings.text_encode_s = flux_clock_s() - start;
   record_stage_memory(&out.timings, "text_encode", device_);
   return true_cfg;

@@ -146,8 +146,10 @@ class FluxPipeline {
 
   // A LoRA on the transformer (peft / diffusers names such as
   // transformer.transformer_blocks.0.attn.to_q.lora_A.weight, or kohya names of the same
-  // modules; a file that changes none of its weights is refused), merged at `scale`; returns
-  // what it changed. Refused with quantized weights (nothing plain to merge into).
+  // modules; a file that changes none of its weights is refused) and on CLIP-L (kohya's
+  // lora_te1_*, peft's text_encoder.*: merged again whenever the text encoders are loaded
+  // again), merged at `scale`; returns what it changed. Refused with quantized weights
+  // (nothing plain to merge into). T5 takes no adapters (none are trained for it).
   std::string add_lora(const std::string& path, double scale,
                        const adapters::LoraOptions& options = {});
   void set_scheduler(std::unique_ptr<schedulers::Scheduler> scheduler);
@@ -216,6 +218,13 @@ class FluxPipeline {
   models::AutoencoderKL vae_{nullptr};
   std::unique_ptr<schedulers::Scheduler> scheduler_;
   std::unique_ptr<adapters::LoraMerger> lora_;
+  // The CLIP-L parts of the LoRAs added, merged into each FluxTextEncoders as it loads.
+  struct TextEncoderLora {
+    adapters::LoraAdapter part;
+    double scale;
+  };
+  std::vector<TextEncoderLora> text_encoder_loras_;
+  std::unique_ptr<adapters::LoraMerger> text_encoder_lora_;  // bound to text_'s CLIP-L
 };
 
 }  // namespace diffuse::pipeline

@@ -37,6 +37,9 @@ class FluxTextEncoders {
   // `truncated` flags of the id batches say which prompts lost tokens.
   FluxEmbeddings encode(const std::vector<std::string>& prompts, int64_t max_sequence_length);
 
+  // CLIP-L, which LoRA files address as the text encoder (lora_te1_*, text_encoder.*).
+  models::ClipTextModel& clip() { return clip_; }
+
  private:
   torch::Device device_;
   std::unique_ptr<text::Tokenizer> clip_tok_, t5_tok_;
