@@ -487,7 +487,7 @@ TEST(FluxPipeline, LorasReachClipLAndStayMergedWhenTheEncodersLoadAgain) {
   EXPECT_FALSE(torch::allclose(plain.text_to_image(run).image, with_lora));
 }
 
-TEST(FluxPipeline, LorasInKohyasAndBflsNamesSplitTheFusedLayers) {
+TEST(FluxPipeline, LorasInKohyasBflsAndXLabsNamesSplitTheFusedLayers) {
   const auto dir = test::flux_golden_dir();
   if (!have(dir)) GTEST_SKIP() << "no set at " << dir;
   const auto folder = io::ModelFolder::open(dir + "/model");
@@ -555,6 +555,31 @@ TEST(FluxPipeline, LorasInKohyasAndBflsNamesSplitTheFusedLayers) {
   const auto msg = test::expect_throw<FormatError>(
       [&] { adapters::make_lora(cut, {}, "cut.safetensors", {net}, {}); });
   EXPECT_NE(msg.find("lora_unet_single_blocks_0_linear1.lora_up.weight"), std::string::npos) << msg;
+
+  // XLabs' x-flux names of the same double-block updates (no alpha: factor 1 on both sides).
+  net.module_aliases = models::flux_xlabs_lora_aliases(c);
+  const std::map<std::string, torch::Tensor> xlabs = {
+      {"double_blocks.0.processor.qkv_lora1.down.weight", down},
+      {"double_blocks.0.processor.qkv_lora1.up.weight", qkv_up},
+      {"double_blocks.0.processor.proj_lora2.down.weight", down},
+      {"double_blocks.0.processor.proj_lora2.up.weight", proj_up}};
+  const std::map<std::string, torch::Tensor> same_in_bfl = {
+      {"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", down},
+      {"lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", qkv_up},
+      {"lora_unet_double_blocks_0_txt_attn_proj.lora_down.weight", down},
+      {"lora_unet_double_blocks_0_txt_attn_proj.lora_up.weight", proj_up}};
+  const auto x = adapters::make_lora(xlabs, {}, "xlabs.safetensors", {net}, {});
+  const auto y = adapters::make_lora(same_in_bfl, {}, "bfl.safetensors", {net}, {});
+  ASSERT_EQ(x.pairs.size(), 4u);  // to_q, to_k, to_v, to_add_out
+  ASSERT_EQ(y.pairs.size(), 4u);
+  std::map<std::string, const adapters::LoraPair*> by_param_bfl;
+  for (const auto& p : y.pairs) by_param_bfl[p.param] = &p;
+  for (const auto& p : x.pairs) {
+    ASSERT_TRUE(by_param_bfl.count(p.param)) << p.param << " from " << p.key;
+    EXPECT_TRUE(torch::equal(p.up, by_param_bfl[p.param]->up)) << p.param;
+    EXPECT_TRUE(torch::equal(p.down, by_param_bfl[p.param]->down)) << p.param;
+    EXPECT_EQ(p.factor, by_param_bfl[p.param]->factor) << p.param;
+  }
 }
 
 Image read_png_file(const std::string& path) {

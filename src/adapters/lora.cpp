@@ -46,6 +46,10 @@ class LayoutIndex {
       by_module_[module].push_back({param, slice});
       by_flat_[flat].push_back({param, slice});
     }
+    for (const auto& [alias, module] : n.module_aliases) {
+      const auto it = by_module_.find(module);
+      if (it != by_module_.end()) by_module_[alias] = it->second;
+    }
   }
   // The parameters a pair named in the file layout patches, with their rows; empty if none.
   std::vector<std::pair<std::string, io::WeightSlice>> targets(const io::lora::PairKeys& pk) const {

@@ -30,6 +30,9 @@ struct Network {
   // a checkpoint prefix): a pair on such a file's module, fused ones included, patches the rows
   // each parameter takes of it. Empty: the module's own names only.
   io::WeightLayout file_layout;
+  // More names LoRA files give modules of file_layout: file module -> file_layout module
+  // (XLabs' "double_blocks.0.processor.qkv_lora1" is BFL's "double_blocks.0.img_attn.qkv").
+  std::map<std::string, std::string> module_aliases;
 };
 
 struct LoraOptions {

@@ -66,6 +66,19 @@ bool match_pair_key(const std::string& key, Match* m) {
       }
     }
   }
+  // XLabs' x-flux LoRA processors: "<module>.processor.qkv_lora1.down.weight" (the pair's module
+  // name keeps its "_lora1" / "_lora2", which tell the image stream's from the text's).
+  for (bool down : {true, false}) {
+    const std::string suffix = down ? ".down.weight" : ".up.weight";
+    if (!ends_with(key, suffix) || key.size() <= suffix.size()) continue;
+    const std::string prefix = key.substr(0, key.size() - suffix.size());
+    const size_t at = prefix.rfind("_lora");
+    if (at == std::string::npos || prefix.find('.', at) != std::string::npos ||
+        prefix.rfind(".processor.", at) == std::string::npos)
+      continue;
+    *m = {prefix, down, "", false};
+    return true;
+  }
   for (bool down : {true, false}) {
     const std::string mid = down ? ".lora_A." : ".lora_B.";
     size_t at = key.rfind(mid);

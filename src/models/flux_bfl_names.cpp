@@ -128,4 +128,16 @@ WeightLayoutFor flux_weight_layout_for(const FluxTransformerConfig& config) {
   };
 }
 
+std::map<std::string, std::string> flux_xlabs_lora_aliases(const FluxTransformerConfig& config) {
+  std::map<std::string, std::string> aliases;
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    const std::string block = "double_blocks." + std::to_string(i) + ".";
+    aliases[block + "processor.qkv_lora1"] = block + "img_attn.qkv";
+    aliases[block + "processor.proj_lora1"] = block + "img_attn.proj";
+    aliases[block + "processor.qkv_lora2"] = block + "txt_attn.qkv";
+    aliases[block + "processor.proj_lora2"] = block + "txt_attn.proj";
+  }
+  return aliases;
+}
+
 }  // namespace diffuse::models

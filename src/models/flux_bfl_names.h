@@ -6,6 +6,7 @@
 // modulation gives (shift, scale) where diffusers' AdaLayerNormContinuous reads (scale, shift).
 // Row counts come from the config (inner_dim, mlp_ratio), never from the file.
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,11 @@ bool is_bfl_flux_layout(const std::vector<std::string>& file_keys);
 // file no parameter reads are left to the loader, which names them as unexpected.
 io::WeightLayout flux_bfl_layout(const std::vector<std::string>& file_keys,
                                  const FluxTransformerConfig& config);
+
+// XLabs' LoRA names (x-flux's processors) as aliases of BFL modules, for adapters::Network:
+// double_blocks.i.processor.{qkv,proj}_lora1 are img_attn.{qkv,proj}, ..._lora2 txt_attn's.
+// (x-flux's single-block processors add to part of linear1 / linear2: not mapped.)
+std::map<std::string, std::string> flux_xlabs_lora_aliases(const FluxTransformerConfig& config);
 
 // For load_component_weights_to: the BFL layout when the file uses it, else none (diffusers names).
 WeightLayoutFor flux_weight_layout_for(const FluxTransformerConfig& config);

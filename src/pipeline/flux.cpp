@@ -180,8 +180,9 @@ std::string FluxPipeline::add_lora(const std::string& path, double scale,
   // CLIP-L as SD's text encoder.
   adapters::Network net{io::lora::transformer_names(), transformer().get()};
   net.file_layout = models::flux_bfl_layout({}, transformer()->config());
+  net.module_aliases = models::flux_xlabs_lora_aliases(transformer()->config());
   // CLIP-L's names and shapes resolve the file; without the encoders loaded, a module built
-  // from the config alone holds them (no weights: nothing is allocated).
+  // from the config alone holds them (its weights are left uninitialised: none is read).
   models::ClipTextModel shapes_only{nullptr};
   torch::nn::Module* clip = nullptr;
   if (text_) {
