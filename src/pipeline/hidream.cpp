@@ -24,6 +24,7 @@
 #include "pipeline/hidream_variant.h"
 #include "pipeline/initial_noise.h"
 #include "pipeline/memory_report.h"
+#include "pipeline/transformer_streaming.h"
 #include "pipeline/vae_tiling_policy.h"
 #include "schedulers/flow_match.h"
 
@@ -97,25 +98,15 @@ HiDreamTextEncoders& HiDreamPipeline::text_encoders() {
 }
 
 void HiDreamPipeline::set_weight_streaming(const std::string& mode) {
-  if (mode != "auto" && mode != "on" && mode != "off")
-    throw InvalidArgument("weight streaming: expected auto, on or off, got '" + mode + "'");
-  if (transformer_ && mode != weight_streaming_)
-    throw InvalidArgument("weight streaming is chosen before the transformer loads");
-  if (mode == "on" && weight_type_)
-    throw InvalidArgument(
-        "weight streaming and quantized weights exclude each other: streaming reads the plain "
-        "weights from their files at every step");
+  check_weight_streaming_mode(mode, weight_streaming_, static_cast<bool>(transformer_),
+                              weight_type_);
   weight_streaming_ = mode;
 }
 
 void HiDreamPipeline::set_weight_type(const std::string& type) {
   const auto parsed = quant::parse_weight_type(type, "weight type");
-  if (transformer_ && parsed != weight_type_)
-    throw InvalidArgument("the weight type is chosen before the transformer loads");
-  if (parsed && weight_streaming_ == "on")
-    throw InvalidArgument("quantized weights (" + type +
-                          ") and weight streaming exclude each other: streaming reads the plain "
-                          "weights from their files at every step");
+  check_weight_type_change(type, parsed, weight_type_, static_cast<bool>(transformer_),
+                           weight_streaming_);
   weight_type_ = parsed;
 }
 
@@ -124,11 +115,9 @@ models::HiDreamImageTransformer2DModel& HiDreamPipeline::transformer() {
   // Streaming reads plain safetensors weights: not for quantized ones (--weights, a GGUF).
   const bool quantized = weight_type_ || models::component_is_gguf(folder_, transformer_component_);
   bool stream = weight_streaming_ == "on";
-  if (weight_streaming_ == "auto" && !quantized) {
-    const int64_t need = models::component_weight_bytes(folder_, transformer_component_);
-    const int64_t have = device::available_bytes(device_);
-    stream = have > 0 && static_cast<double>(need) > 0.8 * static_cast<double>(have);
-  }
+  if (weight_streaming_ == "auto" && !quantized)
+    stream =
+        streaming_pays(models::component_weight_bytes(folder_, transformer_component_), device_);
   transformer_ = models::load_hidream_transformer(folder_, device_, dtype_, transformer_component_,
                                                   stream, weight_type_, &quantized_);
   return transformer_;
