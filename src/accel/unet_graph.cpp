@@ -45,6 +45,14 @@ bool UNetGraph::fits(const models::UNet2DConditionModelImpl& unet, const torch::
                     same_layout(added_->time_ids, added->time_ids, on));
 }
 
+void UNetGraph::reset() {
+  graph_.reset();
+  unet_ = nullptr;
+  weights_.clear();
+  sample_ = timestep_ = context_ = out_ = torch::Tensor();
+  added_.reset();
+}
+
 torch::Tensor UNetGraph::forward(models::UNet2DConditionModelImpl& unet,
                                  const torch::Tensor& sample, const torch::Tensor& timestep,
                                  const torch::Tensor& context,

@@ -20,6 +20,9 @@ class UNetGraph {
                         const models::UNetAddedConditions* added);
   // How often the call was recorded (1 for a generation; again when a shape changes).
   int captures() const { return captures_; }
+  // Forgets the recording: the next call records again (a change the graph cannot see, such
+  // as unmerged LoRA updates, whose scales are kernel arguments baked into the recording).
+  void reset();
 
  private:
   bool fits(const models::UNet2DConditionModelImpl& unet, const torch::Tensor& sample,

@@ -44,6 +44,7 @@ class LoraSet {
   void unbind(const torch::nn::Module* module);
 
   bool empty() const { return wanted_.empty(); }
+  bool unmerged() const { return unmerged_; }
   const std::vector<LoraSpec>& wanted() const { return wanted_; }
   // One line per wanted adapter: path, scale, weights it changes per network, and warnings.
   std::vector<std::string> report() const;

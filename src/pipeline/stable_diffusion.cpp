@@ -827,6 +827,9 @@ GenerationResult StableDiffusion::denoise_and_decode(
                                                                  device::device_name(c_->device)));
     }
   }
+  // Unmerged LoRA updates run as extra products whose tensors and scales the recording holds:
+  // a generation with them records afresh (merged ones change the weights it reads in place).
+  if (config.cuda_graph && c_->loras.unmerged() && !c_->loras.empty()) c_->unet_graph.reset();
   accel::UNetAccelerator unet_accel(accel_config, c_->unet_config, n, seed, &c_->unet_graph);
   device::CpuShareMeter cpu_meter(at::get_num_threads());
   bool interrupted = false;
