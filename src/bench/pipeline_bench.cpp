@@ -157,12 +157,7 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
     run.step_min_s = std::min(run.step_min_s, s);
   }
   run.step_mean_s = run.step_s.empty() ? 0 : sum / static_cast<double>(run.step_s.size());
-  if (!run.step_s.empty()) {
-    auto sorted = run.step_s;
-    std::sort(sorted.begin(), sorted.end());
-    const size_t n = sorted.size();
-    run.step_median_s = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
-  }
+  run.step_median_s = median(run.step_s);
   if (profiled) {
     OpProfile profile;
     double t0 = now_s();

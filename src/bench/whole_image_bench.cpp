@@ -46,13 +46,10 @@ WholeImageResult run_whole_image_bench(const WholeImageOptions& o) {
   // The median of the runs after the first (the first pays the one-time costs).
   size_t pick = 0;
   if (runs.size() > 1) {
-    std::vector<size_t> order;
-    for (size_t i = 1; i < runs.size(); ++i) order.push_back(i);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return runs[a].timings.total_s < runs[b].timings.total_s;
-    });
-    pick = order[order.size() / 2];
-    r.first_generate_s = runs[0].timings.total_s;
+    const auto& all = r.generate_runs_s;
+    const auto later = std::find(all.begin() + 1, all.end(), median({all.begin() + 1, all.end()}));
+    pick = static_cast<size_t>(later - all.begin());
+    r.first_generate_s = all[0];
   }
   const GenerationResult& g = runs[pick];
   const StageTimings& t = g.timings;

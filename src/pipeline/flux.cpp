@@ -100,12 +100,15 @@ FluxTextEncoders& FluxPipeline::text_encoders() {
   if (text_) return *text_;
   text_encoder_lora_.reset();
   text_ = std::make_unique<FluxTextEncoders>(folder_, device_, dtype_);
-  if (!text_encoder_loras_.empty()) {
+  for (const auto& l : text_encoder_loras_) merge_into_text_encoders(l.part, l.scale);
+  return *text_;
+}
+
+void FluxPipeline::merge_into_text_encoders(adapters::LoraAdapter part, double scale) {
+  if (!text_encoder_lora_)
     text_encoder_lora_ = std::make_unique<adapters::LoraMerger>(
         std::vector<adapters::Network>{{io::lora::text_encoder_names(), text_->clip().get()}});
-    for (const auto& l : text_encoder_loras_) text_encoder_lora_->add(l.part, l.scale);
-  }
-  return *text_;
+  text_encoder_lora_->add(std::move(part), scale);
 }
 
 namespace {
@@ -125,7 +128,7 @@ bool flux_names_in_files(const io::ModelFolder& folder, const std::string& compo
 models::FluxTransformer2DModel& FluxPipeline::transformer() {
   if (transformer_) return transformer_;
   bool stream = weight_streaming_ == "on";
-  if (weight_streaming_ == "auto" && !weight_type_ && !lora_ &&
+  if (weight_streaming_ == "auto" && !weight_type_ &&
       flux_names_in_files(folder_, transformer_component_))
     stream =
         streaming_pays(models::component_weight_bytes(folder_, transformer_component_), device_);
@@ -151,16 +154,15 @@ std::string FluxPipeline::add_lora(const std::string& path, double scale,
                                    const adapters::LoraOptions& options) {
   if (!std::isfinite(scale))
     throw InvalidArgument("LoRA '" + path + "': the scale must be a finite number");
-  if (weight_streaming_ == "on")
+  const auto refuse_streaming = [&] {
     throw InvalidArgument("LoRA '" + path +
                           "': a LoRA merges into the transformer's weights, which weight "
                           "streaming reads from their files at every step (--stream-weights off)");
+  };
+  if (weight_streaming_ == "on") refuse_streaming();  // before loading it to find out
   if (weight_streaming_ == "auto" && !transformer_) weight_streaming_ = "off";
   transformer();  // loaded, and with it what was kept quantized
-  if (streams_weights())
-    throw InvalidArgument("LoRA '" + path +
-                          "': a LoRA merges into the transformer's weights, which stream from "
-                          "their files at every step (--stream-weights off)");
+  if (streams_weights()) refuse_streaming();
   if (quantized_.layers > 0)
     throw InvalidArgument(
         "a LoRA merges into the transformer's plain weights, which quantized "
@@ -192,12 +194,7 @@ std::string FluxPipeline::add_lora(const std::string& path, double scale,
   if (text_part) {
     text_encoder_loras_.push_back({for_text, scale});
     // Loaded encoders take it now; a later load takes every part (text_encoders()).
-    if (text_) {
-      if (!text_encoder_lora_)
-        text_encoder_lora_ = std::make_unique<adapters::LoraMerger>(
-            std::vector<adapters::Network>{{io::lora::text_encoder_names(), text_->clip().get()}});
-      text_encoder_lora_->add(std::move(for_text), scale);
-    }
+    if (text_) merge_into_text_encoders(std::move(for_text), scale);
   }
   return adapters::describe(adapter, path, scale);
 }

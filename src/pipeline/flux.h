@@ -201,6 +201,8 @@ class FluxPipeline {
   void encode_source(const torch::Tensor& image, int64_t h, int64_t w,
                      const VaeTilingOptions& tiling, const torch::Tensor& noise, FluxResult& out);
   void check_sampling(const FluxSampling& s) const;
+  // Merges a LoRA's CLIP-L part into the loaded encoders (text_ must be set).
+  void merge_into_text_encoders(adapters::LoraAdapter part, double scale);
 
   torch::Device device_;
   torch::Dtype dtype_;
