@@ -105,6 +105,11 @@ Command add_train_demo_command(CLI::App& app) {
   app.add_option("--init-from", t.init_from,
                  "Continue from the folder of an earlier --arch hidream-e1 run (its weights, "
                  "tokenizers and autoencoder)");
+  app.add_option("--edit-mix", t.edit_mix,
+                 "hidream-e1: how often each edit kind is trained, 'natural' (each scene takes "
+                 "a kind that applies to it) or KIND=WEIGHT,... over background, recolour, "
+                 "move, reshape, remove, add (unnamed kinds weigh 1)")
+      ->capture_default_str();
   app.add_flag("-q,--quiet", o->quiet, "No progress output");
   return [o]() {
     g_interrupted.store(false);

@@ -131,6 +131,53 @@ TEST(SceneEdit, HeldOutEditsAreFixedAndCoverEveryKind) {
   EXPECT_LE(satisfied_by_source, 6) << "of " << a.size();
 }
 
+TEST(SceneEdit, WeightedMixDrawsKindsByWeight) {
+  const EditMix mix = parse_edit_mix("background=0,recolour=0,reshape=0,remove=0,move=3");
+  EXPECT_FALSE(mix.natural);
+  EXPECT_EQ(edit_mix_spec(mix), "background=0,recolour=0,move=3,reshape=0,remove=0,add=1");
+  EXPECT_EQ(edit_mix_spec(parse_edit_mix(edit_mix_spec(mix))), edit_mix_spec(mix));
+  std::mt19937_64 rng(5);
+  int counts[kNumEditKinds] = {};
+  for (int i = 0; i < 2000; ++i) {
+    const SceneEdit e = sample_edit(
+        mix, [&] { return sample_scene(rng); }, rng);
+    EXPECT_TRUE(edit_applies(e.kind, e.source));
+    ++counts[static_cast<int>(e.kind)];
+  }
+  EXPECT_EQ(counts[0] + counts[1] + counts[3] + counts[4], 0);
+  // move : add = 3 : 1 (binomial sd of the move count ~19 around 1500)
+  EXPECT_NEAR(counts[static_cast<int>(EditKind::kMove)], 1500, 120);
+  EXPECT_EQ(counts[static_cast<int>(EditKind::kMove)] + counts[static_cast<int>(EditKind::kAdd)],
+            2000);
+}
+
+TEST(SceneEdit, NaturalMixIsTheSceneFirstDraw) {
+  std::mt19937_64 a(9), b(9);
+  const EditMix natural = parse_edit_mix("natural");
+  EXPECT_TRUE(natural.natural);
+  EXPECT_TRUE(parse_edit_mix("").natural);
+  for (int i = 0; i < 50; ++i) {
+    const SceneEdit x = sample_edit(
+        natural, [&] { return sample_scene(a); }, a);
+    const Scene s = sample_scene(b);
+    const SceneEdit y = sample_edit(s, b);
+    EXPECT_EQ(x.instruction, y.instruction);
+  }
+}
+
+TEST(SceneEdit, BadEditMixIsRefusedWithTheReason) {
+  for (const char* bad : {"reshape", "reshape=", "reshape=x", "reshape=-1", "reshape=2x", "shape=2",
+                          "reshape=2,", "=1", "reshape=nan", "reshape=1e9",
+                          "background=0,recolour=0,move=0,reshape=0,remove=0,add=0"}) {
+    try {
+      parse_edit_mix(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("edit mix"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(SceneEdit, AnObjectThatShouldBeGoneIsSeen) {
   Scene s;
   s.background = Colour::kWhite;

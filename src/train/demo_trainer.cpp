@@ -184,6 +184,8 @@ TrainReport train_demo(const TrainDemoOptions& o, const TrainCallback& on_progre
   if (o.arch == "sd") {
     if (!o.init_from.empty())
       throw InvalidArgument("train-demo: --init-from continues --arch hidream-e1 runs only");
+    if (!o.edit_mix.empty() && o.edit_mix != "natural")
+      throw InvalidArgument("train-demo: --edit-mix is for --arch hidream-e1 (edit pairs)");
     return train_sd_demo(o, on_progress, cancel);
   }
   if (o.arch == "hidream-e1") return train_hidream_demo(o, on_progress, cancel);

@@ -40,6 +40,9 @@ struct TrainDemoOptions {
   // latents' shift and scale are kept, so the autoencoder stage is skipped), and its training
   // record is kept inside the new one.
   std::string init_from;
+  // hidream-e1 only: how often each edit kind is drawn (train/scene_edit.h, parse_edit_mix):
+  // "natural" or "kind=weight,...".
+  std::string edit_mix = "natural";
 };
 
 struct TrainProgress {

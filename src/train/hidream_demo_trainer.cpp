@@ -209,6 +209,7 @@ DemoConfigs configs_of(const InitFolder& init) {
 TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& on_progress,
                                const std::atomic<bool>* cancel) {
   validate_train_options(o, kVaeFactor, kPatch);
+  const EditMix edit_mix = parse_edit_mix(o.edit_mix);
   const auto init = open_init_folder(o);
   const bool bf16 = train_in_bf16(o.precision);
   StagedFolder folder(o.out, o.force);
@@ -289,7 +290,8 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
   std::vector<Scene> scenes;
   for (int64_t i = 0; i < o.dataset_size; ++i) {
     EditPair p;
-    p.edit = sample_edit(source.next(), source.rng());
+    p.edit = sample_edit(
+        edit_mix, [&] { return source.next(); }, source.rng());
     p.source_row = static_cast<int64_t>(scenes.size());
     scenes.push_back(p.edit.source);
     p.target_row = static_cast<int64_t>(scenes.size());
@@ -452,6 +454,7 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
   record["transformer"]["precision"] = "fp32";
   record["transformer"]["data_parallel_shards"] = data_parallel_shards;
   record["max_sequence_length"] = seq_len;
+  record["edit_mix"] = edit_mix_spec(edit_mix);
   if (init) record["init_from"] = {{"folder", init->dir.string()}, {"training", init->record}};
   pipeline::write_json_file(root / "training.json", record);
   report.record = record.dump(2);

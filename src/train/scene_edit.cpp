@@ -1,6 +1,8 @@
 #include "train/scene_edit.h"
 
 #include <algorithm>
+#include <iterator>
+#include <sstream>
 
 #include "diffuse/errors.h"
 
@@ -240,6 +242,65 @@ SceneEdit sample_edit(const Scene& source, std::mt19937_64& rng) {
   for (int k = 0; k < kNumEditKinds; ++k)
     if (edit_applies(static_cast<EditKind>(k), source)) kinds.push_back(static_cast<EditKind>(k));
   return make_edit(pick(rng, kinds), source, rng);
+}
+
+EditMix parse_edit_mix(const std::string& spec) {
+  EditMix mix;
+  if (spec.empty() || spec == "natural") return mix;
+  mix.natural = false;
+  size_t start = 0;
+  while (start <= spec.size()) {
+    const size_t end = std::min(spec.find(',', start), spec.size());
+    const std::string part = spec.substr(start, end - start);
+    const size_t eq = part.find('=');
+    int kind = -1;
+    for (int k = 0; k < kNumEditKinds && eq != std::string::npos; ++k)
+      if (part.compare(0, eq, edit_kind_name(static_cast<EditKind>(k))) == 0 &&
+          eq == std::string(edit_kind_name(static_cast<EditKind>(k))).size())
+        kind = k;
+    if (kind < 0)
+      throw InvalidArgument("edit mix '" + spec + "': '" + part +
+                            "' is not KIND=WEIGHT with KIND one of background, recolour, move, "
+                            "reshape, remove, add");
+    const std::string value = part.substr(eq + 1);
+    size_t used = 0;
+    double w = -1;
+    try {
+      w = std::stod(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size() || !(w >= 0) || w > 1e6)
+      throw InvalidArgument("edit mix '" + spec + "': the weight of '" + part.substr(0, eq) +
+                            "' must be a number from 0 to 1e6, got '" + value + "'");
+    mix.weight[kind] = w;
+    start = end + 1;
+  }
+  double sum = 0;
+  for (double w : mix.weight) sum += w;
+  if (!(sum > 0)) throw InvalidArgument("edit mix '" + spec + "': every weight is 0");
+  return mix;
+}
+
+std::string edit_mix_spec(const EditMix& mix) {
+  if (mix.natural) return "natural";
+  std::string out;
+  for (int k = 0; k < kNumEditKinds; ++k) {
+    std::ostringstream w;
+    w << mix.weight[k];
+    out += (k ? "," : "") + std::string(edit_kind_name(static_cast<EditKind>(k))) + "=" + w.str();
+  }
+  return out;
+}
+
+EditKind draw_edit_kind(const EditMix& mix, std::mt19937_64& rng) {
+  std::discrete_distribution<int> kinds(std::begin(mix.weight), std::end(mix.weight));
+  return static_cast<EditKind>(kinds(rng));
+}
+
+void throw_no_scene_for(EditKind kind, int tries) {
+  throw InvalidArgument(std::string("no scene a '") + edit_kind_name(kind) +
+                        "' edit applies to in " + std::to_string(tries) + " draws");
 }
 
 std::string e1_prompt(const std::string& instruction, const std::string& target_description) {

@@ -233,16 +233,18 @@ nlohmann::ordered_json training_record(const TrainDemoOptions& o, const TrainRep
                                        const std::vector<std::string>& held_out) {
   const std::string arch = o.arch == "sd" ? "" : " --arch " + o.arch;
   return {
-      {"command", "diffuse train-demo" + arch + " --seed " + std::to_string(o.seed) +
-                      " --vae-steps " + std::to_string(report.vae_steps) + " --unet-steps " +
-                      std::to_string(report.unet_steps) + " --resolution " +
-                      std::to_string(o.resolution) + " --vae-batch " + std::to_string(o.vae_batch) +
-                      " --vae-crop " + std::to_string(o.vae_crop) + " --unet-batch " +
-                      std::to_string(o.unet_batch) + " --dataset " +
-                      std::to_string(o.dataset_size) + " --precision " + (bf16 ? "bf16" : "fp32") +
-                      (o.learning_rate > 0 ? " --learning-rate " + format_lr(o.learning_rate)
-                                           : std::string()) +
-                      (o.init_from.empty() ? "" : " --init-from " + o.init_from)},
+      {"command",
+       "diffuse train-demo" + arch + " --seed " + std::to_string(o.seed) + " --vae-steps " +
+           std::to_string(report.vae_steps) + " --unet-steps " + std::to_string(report.unet_steps) +
+           " --resolution " + std::to_string(o.resolution) + " --vae-batch " +
+           std::to_string(o.vae_batch) + " --vae-crop " + std::to_string(o.vae_crop) +
+           " --unet-batch " + std::to_string(o.unet_batch) + " --dataset " +
+           std::to_string(o.dataset_size) + " --precision " + (bf16 ? "bf16" : "fp32") +
+           (o.learning_rate > 0 ? " --learning-rate " + format_lr(o.learning_rate)
+                                : std::string()) +
+           (o.init_from.empty() ? "" : " --init-from " + o.init_from) +
+           (o.edit_mix.empty() || o.edit_mix == "natural" ? std::string()
+                                                          : " --edit-mix " + o.edit_mix)},
       {"arch", o.arch},
       {"seed", o.seed},
       {"precision", bf16 ? "bf16" : "fp32"},
