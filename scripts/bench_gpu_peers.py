@@ -9,6 +9,8 @@ Times (wall clock, the device synchronised around each call, as diffuse's bench 
   - the VAE decode of one 512x512 image;
   - the whole 20-step image through StableDiffusionPipeline (DPM++ 2M from the folder's
     scheduler config, guidance 7.5), eager and with the compiled UNet;
+  - the image from diffuse's own float32 noise through diffusers in fp16 and fp32 (parity:
+    saved for --summarize, which compares them with diffuse's images of the same seed);
   - one full-size HiDream-I1 dual-stream and single-stream block (1024x1024: 4096 image tokens,
     384 text tokens, batch 2, bf16), eager and compiled.
 Then `--summarize` prints both sides against the roofline diffuse measured in the same run.
@@ -169,6 +171,40 @@ def run_peers(args):
 
     phase("image_eager", lambda: image("eager"))
 
+    def parity():
+        """diffuse draws its noise as float32 from a CPU generator; diffusers' fp16 pipeline
+        draws it in fp16 (11 random bits per value, not 24). The same float32 noise goes
+        through diffusers in fp16 and in fp32, so --summarize can tell what the pipelines do
+        apart from what the draw does apart."""
+        import numpy as np
+        from diffusers import DPMSolverMultistepScheduler, StableDiffusionPipeline
+
+        shape = (1, unet.config.in_channels, args.height // 8, args.width // 8)
+        noise = torch.randn(shape, generator=torch.Generator("cpu").manual_seed(args.seed),
+                            dtype=torch.float32)
+        r = {}
+
+        def draw(p, latents, tag):
+            img = p(args.prompt, num_inference_steps=args.image_steps, guidance_scale=7.5,
+                    height=args.height, width=args.width, latents=latents,
+                    output_type="np").images[0]
+            np.save(os.path.join(os.path.dirname(args.out), f"diffusers_image_{tag}.npy"),
+                    (img * 255).round().astype("uint8"))
+            r[tag] = "saved"
+
+        draw(pipe, noise.to(dev, torch.float16), "fp16_same_noise")
+        p32 = StableDiffusionPipeline.from_pretrained(
+            args.model, torch_dtype=torch.float32, safety_checker=None,
+            requires_safety_checker=False).to(dev)
+        p32.set_progress_bar_config(disable=True)
+        p32.scheduler = DPMSolverMultistepScheduler.from_config(p32.scheduler.config)
+        draw(p32, noise.to(dev), "fp32_same_noise")
+        del p32
+        torch.cuda.empty_cache()
+        return r
+
+    phase("parity", parity)
+
     # One full-size HiDream-I1 block of each kind, as `diffuse bench --arch hidream-i1`.
     def hidream(kind, compiled):
         def run():
@@ -247,6 +283,35 @@ def run_peers(args):
     phase("hidream_dual_compile", hidream("dual", True), need_s=90)
     phase("hidream_single_compile", hidream("single", True), need_s=90)
     return out
+
+
+def load_image(path):
+    import numpy as np
+
+    if path.endswith(".npy"):
+        return np.load(path).astype(np.float64)
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("RGB")).astype(np.float64)
+
+
+def compare_images(a, b):
+    """Largest and mean pixel difference and PSNR of two 8-bit images, as one line."""
+    if not (os.path.exists(a) and os.path.exists(b)):
+        return "not compared: " + ", ".join(os.path.basename(p) for p in (a, b)
+                                              if not os.path.exists(p)) + " missing"
+    try:
+        import numpy as np
+
+        x, y = load_image(a), load_image(b)
+        if x.shape != y.shape:
+            return f"shapes differ: {x.shape} and {y.shape}"
+        diff = np.abs(x - y)
+        mse = float((diff ** 2).mean())
+        psnr = 10 * np.log10(255 ** 2 / mse) if mse > 0 else float("inf")
+        return f"largest {diff.max():.0f}, mean {diff.mean():.2f}, PSNR {psnr:.1f} dB"
+    except Exception as e:  # noqa: BLE001
+        return f"not compared: {e}"
 
 
 def summarize(args):
@@ -349,25 +414,15 @@ def summarize(args):
         if key in ph:
             print(f"  diffusers {key[8:]:22} best {ph[key]['min_s'] * 1e3:7.2f} ms, median "
                   f"{ph[key]['median_s'] * 1e3:7.2f} ms (first call {ph[key]['first_s']:.1f} s)")
-    a, b = os.path.join(d, "diffuse_image.png"), os.path.join(d, "diffusers_image.npy")
-    if os.path.exists(a) and os.path.exists(b):
-        try:
-            import numpy as np
-            from PIL import Image
-
-            x = np.asarray(Image.open(a).convert("RGB")).astype(np.float64)
-            y = np.load(b).astype(np.float64)
-            if x.shape != y.shape:
-                print(f"\nimages: diffuse {x.shape} and diffusers {y.shape} differ in shape")
-            else:
-                diff = np.abs(x - y)
-                mse = float((diff ** 2).mean())
-                psnr = 10 * np.log10(255 ** 2 / mse) if mse > 0 else float("inf")
-                print(f"\nsame seed, same folder, fp16: diffuse's image against diffusers': largest "
-                      f"pixel difference {diff.max():.0f} of 255, mean {diff.mean():.2f}, PSNR "
-                      f"{psnr:.1f} dB")
-        except Exception as e:  # noqa: BLE001
-            print(f"\nimages not compared: {e}")
+    print("\nSame seed, same folder: diffuse's image against diffusers' (pixels of 255):")
+    for a, b, label in [
+            ("diffuse_image.png", "diffusers_image.npy", "fp16, each its own draw"),
+            ("diffuse_image.png", "diffusers_image_fp16_same_noise.npy",
+             "fp16, diffuse's float32 noise in both"),
+            ("diffuse_image_fp32.png", "diffusers_image_fp32_same_noise.npy",
+             "fp32, diffuse's float32 noise in both"),
+            ("diffuse_image_fp32.png", "diffuse_image.png", "diffuse fp32 against diffuse fp16")]:
+        print(f"  {label:40} {compare_images(os.path.join(d, a), os.path.join(d, b))}")
     if peers.get("errors"):
         print("\ndiffusers phases not measured:")
         for k, v in peers["errors"].items():

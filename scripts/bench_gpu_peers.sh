@@ -48,10 +48,12 @@ part() { [[ "$parts" == *" $1 "* ]]; }
 steps="--arch sd2.1-base --steps 20 --warmup 5 --no-text-encoder"
 if part steps; then
   bench default DIFFUSE_CUDNN_BENCHMARK=0 -- $steps
-  bench cudnn_benchmark DIFFUSE_CUDNN_BENCHMARK=1 -- $steps
-  bench channels_last DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1 -- $steps
-  bench graph DIFFUSE_CUDNN_BENCHMARK=1 -- $steps --graph
-  bench graph_channels_last DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1 -- $steps --graph
+  # One roofline (the default mode's) serves every row of the table.
+  bench cudnn_benchmark DIFFUSE_CUDNN_BENCHMARK=1 -- $steps --no-roofline
+  bench channels_last DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1 -- $steps --no-roofline
+  bench graph DIFFUSE_CUDNN_BENCHMARK=1 -- $steps --graph --no-roofline
+  bench graph_channels_last DIFFUSE_CUDNN_BENCHMARK=1 DIFFUSE_CHANNELS_LAST=1 -- $steps --graph \
+    --no-roofline
 fi
 image="-m $model --whole-image 20 --whole-image-runs 4 --no-unet --no-vae --no-text-encoder --no-roofline"
 if part image; then
@@ -60,19 +62,23 @@ if part image; then
 fi
 
 # The same seed with and without --graph: the files must be equal byte for byte.
-gen() {
-  "$diffuse" txt2img -m "$model" --device cuda --dtype fp16 --vae-dtype fp16 --steps 20 \
+gen() {  # DTYPE FLAGS...
+  local dtype=$1
+  shift
+  "$diffuse" txt2img -m "$model" --device cuda --dtype "$dtype" --vae-dtype "$dtype" --steps 20 \
     --scheduler dpmpp_2m --cfg-scale 7.5 --seed 1 -p "a photograph of an astronaut riding a horse" \
     "$@" 2>>"$out/txt2img.log"
 }
 if part txt2img; then
   stamp "txt2img eager and --graph"
-  gen -o "$out/diffuse_image.png" >/dev/null && gen --graph -o "$out/diffuse_image_graph.png" >/dev/null
+  gen fp16 -o "$out/diffuse_image.png" >/dev/null && gen fp16 --graph -o "$out/diffuse_image_graph.png" >/dev/null
   if cmp -s "$out/diffuse_image.png" "$out/diffuse_image_graph.png"; then
     stamp "--graph image: byte-identical to the eager image"
   else
     stamp "--graph image: DIFFERS from the eager image (or a run failed; see txt2img.log)"
   fi
+  # float32 (TF32 off) for the comparison with diffusers' float32 pipeline (--summarize).
+  gen fp32 -o "$out/diffuse_image_fp32.png" >/dev/null || stamp "fp32 txt2img failed (txt2img.log)"
 fi
 
 if part hidream; then
