@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <sstream>
+#include <type_traits>
 
 #include "bench/bench_util.h"
 #include "bench/memory_probe.h"
@@ -81,7 +82,8 @@ Module build(Make make, torch::Dtype dtype, const torch::Device& device,
   else
     nn::init_pooled_random_weights(*m, seed);
   m->to(device, dtype);
-  nn::use_compute_layout(*m);
+  // As the loaders do: a VAE stays NCHW on CUDA (nn::to_compute_layout).
+  nn::use_compute_layout(*m, !std::is_same_v<Module, models::AutoencoderKL>);
   m->eval();
   return m;
 }

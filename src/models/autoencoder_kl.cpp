@@ -161,7 +161,7 @@ AutoencoderKL load_vae(const io::ModelFolder& folder, torch::Device device, torc
   }
   load_component_weights(*model, folder, component);
   model->to(device, dtype);
-  nn::use_compute_layout(*model);
+  nn::use_compute_layout(*model, /*cuda_channels_last=*/false);
   model->eval();
   return model;
 }

@@ -57,7 +57,7 @@ EncoderImpl::EncoderImpl(const VaeCoderOptions& o) {
 
 torch::Tensor EncoderImpl::forward(const torch::Tensor& x, Intermediates* inter,
                                    const std::string& prefix) {
-  auto h = conv_in(nn::to_compute_layout(x));
+  auto h = conv_in(nn::to_compute_layout(x, conv_in->weight));
   capture(inter, prefix + "conv_in", h);
   for (size_t i = 0; i < down_list.size(); ++i) {
     h = down_list[i](std::move(h));
@@ -97,7 +97,7 @@ DecoderImpl::DecoderImpl(const VaeCoderOptions& o) {
 
 torch::Tensor DecoderImpl::forward(const torch::Tensor& z, Intermediates* inter,
                                    const std::string& prefix) {
-  auto h = conv_in(nn::to_compute_layout(z));
+  auto h = conv_in(nn::to_compute_layout(z, conv_in->weight));
   capture(inter, prefix + "conv_in", h);
   h = mid_block(std::move(h));
   capture(inter, prefix + "mid_block", h);

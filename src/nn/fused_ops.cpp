@@ -342,17 +342,25 @@ bool channels_last_at(int64_t pixels) {
   return channels_last_enabled() && pixels >= kMinChannelsLastPixels;
 }
 
-torch::Tensor to_compute_layout(const torch::Tensor& x) {
+torch::Tensor to_compute_layout(const torch::Tensor& x, const torch::Tensor& conv_weight) {
   if (x.dim() != 4) return x;
-  if (channels_last_on_cuda(x.device(), x.scalar_type()))
-    return x.contiguous(torch::MemoryFormat::ChannelsLast);
+  if (x.device().is_cuda()) {
+    const bool weight_channels_last = conv_weight.defined() && conv_weight.dim() == 4 &&
+                                      !conv_weight.is_contiguous() &&
+                                      conv_weight.is_contiguous(torch::MemoryFormat::ChannelsLast);
+    // NCHW weights take NCHW activations even when these come channels-last (a channels-last
+    // UNet's latents reaching an NCHW VAE), or cuDNN would follow the activation's layout.
+    return x.contiguous(weight_channels_last ? torch::MemoryFormat::ChannelsLast
+                                             : torch::MemoryFormat::Contiguous);
+  }
   if (!x.device().is_cpu() || x.scalar_type() != torch::kBFloat16 || !channels_last_enabled())
     return x;
   return x.contiguous(channels_last_at(x.size(2) * x.size(3)) ? torch::MemoryFormat::ChannelsLast
                                                               : torch::MemoryFormat::Contiguous);
 }
 
-void use_compute_layout(torch::nn::Module& module) {
+void use_compute_layout(torch::nn::Module& module, bool cuda_channels_last) {
+  if (!cuda_channels_last) return;
   torch::NoGradGuard no_grad;
   for (auto& p : module.parameters()) {
     if (p.dim() == 4 && channels_last_on_cuda(p.device(), p.scalar_type()))

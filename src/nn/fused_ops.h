@@ -59,13 +59,18 @@ void add_bias_residual_(torch::Tensor& h, const torch::Tensor& bias, const torch
 // convert where a resolution starts: the VAE's input, each ResnetBlock2D's and each UNet skip
 // concatenation's. Measured at 512x512: VAE decode 11% faster and 160 MB lower peak than NCHW,
 // the UNet step 4% faster than all-NCHW (channels-last everywhere was 8% slower).
-// DIFFUSE_CHANNELS_LAST=0 keeps NCHW everywhere (for comparisons); =1 also runs fp16/bf16
-// CUDA activations channels-last at every size (cuDNN's tensor cores work in NHWC).
-torch::Tensor to_compute_layout(const torch::Tensor& x);
+// DIFFUSE_CHANNELS_LAST=0 keeps NCHW everywhere (for comparisons). On CUDA the activation
+// follows the layout of `conv_weight`, the convolution it feeds, which use_compute_layout set
+// at load: DIFFUSE_CHANNELS_LAST=1 puts fp16/bf16 UNets channels-last there (cuDNN's tensor
+// cores work in NHWC; on an H200 the UNet step under --graph went 11.7 -> 9.8 ms, while eager
+// it went 13.1 -> 16.3 ms, its layout changes costing more launches than the convolutions
+// saved), never a VAE (its 512x512 decode went 21.4 -> 26.7 ms).
+torch::Tensor to_compute_layout(const torch::Tensor& x, const torch::Tensor& conv_weight);
 // Puts a network's 4-D (convolution) weights in the layout its activations run in, once at
 // load, so that a channels-last convolution does not reorder its weight at every call. A
-// no-op wherever activations stay NCHW.
-void use_compute_layout(torch::nn::Module& module);
+// no-op wherever activations stay NCHW; `cuda_channels_last` false keeps a network NCHW on
+// CUDA whatever DIFFUSE_CHANNELS_LAST says (the VAE).
+void use_compute_layout(torch::nn::Module& module, bool cuda_channels_last = true);
 // Whether to_compute_layout puts a bf16 CPU activation of this many pixels (H * W) in
 // channels-last.
 bool channels_last_at(int64_t pixels);

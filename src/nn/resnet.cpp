@@ -52,7 +52,7 @@ torch::Tensor ResnetBlock2DImpl::forward(torch::Tensor input, const torch::Tenso
   // The shortcut goes first so that, with a 1x1 conv_shortcut, `input` is needed by nothing
   // else and norm1 can overwrite it (when the caller moved it in). Without one, the residual
   // shares input's memory and norm1 writes a new tensor, as it must.
-  input = to_compute_layout(input);
+  input = to_compute_layout(input, conv1->weight);
   auto residual = conv_shortcut ? conv_shortcut(input) : input;
   auto h = conv1(norm_act(norm1, std::move(input), options.act));
   if (time_emb_proj && temb.defined()) {

@@ -139,7 +139,8 @@ torch::Tensor UpBlock2DImpl::forward_range(torch::Tensor x, ResidualStack& resid
       throw InvalidArgument("UNet up block: no skip connection left to consume");
     auto skip = std::move(residuals.back());
     residuals.pop_back();
-    x = resnet_list[i](torch::cat({to_compute_layout(x), to_compute_layout(skip)}, 1), temb);
+    const auto& w = resnet_list[i]->conv1->weight;
+    x = resnet_list[i](torch::cat({to_compute_layout(x, w), to_compute_layout(skip, w)}, 1), temb);
     if (has_cross_attention) x = attention_list[i](x, context);
   }
   if (upsampler && end >= resnet_list.size()) {
