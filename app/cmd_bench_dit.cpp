@@ -61,14 +61,19 @@ int run_dit_block_bench(const bench::PipelineBenchOptions& p, bool as_json) {
       const bool dual = q == &*r.dual_quantized;
       print_block(dual ? "dual-stream block" : "single-stream", q->timing);
       const auto& plain = dual ? r.dual : r.single;
+      char how[128];
+      if (q->integer_products)
+        std::snprintf(how, sizeof how, "multiplied in 8-bit integers, nothing dequantized");
+      else
+        std::snprintf(how, sizeof how,
+                      "dequantizing its weights once: %.3f s = %.1f %% of the plain block",
+                      q->dequantize_s, 100 * q->dequantize_s / plain.best_s);
       std::printf(
           "    %s: block weights %.0f -> %.0f MiB (%.1f %%), linear layers %.0f -> %.0f MiB; "
-          "time %.2fx of plain (dequantizing its weights once: %.3f s = %.1f %% of the plain "
-          "block); output relative error %.2e\n",
+          "time %.2fx of plain (%s); output relative error %.2e\n",
           w.c_str(), q->block_plain_mb, q->block_quantized_mb,
           100 * q->block_quantized_mb / q->block_plain_mb, q->plain_mb, q->quantized_mb,
-          q->timing.best_s / plain.best_s, q->dequantize_s, 100 * q->dequantize_s / plain.best_s,
-          q->relative_error);
+          q->timing.best_s / plain.best_s, how, q->relative_error);
     }
     std::printf(
         "  with %s weights: one step ~%.1f s (%.2fx of plain), whole transformer %.1f GiB "

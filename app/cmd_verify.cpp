@@ -26,7 +26,7 @@ Command add_verify_command(CLI::App& app) {
   app.add_option("--device", o->device, "Device to run on");
   app.add_option(
          "--weights", o->weights,
-         "none|q8_0|q4_0: run only the denoiser cases (unet, transformer) with their linear "
+         "none|q8_0|q4_0|int8: run only the denoiser cases (unet, transformer) with their linear "
          "weights quantized, each output within a relative RMS error of 5% (q8_0) / 60% (q4_0)")
       ->capture_default_str();
   app.add_flag("--json", o->json, "Print one JSON object");

@@ -16,6 +16,7 @@
 #include "nn/attention.h"
 #include "nn/flux_blocks.h"
 #include "nn/hidream_blocks.h"
+#include "nn/int8_linear.h"
 #include "nn/layers.h"
 #include "nn/random_init.h"
 #include "nn/rope.h"
@@ -276,9 +277,18 @@ DitBlockBenchResult run_dit_block_bench(const DitBlockBenchOptions& o) {
     torch::Tensor plain;
     timing = time_block(*block.module, device, o.repeat, roof, &overall_peak, name, o.log,
                         [&] { plain = block.run(); });
-    if (weight_type)
-      quantized = time_quantized(*block.module, *weight_type, plain, device, o.repeat, roof,
-                                 &overall_peak, name + " " + o.weights, o.log, block.run);
+    if (!weight_type) return;
+    quantized = time_quantized(*block.module, *weight_type, plain, device, o.repeat, roof,
+                               &overall_peak, name + " " + o.weights, o.log, block.run);
+    // The same work as the plain block: an integer GEMM runs outside LibTorch's operators, which
+    // the FLOP counter sees.
+    quantized->timing.flops = timing.flops;
+    if (roof > 0)
+      quantized->timing.roofline_fraction =
+          (timing.flops.total() / 1e9 / roof) / quantized->timing.best_s;
+    quantized->integer_products = *weight_type == quant::GgmlType::I8_ROWS && device.is_cpu() &&
+                                  (dtype == torch::kFloat || dtype == torch::kBFloat16) &&
+                                  nn::int8_gemm_available();
   };
   time_kind(f.dual, "dual-stream block", r.dual, r.dual_quantized);
   time_kind(f.single, "single-stream block", r.single, r.single_quantized);
@@ -341,6 +351,7 @@ nlohmann::json to_json(const DitBlockBenchResult& r) {
       b["block_quantized_mb"] = q.block_quantized_mb;
       b["relative_error"] = q.relative_error;
       b["dequantize_s"] = q.dequantize_s;
+      b["integer_products"] = q.integer_products;
       return b;
     };
     j["weights"] = r.weights;

@@ -51,6 +51,8 @@ struct QuantizedBlockTiming {
   // Dequantizing every quantized layer of the block once (what each forward adds to the same
   // products), best of the runs: steadier than the difference of two noisy block times.
   double dequantize_s = 0;
+  // int8 on a CPU with VNNI: the layers multiply in 8-bit integers and dequantize nothing.
+  bool integer_products = false;
 };
 
 struct DitBlockBenchResult {

@@ -26,6 +26,7 @@
 #if __has_include("nn/attention/backends.h")
 #define DIFFUSE_DOCTOR_ATTENTION_TABLE 1  // the attention module lists what runs per device
 #endif
+#include "nn/int8_linear.h"
 #include "nn/random_init.h"
 #include "nn/resnet.h"
 #include "nn/transformer_2d.h"
@@ -34,18 +35,24 @@
 namespace diffuse::device {
 namespace {
 
-// The --weights types whose blocks dequantize on `d` to what ggml's reference gives.
+// The --weights types whose blocks dequantize on `d` to what the CPU gives (ggml's reference for
+// its types); int8 says where it multiplies in 8-bit integers instead.
 std::vector<std::string> quantized_weight_types(const torch::Device& d) {
   std::vector<std::string> ok;
-  for (auto type : {quant::GgmlType::Q8_0, quant::GgmlType::Q4_0}) {
+  for (auto type : {quant::GgmlType::Q8_0, quant::GgmlType::Q4_0, quant::GgmlType::I8_ROWS}) {
     try {
       torch::NoGradGuard no_grad;
       const auto w = torch::linspace(-1, 1, 8 * 64).view({8, 64});
       auto q = quant::quantize_weight(w, type, "probe");
       const auto on_cpu = quant::dequantize_weight(q, torch::kFloat32);
       q.blocks = q.blocks.to(d);
-      if (torch::equal(quant::dequantize_weight(q, torch::kFloat32).to(torch::kCPU), on_cpu))
-        ok.push_back(quant::ggml_type_traits(type).name);
+      if (q.row_scales.defined()) q.row_scales = q.row_scales.to(d);
+      if (!torch::equal(quant::dequantize_weight(q, torch::kFloat32).to(torch::kCPU), on_cpu))
+        continue;
+      const bool integer =
+          type == quant::GgmlType::I8_ROWS && d.is_cpu() && nn::int8_gemm_available();
+      ok.push_back(std::string(quant::ggml_type_traits(type).name) +
+                   (integer ? " (8-bit integer products: AVX512-VNNI)" : ""));
     } catch (const std::exception&) {
       // not on this device
     }
@@ -490,7 +497,7 @@ std::string to_text(const DoctorReport& r) {
       os << "          attention: " << join_list(d.attention) << "\n";
       if (!d.weight_types.empty())
         os << "          --weights: " << join_list(d.weight_types)
-           << " (blocks dequantized per layer into " << d.unet_dtype << ")\n";
+           << " (else dequantized per layer into " << d.unet_dtype << ")\n";
     }
     if (!d.smoke_dtype.empty() || !d.error.empty()) {
       os << "          smoke test: " << (d.smoke_ok ? "ok" : "FAILED");

@@ -11,6 +11,7 @@
 #include "diffuse/errors.h"
 #include "nn/cpu_bf16_linear.h"
 #include "nn/fused_ops.h"
+#include "nn/int8_linear.h"
 #include "nn/winograd_conv.h"
 
 namespace diffuse::nn {
@@ -132,6 +133,11 @@ void LinearImpl::keep_quantized(quant::QuantizedWeight q) {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
+  if (quantized && int8_linear_runs(input, *quantized)) {
+    auto y = int8_linear(input, *quantized, bias);
+    add_low_rank(y, input);
+    return y;
+  }
   const bool plain = !quantized && weight.scalar_type() == input.scalar_type();
   const auto w = plain ? weight : weight_for(input);
   auto y = cpu_bf16_linear(input, w, bias);
@@ -143,6 +149,11 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
 }
 
 torch::Tensor LinearImpl::product(const torch::Tensor& input) {
+  if (quantized && int8_linear_runs(input, *quantized)) {
+    auto y = int8_linear(input, *quantized, {});
+    add_low_rank(y, input);
+    return y;
+  }
   const auto w = weight_for(input);
   auto y = cpu_bf16_linear(input, w);
   if (!y.defined()) y = torch::nn::functional::linear(input, w);
@@ -191,6 +202,14 @@ int64_t resident_parameter_bytes(const torch::nn::Module& module) {
 torch::Tensor LinearImpl::forward_add(const torch::Tensor& input, const torch::Tensor& residual) {
   auto out_sizes = input.sizes().vec();
   if (!out_sizes.empty()) out_sizes.back() = weight.size(0);
+  if (quantized && int8_linear_runs(input, *quantized)) {
+    // The residual joins the integer product's epilogue where it has the output's shape.
+    const bool fused =
+        residual.sizes().equals(out_sizes) && residual.scalar_type() == input.scalar_type();
+    auto y = int8_linear(input, *quantized, bias, fused ? residual : torch::Tensor());
+    add_low_rank(y, input);
+    return fused ? y : y + residual;
+  }
   // A residual that broadcasts takes LibTorch's ops.
   if (!fused_bf16_epilogue({input, residual}, {weight, bias}) ||
       !residual.sizes().equals(out_sizes))

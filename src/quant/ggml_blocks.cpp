@@ -35,6 +35,9 @@ constexpr GgmlTypeTraits kTypes[] = {
     {GgmlType::Q8_K, "q8_k", kQKK, 4 + kQKK + kQKK / 16 * 2, true},
 };
 
+// One int8 per element; its rows' scales live beside the values (QuantizedWeight::row_scales).
+constexpr GgmlTypeTraits kInt8Rows = {GgmlType::I8_ROWS, "int8", 1, 1, true};
+
 float half_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
@@ -289,6 +292,7 @@ std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t type) {
 }
 
 const GgmlTypeTraits& ggml_type_traits(GgmlType type) {
+  if (type == GgmlType::I8_ROWS) return kInt8Rows;
   for (const auto& t : kTypes)
     if (t.type == type) return t;
   throw InvalidArgument("ggml type " + std::to_string(static_cast<uint32_t>(type)) + " is unknown");

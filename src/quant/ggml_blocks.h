@@ -27,6 +27,11 @@ enum class GgmlType : uint32_t {
   Q6_K = 14,
   Q8_K = 15,
   BF16 = 30,
+  // Not one of ggml's types: diffuse's in-memory int8 weight with one float32 scale per row
+  // (quant/quantized_weight.h), which the CPU multiplies in 8-bit integers (nn/int8_linear.h).
+  // Never read from or written to a file: ggml_type_traits(uint32_t) and ggml_type_named do
+  // not know it, can_quantize is false.
+  I8_ROWS = 0x10000,
 };
 
 struct GgmlTypeTraits {

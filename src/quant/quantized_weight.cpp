@@ -16,17 +16,34 @@ std::optional<GgmlType> parse_weight_type(const std::string& value, const std::s
   if (value == "none") return std::nullopt;
   if (value == "q8_0") return GgmlType::Q8_0;
   if (value == "q4_0") return GgmlType::Q4_0;
-  std::string why;
-  if (value == "int8")
-    why = " (q8_0 is the int8 format: 8-bit values with a scale per 32)";
-  else if (value == "fp8")
-    why = " (fp8 needs LibTorch's float8 types, 2.1 and later; not in this build)";
-  throw InvalidArgument(flag + " '" + value + "': expected none, q8_0 or q4_0" + why);
+  if (value == "int8") return GgmlType::I8_ROWS;
+  const std::string why =
+      value == "fp8" ? " (fp8 needs LibTorch's float8 types, 2.1 and later; not in this build)"
+                     : "";
+  throw InvalidArgument(flag + " '" + value + "': expected none, q8_0, q4_0 or int8" + why);
 }
 
 bool dequantizes_on_device(GgmlType type) {
-  return type == GgmlType::Q8_0 || type == GgmlType::Q4_0;
+  return type == GgmlType::Q8_0 || type == GgmlType::Q4_0 || type == GgmlType::I8_ROWS;
 }
+
+namespace {
+
+// Symmetric per-row int8 (I8_ROWS), computed in float32 on the weight's device.
+QuantizedWeight quantize_int8_rows(const at::Tensor& weight, const std::string& name) {
+  const auto w = weight.detach().to(at::kFloat);
+  if (!at::isfinite(w).all().item<bool>())
+    throw InvalidArgument("quantize " + name + ": holds values that are not finite");
+  const auto amax = w.abs().amax(1);
+  const auto scales = amax / 127.0;
+  // A zero row divides by 1 (its codes are 0 and its scale stays 0).
+  const auto divisor = at::where(amax > 0, scales, at::ones_like(scales));
+  const auto codes = (w / divisor.unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
+  return {GgmlType::I8_ROWS, w.size(0), w.size(1), codes.view(at::kByte).contiguous(),
+          scales.contiguous()};
+}
+
+}  // namespace
 
 bool can_keep_quantized(GgmlType type, int64_t cols) {
   const auto& t = ggml_type_traits(type);
@@ -38,9 +55,10 @@ QuantizedWeight quantize_weight(const at::Tensor& weight, GgmlType type, const s
   if (weight.dim() != 2)
     throw InvalidArgument("quantize " + name + ": a " + std::to_string(weight.dim()) +
                           "-D tensor; only matrices are kept quantized");
+  if (type == GgmlType::I8_ROWS) return quantize_int8_rows(weight, name);
   if (!can_quantize(type) || !traits.quantized)
     throw InvalidArgument(std::string("quantize ") + name + ": cannot quantize to " + traits.name +
-                          " (q8_0 and q4_0 can)");
+                          " (q8_0, q4_0 and int8 can)");
   const int64_t rows = weight.size(0), cols = weight.size(1);
   if (!can_keep_quantized(type, cols))
     throw InvalidArgument("quantize " + name + ": rows of " + std::to_string(cols) +
@@ -54,12 +72,14 @@ QuantizedWeight quantize_weight(const at::Tensor& weight, GgmlType type, const s
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) quantize(type, src + r * cols, dst + r * row_bytes, cols);
   });
-  return {type, rows, cols, blocks.to(weight.device())};
+  return {type, rows, cols, blocks.to(weight.device()), {}};
 }
 
 QuantizedWeight quantized_from_blocks(const at::Tensor& bytes, GgmlType type, int64_t rows,
                                       int64_t cols, const std::string& name) {
   const auto& traits = ggml_type_traits(type);
+  if (type == GgmlType::I8_ROWS)
+    throw FormatError(name + ": int8 rows are made in memory (--weights int8), not read as blocks");
   if (!traits.quantized || rows <= 0 || cols <= 0 || cols % traits.block_elems != 0)
     throw FormatError(name + ": a " + std::to_string(rows) + "x" + std::to_string(cols) + " " +
                       traits.name + " matrix cannot be kept in blocks");
@@ -68,7 +88,7 @@ QuantizedWeight quantized_from_blocks(const at::Tensor& bytes, GgmlType type, in
     throw FormatError(name + ": " + std::to_string(bytes.numel()) + " bytes of " + traits.name +
                       " blocks, expected " + std::to_string(rows * row_bytes) + " for " +
                       std::to_string(rows) + "x" + std::to_string(cols));
-  return {type, rows, cols, bytes.reshape({rows, row_bytes}).contiguous()};
+  return {type, rows, cols, bytes.reshape({rows, row_bytes}).contiguous(), {}};
 }
 
 namespace {
@@ -133,6 +153,8 @@ at::Tensor dequantize_by_tensor_ops(const QuantizedWeight& w, at::ScalarType dty
   const auto& traits = ggml_type_traits(w.type);
   if (!dequantizes_on_device(w.type))
     throw InvalidArgument(std::string("dequantize_by_tensor_ops: not for ") + traits.name);
+  if (w.type == GgmlType::I8_ROWS)
+    return (w.blocks.view(at::kChar).to(at::kFloat) * w.row_scales.unsqueeze(1)).to(dtype);
   const int64_t n_blocks = w.rows * (w.cols / traits.block_elems);
   const auto b = w.blocks.view({n_blocks, traits.block_bytes});
   auto values = w.type == GgmlType::Q8_0 ? dequantize_q8_0(b) : dequantize_q4_0(b);
@@ -142,7 +164,8 @@ at::Tensor dequantize_by_tensor_ops(const QuantizedWeight& w, at::ScalarType dty
 at::Tensor dequantize_weight(const QuantizedWeight& w, at::ScalarType dtype) {
   const auto& traits = ggml_type_traits(w.type);
   if (dequantizes_on_device(w.type)) {
-    const bool cpu_kernel = w.blocks.device().is_cpu() && w.blocks.is_contiguous() &&
+    const bool cpu_kernel = w.type != GgmlType::I8_ROWS && w.blocks.device().is_cpu() &&
+                            w.blocks.is_contiguous() &&
                             (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
     if (!cpu_kernel) return dequantize_by_tensor_ops(w, dtype);
     auto out = at::empty({w.rows, w.cols}, at::TensorOptions().dtype(dtype));

@@ -15,7 +15,13 @@ struct QuantizedWeight {
   GgmlType type = GgmlType::Q8_0;
   int64_t rows = 0, cols = 0;  // the plain weight's [out, in]
   at::Tensor blocks;           // uint8 [rows, ggml_row_bytes(type, cols)], contiguous
-  int64_t bytes() const { return blocks.defined() ? blocks.numel() : 0; }
+  // I8_ROWS only: float32 [rows], the scale of each row (value = int8 code * scale); `blocks`
+  // then holds the int8 codes. Undefined for ggml's types, whose blocks carry their scales.
+  at::Tensor row_scales;
+  int64_t bytes() const {
+    return (blocks.defined() ? blocks.numel() : 0) +
+           (row_scales.defined() ? row_scales.numel() * 4 : 0);
+  }
 };
 
 // Whether a matrix of `cols` columns can be kept in `type`: a quantized type whose rows are
@@ -23,7 +29,10 @@ struct QuantizedWeight {
 bool can_keep_quantized(GgmlType type, int64_t cols);
 
 // `weight` ([rows, cols], any float dtype, any device) through ggml's reference quantizer
-// (Q8_0, Q4_0: what quant::quantize writes); the blocks go to the weight's device.
+// (Q8_0, Q4_0: what quant::quantize writes), or for I8_ROWS symmetrically per row (scale =
+// max|row| / 127, codes round(w / scale) in [-127, 127], half to even; a row of zeros has scale
+// 0); the blocks go to the weight's device. InvalidArgument naming the weight for a value
+// that is not finite.
 // InvalidArgument when can_keep_quantized is false or the weight is not a matrix.
 QuantizedWeight quantize_weight(const at::Tensor& weight, GgmlType type, const std::string& name);
 
@@ -39,8 +48,9 @@ QuantizedWeight quantized_from_blocks(const at::Tensor& bytes, GgmlType type, in
 // another device are refused by can_keep_quantized's caller: they dequantize at load).
 at::Tensor dequantize_weight(const QuantizedWeight& w, at::ScalarType dtype);
 
-// The value of a --weights flag: "none" (plain weights: nullopt), "q8_0" or "q4_0" (the types
-// a layer can be quantized to at load; a GGUF file's own types load as they are stored).
+// The value of a --weights flag: "none" (plain weights: nullopt), "q8_0", "q4_0" or "int8"
+// (I8_ROWS) (the types a layer can be quantized to at load; a GGUF file's own types load as they
+// are stored).
 // InvalidArgument naming `flag` and the accepted values otherwise.
 std::optional<GgmlType> parse_weight_type(const std::string& value, const std::string& flag);
 

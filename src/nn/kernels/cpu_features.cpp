@@ -45,9 +45,10 @@ const CpuFeatures& cpu_features() {
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
     out.avx512_bf16 = out.avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
+    out.avx512_vnni = out.avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
     const IsaCap cap = isa_cap();
-    if (cap != IsaCap::native) out.avx512_bf16 = false;
+    if (cap != IsaCap::native) out.avx512_bf16 = out.avx512_vnni = false;
     if (cap == IsaCap::avx2 || cap == IsaCap::baseline) out.avx512 = false;
     if (cap == IsaCap::baseline) out.avx2_fma = false;
     return out;

@@ -10,13 +10,14 @@ struct CpuFeatures {
   bool avx2_fma = false;
   bool avx512 = false;       // F, BW, VL, DQ
   bool avx512_bf16 = false;  // VDPBF16PS / VCVTNEPS2BF16
+  bool avx512_vnni = false;  // VPDPBUSD: 8-bit products summed into int32 (nn/int8_linear.h)
 };
 
 // $DIFFUSE_CPU_ISA: what the engine treats this CPU as having, so that the paths of other CPUs
 // can be measured side by side on one machine. "avx512" drops native bf16 and AMX (an older
-// Xeon), "avx2" drops AVX-512 as well (an AVX2-only desktop or EPYC: the auto dtype policy then
-// picks float32), "baseline" drops AVX2; unset or "native" keeps everything. It caps our own
-// kernels and the dtype policy; the math libraries read their own switches
+// Xeon; VNNI too), "avx2" drops AVX-512 as well (an AVX2-only desktop or EPYC: the auto dtype
+// policy then picks float32), "baseline" drops AVX2; unset or "native" keeps everything. It caps
+// our own kernels and the dtype policy; the math libraries read their own switches
 // (DNNL_MAX_CPU_ISA, OPENBLAS_CORETYPE: scripts/bench_isa.sh sets all of them).
 enum class IsaCap { native, avx512, avx2, baseline };
 IsaCap isa_cap();  // throws InvalidArgument naming the variable for an unknown value

@@ -45,6 +45,18 @@ struct CpuKernels {
   void (*bf16_add_bias_residual)(uint16_t* y, const float* bias, const uint16_t* residual,
                                  int64_t n);
 
+  // Int8 linear layers (nn/int8_linear.h). One row of n values to unsigned codes
+  // q = round(x / s) + 128 in [1, 255] (half to even), s = max|x| / 127; returns s (0, every code
+  // 128, for a row of zeros; NaN, codes unspecified, for a row holding NaN or infinity).
+  float (*bf16_quantize_row_u8)(const uint16_t* x, int64_t n, uint8_t* q);
+  float (*f32_quantize_row_u8)(const float* x, int64_t n, uint8_t* q);
+  // y[j] = acc[j] * (sx * sw[j]) + bias[j] + residual[j] for n values, in float32 and rounded
+  // once (bias, residual may be null).
+  void (*bf16_int8_dequantize_row)(const int32_t* acc, int64_t n, float sx, const float* sw,
+                                   const float* bias, const uint16_t* residual, uint16_t* y);
+  void (*f32_int8_dequantize_row)(const int32_t* acc, int64_t n, float sx, const float* sw,
+                                  const float* bias, const float* residual, float* y);
+
   // Channels-last ([pixels][C]) helpers for GroupNorm:
   // s1[c] += sum_p (x[p][c] - shift[c]), s2[c] += sum_p (x[p][c] - shift[c])^2, accumulated in
   // float32 blocks of pixels (`scratch`: 2 * C floats) and added into the double sums.

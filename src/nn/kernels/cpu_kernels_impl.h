@@ -17,6 +17,7 @@ using vec::float_to_bf16;
 using vec::splat;
 using vec::VecF;
 using vec::VecH;
+using vec::VecI;
 using vec::VecU;
 constexpr int64_t W = vec::kVecWidth;  // floats per vector
 
@@ -264,10 +265,106 @@ void channel_scale_shift(const uint16_t* x, int64_t pixels, int64_t C, const flo
   }
 }
 
-const CpuKernels kKernels = {
-    CPU_KERNELS_NAME,  moments,           scale_shift,     layer_norm_row,      geglu<uint16_t>,
-    geglu<float>,      add_bias_residual, channel_sums,    channel_scale_shift, winograd_weights,
-    winograd4_weights, winograd_input,    winograd4_input, winograd_output,     winograd4_output};
+inline float elem_to_float(uint16_t h) {
+  return bf16_to_float(h);
+}
+inline float elem_to_float(float f) {
+  return f;
+}
+inline uint16_t float_to_elem(float f, const uint16_t*) {
+  return float_to_bf16(f);
+}
+inline float float_to_elem(float f, const float*) {
+  return f;
+}
+
+// Rounds |v| <= 2^22 to the nearest integer, half to even, as std::nearbyint does in the
+// default rounding mode: the ISA's rounding instruction, or without one adding and subtracting
+// 1.5 * 2^23 (no fraction bits left). Not the addition where FMA exists: the compiler would fuse
+// the caller's product into it and round the exact product instead of the float32 one.
+inline VecF round_even(VecF v) {
+#if defined(__SSE4_1__) || defined(__AVX__)
+  return vec::roundv(v);
+#else
+  const VecF magic = splat(12582912.0f);
+  return (v + magic) - magic;
+#endif
+}
+
+template <typename T>
+float quantize_row_u8(const T* x, int64_t n, uint8_t* q) {
+  typedef uint8_t VecB __attribute__((vector_size(W)));
+  VecF m = {}, probe = {};
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const VecF v = load_elems(x + i);
+    const VecF a = v < 0.0f ? -v : v;
+    m = a > m ? a : m;
+    probe += v * 0.0f;  // stays 0 unless a value is NaN or infinite (times 0: NaN)
+  }
+  bool finite = !__builtin_isnan(hsum(probe));
+  float amax = 0;
+  for (int j = 0; j < W; ++j) amax = m[j] > amax ? m[j] : amax;
+  for (int64_t j = i; j < n; ++j) {
+    const float v = elem_to_float(x[j]);
+    finite = finite && __builtin_isfinite(v);
+    const float a = v < 0 ? -v : v;
+    amax = a > amax ? a : amax;
+  }
+  if (!finite) return __builtin_nanf("");
+  if (!(amax > 0)) {
+    std::memset(q, 128, static_cast<size_t>(n));
+    return 0;
+  }
+  const float inv = 127.0f / amax;
+  for (i = 0; i + W <= n; i += W) {
+    const VecF r = round_even(load_elems(x + i) * inv) + 128.0f;
+    const VecB b = __builtin_convertvector(__builtin_convertvector(r, VecI), VecB);
+    std::memcpy(q + i, &b, sizeof b);
+  }
+  for (; i < n; ++i)
+    q[i] = static_cast<uint8_t>(static_cast<int>(__builtin_nearbyintf(elem_to_float(x[i]) * inv)) +
+                                128);
+  return amax / 127.0f;
+}
+
+template <typename T>
+void int8_dequantize_row(const int32_t* acc, int64_t n, float sx, const float* sw,
+                         const float* bias, const T* residual, T* y) {
+  int64_t j = 0;
+  for (; j + W <= n; j += W) {
+    VecI a;
+    std::memcpy(&a, acc + j, sizeof a);
+    VecF v = __builtin_convertvector(a, VecF) * (load_f32(sw, j) * sx) + load_f32(bias, j);
+    if (residual) v += load_elems(residual + j);
+    store_elems(y + j, v);
+  }
+  for (; j < n; ++j) {
+    float v = static_cast<float>(acc[j]) * (sw[j] * sx) + (bias ? bias[j] : 0.0f);
+    if (residual) v += elem_to_float(residual[j]);
+    y[j] = float_to_elem(v, y);
+  }
+}
+
+const CpuKernels kKernels = {CPU_KERNELS_NAME,
+                             moments,
+                             scale_shift,
+                             layer_norm_row,
+                             geglu<uint16_t>,
+                             geglu<float>,
+                             add_bias_residual,
+                             quantize_row_u8<uint16_t>,
+                             quantize_row_u8<float>,
+                             int8_dequantize_row<uint16_t>,
+                             int8_dequantize_row<float>,
+                             channel_sums,
+                             channel_scale_shift,
+                             winograd_weights,
+                             winograd4_weights,
+                             winograd_input,
+                             winograd4_input,
+                             winograd_output,
+                             winograd4_output};
 
 }  // namespace
 

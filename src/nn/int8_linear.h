@@ -1,0 +1,29 @@
+// A linear layer whose weight is kept as int8 rows (quant::GgmlType::I8_ROWS, `--weights int8`)
+// multiplied in 8-bit integers on the CPU: each row of the input is quantized on the fly to
+// unsigned codes with one scale per row (symmetric: max|x| / 127), oneDNN's integer GEMM
+// (dnnl_gemm_u8s8s32: VPDPBUSD on CPUs with AVX512-VNNI, 64 products per instruction against
+// VDPBF16PS's 32) sums code products exactly in int32, and one pass scales each sum by its row's
+// and its output's scale and adds the bias (and a residual) in float32, rounding once.
+//
+// The error against the plain product is that of the two roundings to codes, at most half a
+// step each: |x.w - x'.w'| <= sum_k (|x_k| sw/2 + |w_k| sx/2 + sx sw/4) per output.
+// Where this does not run (no oneDNN headers at build time, no VNNI, another device or dtype)
+// the layer dequantizes its weight instead (quant::dequantize_weight) and multiplies as usual.
+#pragma once
+#include <torch/types.h>
+
+#include "quant/quantized_weight.h"
+
+namespace diffuse::nn {
+
+// Whether this build has the integer GEMM and this CPU runs it natively.
+bool int8_gemm_available();
+// Whether int8_linear runs `input` ([..., in], float32 or bf16, on the CPU) with `w`: an
+// I8_ROWS weight on the CPU, and int8_gemm_available().
+bool int8_linear_runs(const torch::Tensor& input, const quant::QuantizedWeight& w);
+// input @ dequantized(w)^T + bias (+ residual), as above; bias (float32 or the input's dtype,
+// [out]) and residual (the output's shape and dtype) may be undefined. Needs int8_linear_runs.
+torch::Tensor int8_linear(const torch::Tensor& input, const quant::QuantizedWeight& w,
+                          const torch::Tensor& bias, const torch::Tensor& residual = {});
+
+}  // namespace diffuse::nn
