@@ -119,16 +119,18 @@ TEST_F(DitCliFlags, FlagsItCannotHonourAreRefusedWithTheReason) {
   EXPECT_NE(i2i.err.find("not img2img"), std::string::npos) << i2i.err;
 }
 
-// --weights q8_0 keeps the transformer's linear weights in blocks and says so; a type it does
-// not take is refused before the load, naming the flag; with --offload (weight streaming) it is
-// refused too, since streaming reads the plain weights.
+// --weights q8_0 / int8 keep the transformer's linear weights quantized and say so; a type it
+// does not take is refused before the load, naming the flag; with --offload (weight streaming)
+// it is refused too, since streaming reads the plain weights.
 TEST_F(DitCliFlags, WeightsQuantizeTheTransformerOrAreRefused) {
-  const auto q = txt2img("q.png", {"--weights", "q8_0"});
-  ASSERT_EQ(q.exit_code, 0) << q.err;
-  EXPECT_NE(q.err.find("weights q8_0: "), std::string::npos) << q.err;
-  EXPECT_TRUE(std::filesystem::exists(dir_.file("q.png")));
+  for (const std::string type : {"q8_0", "int8"}) {
+    const auto q = txt2img(type + ".png", {"--weights", type});
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+    EXPECT_NE(q.err.find("weights " + type + ": "), std::string::npos) << q.err;
+    EXPECT_TRUE(std::filesystem::exists(dir_.file(type + ".png")));
+  }
   for (const auto& [flags, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--weights", "int8"}, "--weights 'int8'"},
+           {{"--weights", "fp8"}, "--weights 'fp8'"},
            {{"--weights", "q8_0", "--offload"}, "streaming"}}) {
     SCOPED_TRACE(flags[1]);
     const auto r = txt2img("x.png", flags);

@@ -9,6 +9,7 @@
 #include "cli_run.h"
 #include "device/cpu_info.h"
 #include "device/doctor.h"
+#include "nn/int8_linear.h"
 
 namespace diffuse {
 namespace test_doctor {
@@ -30,8 +31,11 @@ TEST(Doctor, ReportsTheCpuAndRunsItsSmokeTest) {
             cpu.dtypes.end());               // never probed on CPU
   EXPECT_EQ(cpu.vae_dtype, cpu.unet_dtype);  // one policy for every CPU component
   EXPECT_NE(std::find(cpu.attention.begin(), cpu.attention.end(), "math"), cpu.attention.end());
-  // Both --weights types dequantize on the CPU as ggml's reference does.
-  EXPECT_EQ(cpu.weight_types, (std::vector<std::string>{"q8_0", "q4_0"}));
+  // The --weights types dequantize on the CPU as ggml's reference does; int8 says whether it
+  // multiplies in 8-bit integers here.
+  const std::string int8 =
+      nn::int8_gemm_available() ? "int8 (8-bit integer products: AVX512-VNNI)" : "int8";
+  EXPECT_EQ(cpu.weight_types, (std::vector<std::string>{"q8_0", "q4_0", int8}));
   EXPECT_GT(cpu.total_memory_bytes, 0);
   EXPECT_TRUE(r.requested_ok);
   EXPECT_EQ(r.requested_device, "cpu");
