@@ -1,5 +1,7 @@
 // `diffuse serve`: loads the model once and serves the web page and the HTTP APIs until
-// SIGINT/SIGTERM.
+// SIGINT/SIGTERM. With --devices (local ranks) or --parallel (a rank started elsewhere, by the
+// torchrun convention) the model is loaded once per rank: rank 0 serves and hands each job to
+// the others, and all run it together (src/server/rank_jobs.h).
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -13,8 +15,14 @@
 #include "commands.h"
 #include "flag_checks.h"
 #include "load_flags.h"
+#include "parallel/cfg_launch.h"
+#include "parallel/worker_processes.h"
+#include "parallel_flags.h"
+#include "pipeline/flux.h"
+#include "pipeline/hidream.h"
 #include "server/engine.h"
 #include "server/http_server.h"
+#include "server/rank_jobs.h"
 #include "server/server_state.h"
 
 namespace diffuse::app {
@@ -28,6 +36,7 @@ struct ServeFlags {
   double max_body_mb = 50;
   std::string shutdown = "cancel";
   bool quiet = false;
+  ParallelFlags parallel;
 };
 
 // SIGINT/SIGTERM go through a pipe to a thread of their own: the handler only writes the
@@ -54,6 +63,12 @@ class SignalWatcher {
     action.sa_flags = SA_RESTART;
     ::sigaction(SIGINT, &action, &previous_[0]);
     ::sigaction(SIGTERM, &action, &previous_[1]);
+  }
+  // Stops the server as a SIGTERM would (from any thread; the stop itself runs on the watcher's).
+  void stop() const {
+    const unsigned char sig = SIGTERM;
+    const ssize_t written = ::write(fds_[1], &sig, 1);
+    (void)written;
   }
   void watch(server::HttpServer& http, bool cancel_running, bool quiet) {
     thread_ = std::thread([this, &http, cancel_running, quiet] {
@@ -98,8 +113,58 @@ class SignalWatcher {
   std::thread thread_;
 };
 
+// The parallel modes against the model's family, before anything loads: Stable Diffusion splits
+// its two guidance branches, HiDream its branches (E1's three) and/or tokens, FLUX its tokens.
+void check_serve_parallel(const ServeFlags& f) {
+  const auto mode = parallel_mode(f.parallel);
+  const int world = f.parallel.world;
+  const std::string flag = "--parallel " + (f.parallel.mode.empty() ? "cfg" : f.parallel.mode);
+  if (pipeline::is_flux_folder(f.model)) {
+    if (mode != ParallelMode::kUlysses)
+      throw InvalidArgument(flag +
+                            ": FLUX's guidance is one embedding; FLUX shares its work over "
+                            "ranks with --parallel ulysses");
+  } else if (pipeline::is_hidream_folder(f.model)) {
+    if (mode == ParallelMode::kCfg && world > 3)
+      throw InvalidArgument(flag + ": " + std::to_string(world) +
+                            " ranks for HiDream's guidance branches (two, three in an edit: at "
+                            "most three ranks; cfg,ulysses or ulysses use more)");
+    if (mode == ParallelMode::kCfgUlysses && world % 2 != 0)
+      throw InvalidArgument(flag + " runs on 2 x N ranks, not " + std::to_string(world));
+  } else {
+    if (mode != ParallelMode::kCfg)
+      throw InvalidArgument(flag +
+                            ": splits the image tokens of a DiT's attention (HiDream, FLUX); a "
+                            "Stable Diffusion UNet runs --parallel cfg");
+    if (world > 2)
+      throw InvalidArgument("--parallel cfg: " + std::to_string(world) +
+                            " ranks for Stable Diffusion's two guidance branches (at most two)");
+  }
+}
+
+// What every rank of a parallel server must have been started with.
+std::string serve_parallel_job(const ServeFlags& f) {
+  return "model=" + f.model +
+         "\ncommand=serve\nparallel=" + (f.parallel.mode.empty() ? "cfg" : f.parallel.mode) +
+         "\ntransformer=" + f.hidream.transformer + "\nweights=" + f.load.weights +
+         "\ndtype=" + f.load.dtype + "\n";
+}
+
+// The local launcher of `serve --devices`: the ranks run until rank 0's server stops; a Ctrl-C
+// stops them all (rank 0 finishing as a signalled server does).
+int launch_serve_ranks(const ServeFlags& f) {
+  parallel::CfgLaunch launch;
+  launch.devices = parallel::parse_device_list(f.parallel.devices, "--devices");
+  launch.command = parallel::own_command_line();
+  try {
+    parallel::launch_cfg_workers(launch);
+  } catch (const parallel::WorkersInterrupted&) {
+    if (!f.quiet) std::cerr << "diffuse serve: stopped (all ranks)\n";
+  }
+  return 0;
+}
+
 int run_serve(ServeFlags& f) {
-  SignalWatcher signals;
   if (f.options.api_key.empty())
     if (const char* env = std::getenv("DIFFUSE_API_KEY")) f.options.api_key = env;
   if (!f.options.api_key.empty() &&
@@ -115,10 +180,33 @@ int run_serve(ServeFlags& f) {
     throw InvalidArgument(
         "--host " + f.options.host +
         ": listening beyond this machine needs an API key (--api-key or DIFFUSE_API_KEY)");
-  const LoadOptions lo = to_load_options(f.load);
+  const bool parallel_run = f.parallel.world > 1;
+  if (parallel_run) check_serve_parallel(f);
+  if (f.parallel.is_launcher()) return launch_serve_ranks(f);
+  SignalWatcher signals;
+  LoadOptions lo = to_load_options(f.load);
+  if (f.parallel.is_worker()) lo.device = f.parallel.rank_device;
   if (!f.quiet) std::cerr << "loading " << f.model << " ...\n";
   auto engine = server::load_engine(f.model, lo, f.hidream);
-  server::HttpServer http(*engine, f.options);
+  std::unique_ptr<server::GroupLeaderEngine> leader;
+  if (parallel_run) {
+    const auto groups = join_groups(f.parallel, parallel_mode(f.parallel), serve_parallel_job(f));
+    engine->join_parallel(groups);
+    if (groups.world->rank() > 0) {
+      server::follow_jobs(*engine, *groups.world);
+      return 0;
+    }
+    leader = std::make_unique<server::GroupLeaderEngine>(
+        *engine, groups.world, [&signals, quiet = f.quiet](const std::string& why) {
+          if (!quiet) std::cerr << "diffuse serve: the parallel group broke: " << why << "\n";
+          signals.stop();
+        });
+    if (!f.quiet)
+      std::cerr << "parallel " << (f.parallel.mode.empty() ? "cfg" : f.parallel.mode) << " over "
+                << groups.world->size() << " ranks (" << groups.world->describe() << ")\n";
+  }
+  server::Engine& serving = leader ? static_cast<server::Engine&>(*leader) : *engine;
+  server::HttpServer http(serving, f.options);
   const int port = http.bind();
   if (!f.quiet) {
     const auto& info = engine->info();
@@ -131,6 +219,15 @@ int run_serve(ServeFlags& f) {
   signals.watch(http, f.shutdown == "cancel", f.quiet);
   http.serve();
   http.stop(f.shutdown == "cancel");
+  if (leader) {
+    // A FileStore (the local launcher's) outlives every rank; a TCPStore is served from here.
+    const bool store_here = !f.parallel.master_addr.empty();
+    leader->release_followers(
+        store_here ? std::chrono::milliseconds(static_cast<int64_t>(f.parallel.timeout_s * 1000))
+                   : std::chrono::milliseconds(0));
+    if (const auto why = leader->broken(); !why.empty())
+      throw Error("the server stopped: its parallel group broke (" + why + ")");
+  }
   if (!f.quiet) std::cerr << "diffuse serve: stopped\n";
   return 0;
 }
@@ -187,7 +284,13 @@ Command add_serve_command(CLI::App& app) {
                  "edit jobs only)");
   app.add_option("--lora-alpha", f->hidream.lora_alpha, "peft lora_alpha of --e1-lora");
   app.add_option("--lora-rank", f->hidream.lora_rank, "peft r of --e1-lora");
-  return [f]() { return run_serve(*f); };
+  add_parallel_flags(app, f->parallel);
+  return [f]() {
+    ServeFlags mine = *f;
+    bool json = false;
+    return run_parallel_command(mine.parallel, mine.load.device, mine.quiet, json,
+                                [&] { return run_serve(mine); });
+  };
 }
 
 }  // namespace diffuse::app

@@ -143,7 +143,50 @@ class ProcessGroupRanks : public RankGroup {
     return out.view(send.scalar_type());
   }
 
+  void post(const std::string& key, const std::string& value) override {
+    try {
+      store_->set(post_key(key), std::vector<uint8_t>(value.begin(), value.end()));
+    } catch (const std::exception& e) {
+      throw Error(options_.purpose + " (" + describe() + "): posting " + key +
+                  " failed: " + first_line(e));
+    }
+  }
+
+  std::string wait_post(const std::string& key, std::chrono::milliseconds timeout) override {
+    const std::string k = post_key(key);
+    try {
+      store_->wait({k}, timeout.count() > 0 ? timeout : c10d::Store::kNoTimeout);
+      const auto v = store_->get(k);
+      return std::string(v.begin(), v.end());
+    } catch (const std::exception& e) {
+      throw Error(options_.purpose + " (" + describe() + "): waiting for " + key +
+                  " failed (the rank serving the store is gone, or " +
+                  (timeout.count() > 0 ? "it did not come within " + seconds(timeout)
+                                       : std::string("the store failed")) +
+                  "): " + first_line(e));
+    }
+  }
+
+  int64_t add_post(const std::string& key, int64_t delta) override {
+    try {
+      return store_->add(post_key(key), delta);
+    } catch (const std::exception& e) {
+      throw Error(options_.purpose + " (" + describe() + "): counting " + key +
+                  " failed: " + first_line(e));
+    }
+  }
+
+  void drop_post(const std::string& key) override {
+    try {
+      store_->deleteKey(post_key(key));
+    } catch (const std::exception&) {
+      // FileStore keeps its keys.
+    }
+  }
+
  private:
+  static std::string post_key(const std::string& key) { return "diffuse/post/" + key; }
+
   // One collective: each rank marks its arrival at this exchange in the store, so that a
   // timeout can name the ranks that never came (the collective itself cannot tell).
   void run(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {

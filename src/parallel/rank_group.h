@@ -5,6 +5,7 @@
 #pragma once
 #include <torch/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,6 +33,19 @@ class RankGroup {
                                    const std::vector<int64_t>& send_counts,
                                    const std::vector<int64_t>& recv_counts,
                                    const std::string& what) = 0;
+  // Notices outside the collectives, through the store the ranks met at: for ranks that idle
+  // between runs (a server's ranks wait for its next job as long as it takes; no collective
+  // timeout applies). Keys live apart from the group's own.
+  virtual void post(const std::string& key, const std::string& value) = 0;
+  // Blocks until `key` is posted and returns its value; a zero `timeout` waits as long as it
+  // takes. Throws diffuse::Error naming the key when the store is gone (the rank serving it
+  // died) or the timeout passed.
+  virtual std::string wait_post(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Adds `delta` to the counter `key` (0 when new) and returns the sum: every rank sees each
+  // addition once.
+  virtual int64_t add_post(const std::string& key, int64_t delta) = 0;
+  // Removes a posted key where the store can (FileStore cannot: its keys stay, a few bytes each).
+  virtual void drop_post(const std::string& key) = 0;
   // Bytes this rank has sent to the others so far (traffic, for `diffuse bench parallel`).
   virtual int64_t bytes_sent() const = 0;
   // "gloo, rank 0 of 2" (messages and logs).

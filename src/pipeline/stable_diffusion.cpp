@@ -503,8 +503,9 @@ GenerationResult StableDiffusion::denoise_and_decode(
       ev.denoised = &denoised;
       const StepAction action = on_step(ev);
       const bool last = i + 1 == n;
-      // Under CFG-parallel the other rank would wait for this one's next step.
-      if (action.cancel() || (action.finish() && shard && !last))
+      // Under CFG-parallel every rank's callback answers alike (the server's ranks agree on
+      // each step, server/rank_jobs.h), so all of them stop or finish here together.
+      if (action.cancel())
         throw Cancelled("cancelled by the step callback at step " + std::to_string(i + 1) + "/" +
                         std::to_string(n));
       if (action.finish() && !last) {

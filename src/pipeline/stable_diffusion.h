@@ -59,7 +59,8 @@ class StableDiffusion {
   void set_scheduler_config(const nlohmann::json& config);
   // CFG-parallel: with a group set, each generation computes only this rank's guidance
   // branch(es) and all-gathers the noise predictions every step (generations need guidance
-  // on); only rank 0 decodes, other ranks return the final latents without images.
+  // on); only rank 0 decodes, other ranks return the final latents without images. Every rank's
+  // step callback must answer alike (the server's ranks agree on each step: server/rank_jobs.h).
   void set_cfg_group(std::shared_ptr<parallel::RankGroup> group) { cfg_group_ = std::move(group); }
 
   GenerationResult text2image(const GenerationConfig& config, const StepCallback& on_step);

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "device/cpu_load.h"
+#include "diffuse/errors.h"
 #include "pipeline/flux.h"
 #include "pipeline/hidream.h"
 #include "pipeline/memory_report.h"
@@ -18,6 +19,10 @@ std::string Engine::model_name() const {
   auto p = fs::path(model_path_);
   if (p.filename().empty()) p = p.parent_path();
   return p.filename().string();
+}
+
+void Engine::join_parallel(const parallel::ParallelGroups& /*groups*/) {
+  throw InvalidArgument("this model's server runs on one device (no parallel jobs)");
 }
 
 const std::string& negative_prompt_for(const GenerationConfig& config, size_t index) {

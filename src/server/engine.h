@@ -7,6 +7,7 @@
 #include <string>
 
 #include "diffuse/pipeline.h"
+#include "parallel/process_group.h"
 #include "server/job_queue.h"
 #include "server/requests.h"
 
@@ -23,6 +24,10 @@ class Engine {
   virtual ModelDefaults defaults() const = 0;
   // The JobRunner of the queue.
   virtual JobOutput run(const JobRequest& request, JobContext& context) = 0;
+  // A parallel server (src/server/rank_jobs.h): this rank's groups, set once after loading and
+  // before any job; every job then runs over them. InvalidArgument when the family cannot
+  // share its work that way (the default: no parallel runs).
+  virtual void join_parallel(const parallel::ParallelGroups& groups);
 
   const std::string& model_path() const { return model_path_; }
   // The model's name as clients see it (the folder or file name).

@@ -75,6 +75,12 @@ ModelDefaults FluxEngine::defaults() const {
   return d;
 }
 
+void FluxEngine::join_parallel(const parallel::ParallelGroups& groups) {
+  if (groups.cfg || !groups.sequence)
+    throw InvalidArgument("FLUX shares its work over ranks with --parallel ulysses only");
+  pipe_->set_sequence_group(groups.sequence);
+}
+
 JobOutput FluxEngine::run(const JobRequest& request, JobContext& context) {
   if (request.kind == JobKind::img2img)
     throw InvalidArgument("FLUX models run txt2img (and, Kontext, edit) jobs, not img2img");

@@ -19,6 +19,8 @@ class FluxEngine : public Engine {
   const PipelineInfo& info() const override { return info_; }
   ModelDefaults defaults() const override;
   JobOutput run(const JobRequest& request, JobContext& context) override;
+  // Ulysses only: FLUX's guidance is one embedding, not a batch of branches.
+  void join_parallel(const parallel::ParallelGroups& groups) override;
 
  private:
   PipelineInfo info_;

@@ -136,6 +136,11 @@ pipeline::HiDreamResult HiDreamEngine::run_one(const JobRequest& request, size_t
   return pipe_->text_to_image(t);
 }
 
+void HiDreamEngine::join_parallel(const parallel::ParallelGroups& groups) {
+  pipe_->set_cfg_group(groups.cfg);
+  pipe_->set_sequence_group(groups.sequence);
+}
+
 JobOutput HiDreamEngine::run(const JobRequest& request, JobContext& context) {
   if (request.kind == JobKind::img2img)
     throw InvalidArgument("HiDream models run txt2img and edit jobs, not img2img");

@@ -20,6 +20,8 @@ class HiDreamEngine : public Engine {
   const PipelineInfo& info() const override { return info_; }
   ModelDefaults defaults() const override;
   JobOutput run(const JobRequest& request, JobContext& context) override;
+  // CFG-parallel, Ulysses or both.
+  void join_parallel(const parallel::ParallelGroups& groups) override;
 
  private:
   // One image: prompt `prompt` of the request with `seed`; reports steps done so far.

@@ -22,6 +22,8 @@ Image to_image(const torch::Tensor& hwc) {
 
 void LatentPreview::learn(const torch::Tensor& latents, const torch::Tensor& images) {
   torch::NoGradGuard no_grad;
+  // Ranks other than 0 of a parallel server decode nothing.
+  if (!latents.defined() || !images.defined()) return;
   if (latents.dim() != 4 || images.dim() != 4 || latents.size(0) != images.size(0)) return;
   const int64_t h = latents.size(2), w = latents.size(3);
   // Each latent pixel against the mean colour of the image patch it decodes to.

@@ -1,5 +1,6 @@
 #include "server/sd_engine.h"
 
+#include "diffuse/errors.h"
 #include "pipeline/stable_diffusion.h"
 
 #include <set>
@@ -20,6 +21,13 @@ ModelDefaults SdEngine::defaults() const {
   d.scheduler = "";  // the model's own, resolved by the pipeline
   d.schedulers = scheduler_names();
   return d;
+}
+
+void SdEngine::join_parallel(const parallel::ParallelGroups& groups) {
+  if (!groups.cfg || groups.sequence)
+    throw InvalidArgument(
+        "a Stable Diffusion UNet shares its work over ranks with --parallel cfg only");
+  t2i_.impl()->set_cfg_group(groups.cfg);  // i2i_ shares the pipeline
 }
 
 JobOutput SdEngine::run(const JobRequest& request, JobContext& context) {

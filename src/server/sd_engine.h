@@ -15,6 +15,8 @@ class SdEngine : public Engine {
   const PipelineInfo& info() const override { return t2i_.info(); }
   ModelDefaults defaults() const override;
   JobOutput run(const JobRequest& request, JobContext& context) override;
+  // CFG-parallel: the ranks share the guidance branches (no token split in a UNet).
+  void join_parallel(const parallel::ParallelGroups& groups) override;
 
  private:
   Text2Image t2i_;
