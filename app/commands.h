@@ -31,6 +31,7 @@ Command add_train_demo_command(CLI::App& app);
 Command add_edit_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
 Command add_quantize_command(CLI::App& app);
+Command add_export_command(CLI::App& app);
 
 // The DiT families from the CLI: `diffuse edit` and `diffuse txt2img` on a HiDream or FLUX
 // folder (the HiDream-only and FLUX-only flags are refused on the other family).

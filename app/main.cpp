@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
       diffuse::app::add_create_demo_command);
   add("quantize", "Write a model's weights as a GGUF file (q8_0, q4_0, f16, ...)",
       diffuse::app::add_quantize_command);
+  add("export", "Write a model component for other runtimes (export onnx: ONNX for ATC/OM)",
+      diffuse::app::add_export_command);
   add("verify", "Compare the engine with a golden reference set", diffuse::app::add_verify_command);
   add("doctor", "Check libtorch, BLAS, CPU features and every device",
       diffuse::app::add_doctor_command);

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev libdnnl-dev libgloo-dev libopenblas0-pthread libicu-dev libsentencepiece-dev libpcre2-dev
+  libtorch-dev libonnx-dev libprotobuf-dev libdnnl-dev libgloo-dev libopenblas0-pthread libicu-dev libsentencepiece-dev libpcre2-dev
   nlohmann-json3-dev libcli11-dev libpng-dev libjpeg-dev libwebp-dev libcpp-httplib-dev libssl-dev libgtest-dev
   chromium chromium-driver
   clang libclang-rt-14-dev
@@ -35,4 +35,9 @@ fi
 # tests/browser/package-lock.json (it drives Debian's Chromium; no browser download).
 if [ ! -d tests/browser/node_modules/playwright-core ]; then
   (cd tests/browser && npm ci --no-audit --no-fund >/dev/null)
+fi
+# ONNX Runtime (CPU) for the ONNX export test, at the version in tests/onnx/package-lock.json.
+# --ignore-scripts: its install script downloads GPU libraries; the CPU runtime is in the package.
+if [ ! -d tests/onnx/node_modules/onnxruntime-node ]; then
+  (cd tests/onnx && npm ci --ignore-scripts --no-audit --no-fund >/dev/null)
 fi

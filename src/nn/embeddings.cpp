@@ -10,9 +10,9 @@
 
 #include "diffuse/errors.h"
 #include "nn/layers.h"
+#include "nn/timestep_frequencies.h"
 
 namespace diffuse::nn {
-namespace {
 
 // exp(-log(max_period) * i / (half - shift)) for i < half, as float32: computed once per shape
 // on the CPU, whose float32 exp diffusers' reference ran on, and copied to each device once. A
@@ -38,8 +38,6 @@ torch::Tensor timestep_frequencies(int64_t half, double downscale_freq_shift, do
   cache->emplace(key, freqs);
   return freqs;
 }
-
-}  // namespace
 
 torch::Tensor get_timestep_embedding(const torch::Tensor& timesteps, int64_t dim,
                                      bool flip_sin_to_cos, double downscale_freq_shift,

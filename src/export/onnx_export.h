@@ -1,0 +1,59 @@
+// `diffuse export onnx`: one component of a diffusers folder as a standard ONNX file, written
+// from the engine's own modules (onnx_modules.h), for ONNX Runtime, TensorRT or Ascend's ATC
+// (docs/ascend.md). Inputs and outputs carry the names diffusers' and Optimum's exports use:
+//   text_encoder[_2]  input_ids [B, S] int64 -> last_hidden_state [B, S, C], pooler_output
+//                     [B, C], text_embeds [B, P] (with a projection), hidden_states.0..L
+//   unet              sample [B, c, h, w], timestep [B] float32, encoder_hidden_states
+//                     [B, S, D] (+ text_embeds, time_ids for SDXL) -> out_sample
+//   vae_decoder       latent_sample [B, c, h, w] -> sample [B, 3, H, W] (post_quant_conv
+//                     included; scaling_factor is the pipeline's, as in the engine)
+//   vae_encoder       sample [B, 3, H, W] -> latent_parameters [B, 2c, h, w] (mean | logvar)
+#pragma once
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace diffuse::onnx_export {
+
+struct ExportRequest {
+  std::string model_dir;
+  std::string component;  // text_encoder | text_encoder_2 | unet | vae_decoder | vae_encoder
+  std::string output;     // FILE.onnx
+  int opset = 17;
+  std::string precision = "fp32";  // fp32 | fp16
+  // Static shapes (what ATC prefers): image size in pixels (0: the UNet's sample_size times the
+  // VAE's factor), batch, text length (0: the text encoder's max_position_embeddings).
+  int64_t batch = 1, height = 0, width = 0, tokens = 0;
+  bool dynamic = false;        // symbolic batch/height/width/sequence instead
+  bool external_data = false;  // weights in FILE.onnx.data even below 2 GiB
+  bool overwrite = false;      // replace existing files instead of refusing
+};
+
+// A graph input or output as written: dims of -1 are symbolic (--dynamic).
+struct TensorSpec {
+  std::string name;
+  torch::Dtype dtype;
+  std::vector<int64_t> dims;
+  std::string describe() const;  // "sample float32 [1, 4, 64, 64]" (symbols as -1)
+};
+
+struct ExportResult {
+  std::string model_path, data_path;
+  int64_t model_bytes = 0, data_bytes = 0, weight_bytes = 0;
+  std::map<std::string, int64_t> op_counts;
+  std::vector<TensorSpec> inputs, outputs;
+};
+
+// The components a folder can export, in order ("unet", "vae_decoder", ...).
+std::vector<std::string> exportable_components(const std::string& model_dir);
+
+// Loads the component in float32 on the CPU, writes its graph and weights, and checks that
+// every parameter of the module went into the file. InvalidArgument for an unknown or
+// unsupported component, bad sizes or opset (before anything is written), IoError when the
+// output exists (without `overwrite`) or cannot be written; nothing half-written is left.
+ExportResult export_onnx(const ExportRequest& request);
+
+}  // namespace diffuse::onnx_export
