@@ -407,10 +407,17 @@ class CliProcess {
       return err_.find(text) != std::string::npos || closed_;
     }) && err_.find(text) != std::string::npos;
   }
-  int port() {
-    if (!wait_for("http://127.0.0.1:")) return -1;
-    std::lock_guard<std::mutex> lock(mutex_);
-    return std::atoi(err_.c_str() + err_.find("http://127.0.0.1:") + 17);
+  // The port of the server's "http://127.0.0.1:PORT" line, once the whole line is in: stderr is
+  // unbuffered, so the address and the number may arrive in separate reads.
+  int port(std::chrono::seconds timeout = std::chrono::seconds(120)) {
+    const std::string address = "http://127.0.0.1:";
+    std::unique_lock<std::mutex> lock(mutex_);
+    const auto line_in = [&] {
+      const auto at = err_.find(address);
+      return at != std::string::npos && err_.find('\n', at) != std::string::npos;
+    };
+    if (!cv_.wait_for(lock, timeout, [&] { return line_in() || closed_; }) || !line_in()) return -1;
+    return std::atoi(err_.c_str() + err_.find(address) + address.size());
   }
   void signal(int sig) { ::kill(pid_, sig); }
   int wait() {  // the exit status, -1 when killed by a signal
