@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh >/dev/null
+# The CLI alone: the tests, the sanitizer library and the rest build with scripts/test.sh.
+bash scripts/build.sh diffuse >/dev/null
 out="${DIFFUSE_DEMO_OUT:-demo.png}"
 build/diffuse txt2img --model models/demo \
   --prompt "${DIFFUSE_DEMO_PROMPT:-a red circle on the left and a blue square on the right on a yellow background}" \

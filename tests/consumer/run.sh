@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The installed tree as a user gets it (CTest install_consumer): `cmake --install` into a fresh
 # prefix, then a project outside the repository built against it with find_package(diffuse) (a C
-# and a C++ program, the latter without LibTorch's headers) and with pkg-config, the installed
+# and two C++ programs: one without LibTorch's headers, one on pipeline.h through
+# find_package(diffuse COMPONENTS torch)) and with pkg-config, the installed
 # CLI, and the installed Python module. Each must produce the same image for the same seed.
 # Usage: run.sh BUILD_DIR SOURCE_DIR LIBDIR PYTHON WORK_DIR
 set -euo pipefail
@@ -23,6 +24,8 @@ cmake --build "$work/consumer" >/dev/null
 "$work/consumer/consumer" "$model" "$work/find_package.png"
 "$work/consumer/consumer_cpp" "$model" "$work/cpp.png"
 cmp "$work/find_package.png" "$work/cpp.png"
+"$work/consumer/consumer_torch" "$model" "$work/torch.png"
+cmp "$work/find_package.png" "$work/torch.png"
 
 # pkg-config.
 export PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig"
