@@ -15,6 +15,7 @@
 #include "io/safetensors.h"
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
+#include "models/flux_transformer.h"
 #include "models/unet2d_condition.h"
 #include "pipeline/demo_model.h"
 #include "test_util.h"
@@ -59,7 +60,14 @@ Tensors make_inputs(const ExportResult& r, int64_t vocab, std::vector<int64_t> s
     if (in.name == "input_ids") {
       inputs[in.name] = torch::randint(0, vocab, dims, torch::kInt64);
     } else if (in.name == "timestep") {
-      inputs[in.name] = torch::rand(dims) * 999;
+      // A UNet's timestep runs to 999; FLUX's is t / 1000.
+      const bool dit = std::any_of(r.inputs.begin(), r.inputs.end(),
+                                   [](const auto& i) { return i.name == "img_ids"; });
+      inputs[in.name] = torch::rand(dims) * (dit ? 1.0 : 999.0);
+    } else if (in.name == "img_ids" || in.name == "txt_ids") {
+      inputs[in.name] = torch::randint(0, 32, dims).to(torch::kFloat32);
+    } else if (in.name == "guidance") {
+      inputs[in.name] = torch::rand(dims) * 5;
     } else if (in.name == "time_ids") {
       inputs[in.name] = torch::randint(0, 1024, dims).to(in.dtype);
     } else {
@@ -85,6 +93,13 @@ Tensors engine_outputs(const io::ModelFolder& folder, const std::string& compone
     auto vae = models::load_vae(folder, torch::kCPU, torch::kFloat32);
     if (component == "vae_decoder") return {{"sample", vae->decode(in.at("latent_sample"))}};
     return {{"latent_parameters", vae->encode_moments(in.at("sample"))}};
+  }
+  if (component.rfind("transformer", 0) == 0) {
+    auto t = models::load_flux_transformer(folder, torch::kCPU, torch::kFloat32, component);
+    return {{"out_hidden_states",
+             t->forward(in.at("hidden_states"), in.at("timestep"), in.at("encoder_hidden_states"),
+                        in.at("pooled_projections"), in.at("img_ids"), in.at("txt_ids"),
+                        in.count("guidance") ? in.at("guidance") : torch::Tensor())}};
   }
   auto te = models::load_clip_text_model(folder, torch::kCPU, torch::kFloat32, component);
   const auto o = te->forward(in.at("input_ids"), true);
@@ -163,6 +178,25 @@ TEST(OnnxExport, Sd21EveryComponentMatchesTheEngine) {
 
 TEST(OnnxExport, SdxlEveryComponentMatchesTheEngine) {
   check_set(sdxl_golden_dir());
+}
+
+// FLUX.1 dev and schnell transformers (double and single blocks, RoPE from the ids), CLIP-L and
+// the 16-channel VAE; Kontext's transformer over a sequence that holds the source tokens too.
+TEST(OnnxExport, FluxEveryComponentMatchesTheEngine) {
+  check_set(flux_golden_dir());
+}
+
+TEST(OnnxExport, KontextTransformerTakesTheSourceTokensDynamically) {
+  const auto model = verify::GoldenSet::load(flux_kontext_golden_dir()).model_dir();
+  const auto folder = io::ModelFolder::open(model);
+  TempDir dir;
+  ExportRequest req;
+  req.dynamic = true;
+  const auto r = export_to(model, "transformer", dir.file("t.onnx"), req);
+  // batch 2; 12 output + 20 source tokens; 7 text tokens (in input order).
+  const auto in = make_inputs(r, 0, {2, 32, 2, 7, 2, 2, 32, 7, 2});
+  expect_close(run_onnx_runtime(dir.file("t.onnx"), in, dir),
+               engine_outputs(folder, "transformer", in), "kontext transformer");
 }
 
 TEST(OnnxExport, InpaintingAndControlNetFoldersExportTheirSdComponents) {

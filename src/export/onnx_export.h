@@ -8,6 +8,9 @@
 //   vae_decoder       latent_sample [B, c, h, w] -> sample [B, 3, H, W] (post_quant_conv
 //                     included; scaling_factor is the pipeline's, as in the engine)
 //   vae_encoder       sample [B, 3, H, W] -> latent_parameters [B, 2c, h, w] (mean | logvar)
+//   transformer       FLUX.1: hidden_states [B, S, 64] (packed latents), encoder_hidden_states
+//                     [B, L, 4096], pooled_projections [B, 768], timestep [B] (t / 1000),
+//                     img_ids [S, 3], txt_ids [L, 3] (+ guidance [B] for dev) -> out_hidden_states
 #pragma once
 #include <torch/types.h>
 
@@ -20,8 +23,9 @@ namespace diffuse::onnx_export {
 
 struct ExportRequest {
   std::string model_dir;
-  std::string component;  // text_encoder | text_encoder_2 | unet | vae_decoder | vae_encoder
-  std::string output;     // FILE.onnx
+  // text_encoder | text_encoder_2 | unet | vae_decoder | vae_encoder | transformer (FLUX)
+  std::string component;
+  std::string output;  // FILE.onnx
   int opset = 17;
   std::string precision = "fp32";  // fp32 | fp16
   // Static shapes (what ATC prefers): image size in pixels (0: the UNet's sample_size times the

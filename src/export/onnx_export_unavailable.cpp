@@ -14,12 +14,16 @@ namespace {
 
 }  // namespace
 
-std::string TensorSpec::describe() const { return name; }
+std::string TensorSpec::describe() const {
+  return name;
+}
 
 std::vector<std::string> exportable_components(const std::string& /*model_dir*/) {
   unavailable();
 }
 
-ExportResult export_onnx(const ExportRequest& /*request*/) { unavailable(); }
+ExportResult export_onnx(const ExportRequest& /*request*/) {
+  unavailable();
+}
 
 }  // namespace diffuse::onnx_export

@@ -88,20 +88,69 @@ Value ModuleWriter::layer_norm(torch::nn::LayerNormImpl& norm, const std::string
   if (norm.options.normalized_shape().size() != 1)
     throw InvalidArgument("ONNX export: " + name + " normalises over more than the last axis");
   const double eps = norm.options.eps();
-  const bool affine = norm.options.elementwise_affine();
-  if (g_.opset() >= 17 && affine)
-    return g_.op(
-        "LayerNormalization",
-        {x, g_.weight(name + ".weight", norm.weight), g_.weight(name + ".bias", norm.bias)},
-        {{"axis", int64_t{-1}}, {"epsilon", eps}});
+  if (!norm.options.elementwise_affine())
+    return plain_layer_norm(x, norm.options.normalized_shape()[0], eps);
+  const auto weight = g_.weight(name + ".weight", norm.weight);
+  const auto bias = g_.weight(name + ".bias", norm.bias);
+  if (g_.opset() >= 17)
+    return g_.op("LayerNormalization", {x, weight, bias},
+                 {{"axis", int64_t{-1}}, {"epsilon", eps}});
+  return g_.op("Add", {g_.op("Mul", {plain_layer_norm(x, 0, eps), weight}), bias});
+}
+
+Value ModuleWriter::plain_layer_norm(const Value& x, int64_t width, double eps) {
+  if (g_.opset() >= 17 && width > 0)
+    return g_.op("LayerNormalization",
+                 {x, g_.tensor_const(torch::ones({width}, g_.compute_dtype()), "ones")},
+                 {{"axis", int64_t{-1}}, {"epsilon", eps}});
   // Below opset 17: the same arithmetic in primitive ops.
   const Attrs last = {{"axes", std::vector<int64_t>{-1}}, {"keepdims", int64_t{1}}};
   const auto centred = g_.op("Sub", {x, g_.op("ReduceMean", {x}, last)});
   const auto var = g_.op("ReduceMean", {g_.op("Mul", {centred, centred})}, last);
-  auto y = g_.op("Div", {centred, g_.op("Sqrt", {g_.op("Add", {var, g_.scalar(eps, "eps")})})});
-  if (!affine) return y;
-  y = g_.op("Mul", {y, g_.weight(name + ".weight", norm.weight)});
-  return g_.op("Add", {y, g_.weight(name + ".bias", norm.bias)});
+  return g_.op("Div", {centred, g_.op("Sqrt", {g_.op("Add", {var, g_.scalar(eps, "eps")})})});
+}
+
+Value ModuleWriter::rms_norm(nn::RMSNormImpl& norm, const std::string& name, const Value& x) {
+  const Attrs last = {{"axes", std::vector<int64_t>{-1}}, {"keepdims", int64_t{1}}};
+  const auto mean_square = g_.op("ReduceMean", {g_.op("Mul", {x, x})}, last);
+  const auto rms = g_.op("Sqrt", {g_.op("Add", {mean_square, g_.scalar(norm.eps, "eps")})});
+  return g_.op("Mul", {g_.op("Div", {x, rms}), g_.weight(name + ".weight", norm.weight)});
+}
+
+std::pair<Value, Value> ModuleWriter::rope_angles(const Value& ids,
+                                                  const std::vector<int64_t>& axes_dims,
+                                                  double theta) {
+  // One row of frequencies per axis, placed in its slice of the rotated channels: angle =
+  // ids @ F with F [axes, R] (zeros outside each axis's slice), one MatMul for every axis.
+  int64_t rotated = 0;
+  for (auto d : axes_dims) rotated += d / 2;
+  auto freqs = torch::zeros({static_cast<int64_t>(axes_dims.size()), rotated}, torch::kFloat64);
+  int64_t col = 0;
+  for (size_t a = 0; a < axes_dims.size(); ++a) {
+    const int64_t d = axes_dims[a];
+    const auto omega =
+        1.0 / torch::pow(theta, torch::arange(0, d, 2, torch::kFloat64) / static_cast<double>(d));
+    freqs[static_cast<int64_t>(a)].narrow(0, col, d / 2).copy_(omega);
+    col += d / 2;
+  }
+  const auto angle = g_.op("MatMul", {g_.cast(ids, torch::kFloat32),
+                                      g_.tensor_const(freqs.to(torch::kFloat32), "rope_freqs")});
+  return {g_.op("Cos", {angle}), g_.op("Sin", {angle})};
+}
+
+Value ModuleWriter::apply_rope(const Value& x, const Value& cos, const Value& sin, int64_t heads,
+                               int64_t head_dim) {
+  // [B, N, H, D] -> [B, N, H, D/2, 2]; the table [N, R] broadcasts as [N, 1, R, 1].
+  const int64_t pairs = head_dim / 2;
+  const auto x2 = g_.op("Reshape", {x, g_.ints({0, 0, heads, pairs, 2}, "pairs")});
+  const auto parts = g_.op_n("Split", {x2, g_.ints({1, 1}, "split")}, 2, {{"axis", int64_t{-1}}});
+  const auto axes = g_.ints({1, 3}, "axes");
+  const auto c = g_.cast(g_.op("Unsqueeze", {cos, axes}), g_.compute_dtype());
+  const auto s = g_.cast(g_.op("Unsqueeze", {sin, axes}), g_.compute_dtype());
+  const auto out0 = g_.op("Sub", {g_.op("Mul", {c, parts[0]}), g_.op("Mul", {s, parts[1]})});
+  const auto out1 = g_.op("Add", {g_.op("Mul", {s, parts[0]}), g_.op("Mul", {c, parts[1]})});
+  const auto rotated = g_.op("Concat", {out0, out1}, {{"axis", int64_t{-1}}});
+  return g_.op("Reshape", {rotated, g_.ints({0, 0, heads, head_dim}, "heads")});
 }
 
 Value ModuleWriter::silu(const Value& x) {

@@ -35,6 +35,17 @@ class ModuleWriter {
              const std::vector<int64_t>& pads = {});
   Value group_norm(torch::nn::GroupNormImpl& norm, const std::string& name, const Value& x);
   Value layer_norm(torch::nn::LayerNormImpl& norm, const std::string& name, const Value& x);
+  // Over the last axis without affine parameters (FLUX's adaLN), and RMSNorm with its weight.
+  Value plain_layer_norm(const Value& x, int64_t width, double eps);
+  Value rms_norm(nn::RMSNormImpl& norm, const std::string& name, const Value& x);
+  // Rotary embedding of x [B, N, H, D] over its first 2R channels, pairs (2i, 2i+1) adjacent
+  // (nn::apply_rope), with cos/sin [N, R] float32 (rope_angles).
+  Value apply_rope(const Value& x, const Value& cos, const Value& sin, int64_t heads,
+                   int64_t head_dim);
+  // ids [N, axes] -> (cos, sin) [N, sum(axes_dims) / 2] as nn::rope_table (angles in float32
+  // here, float64 rounded to float32 there).
+  std::pair<Value, Value> rope_angles(const Value& ids, const std::vector<int64_t>& axes_dims,
+                                      double theta);
 
   Value activation(nn::Activation act, const Value& x);
   Value silu(const Value& x);

@@ -18,9 +18,7 @@
 namespace diffuse::models {
 namespace {
 
-constexpr double kFluxRopeTheta = 10000.0;
 constexpr int64_t kFluxTimestepChannels = 256;
-constexpr double kFluxNormEps = 1e-6;
 
 // An attribute-only module level of diffusers' tree (time_text_embed, norm_out).
 std::shared_ptr<torch::nn::Module> module_level(torch::nn::Module& parent,
@@ -259,7 +257,7 @@ torch::Tensor FluxTransformer2DModelImpl::forward(
 
   // AdaLayerNormContinuous: the chunks come in the order (scale, shift).
   auto mod = norm_out_linear(torch::silu(in.temb)).unsqueeze(1).chunk(2, -1);
-  auto normed = nn::layer_norm(image, {}, {}, kFluxNormEps) * (1 + mod[0]) + mod[1];
+  auto normed = nn::layer_norm(image, {}, {}, nn::kFluxNormEps) * (1 + mod[0]) + mod[1];
   capture(inter, "norm_out", normed);
   auto out = proj_out(normed);
   return ulysses ? ulysses->gather_rows(out) : out;

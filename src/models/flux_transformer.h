@@ -32,6 +32,9 @@ class RankGroup;
 
 namespace diffuse::models {
 
+// FluxPosEmbed's theta (diffusers hard-codes it; configs do not carry it).
+constexpr double kFluxRopeTheta = 10000.0;
+
 struct FluxTransformerConfig {
   std::string source;  // the config file, for messages
   int64_t patch_size = 1;
@@ -88,17 +91,19 @@ class FluxTransformer2DModelImpl : public torch::nn::Module {
   // num_layers + j).
   std::shared_ptr<BlockWeightStream> stream;
 
+  // The embedders and the output head (read by the ONNX export, src/export).
+  nn::Timesteps time_proj{nullptr};
+  nn::TimestepEmbedding timestep_embedder{nullptr}, guidance_embedder{nullptr},
+      text_embedder{nullptr};
+  nn::Linear context_embedder{nullptr}, x_embedder{nullptr};
+  nn::Linear norm_out_linear{nullptr}, proj_out{nullptr};
+
  private:
   void check_inputs(const torch::Tensor& x, const torch::Tensor& timestep, const torch::Tensor& enc,
                     const torch::Tensor& pooled, const torch::Tensor& img_ids,
                     const torch::Tensor& txt_ids, const torch::Tensor& guidance) const;
 
   FluxTransformerConfig config_;
-  nn::Timesteps time_proj{nullptr};
-  nn::TimestepEmbedding timestep_embedder{nullptr}, guidance_embedder{nullptr},
-      text_embedder{nullptr};
-  nn::Linear context_embedder{nullptr}, x_embedder{nullptr};
-  nn::Linear norm_out_linear{nullptr}, proj_out{nullptr};
 };
 TORCH_MODULE(FluxTransformer2DModel);
 

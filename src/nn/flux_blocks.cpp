@@ -10,8 +10,6 @@
 namespace diffuse::nn {
 namespace {
 
-constexpr double kFluxNormEps = 1e-6;  // q/k RMSNorms and the blocks' LayerNorms
-
 struct FluxQkv {
   torch::Tensor q, k, v;  // [B, N, H, D]
 };

@@ -20,6 +20,9 @@ class UlyssesShard;
 
 namespace diffuse::nn {
 
+// The epsilon of FLUX's q/k RMSNorms and of its affine-free LayerNorms (blocks and norm_out).
+constexpr double kFluxNormEps = 1e-6;
+
 struct FluxBlockOptions {
   int64_t dim = 0;  // heads * head_dim
   int64_t heads = 0;
