@@ -1,9 +1,11 @@
 // One line about the machine at the start of every test's output, which CTest shows only for
 // a failing test: a failure seen on another machine (CI) then says which CPU it ran on.
-// Linked into the test binaries built on diffuse_core (not the sanitizer job's parser tests).
+// Linked into the test binaries built on diffuse_core (not the sanitizer job's parser tests),
+// with the start-up settings of the CLI processes those tests run (below).
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "device/cpu_allocator.h"
@@ -28,6 +30,20 @@ class MachineLine : public ::testing::Environment {
 };
 
 const auto* const kRegistered = ::testing::AddGlobalTestEnvironment(new MachineLine);
+
+// The CLI restarts itself once with glibc's huge-page tunable and OpenMP's passive waiting
+// (app/startup_env.h), loading LibTorch twice: 0.7 of its 1.4 s start-up here. The suite starts
+// the CLI hundreds of times, so the processes it starts get both settings up front (unless the
+// caller set them); Doctor.* clears them to test the restart itself.
+class CliStartSettings : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    ::setenv("DIFFUSE_HUGE_PAGES", "0", 0);
+    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  }
+};
+
+const auto* const kCliStart = ::testing::AddGlobalTestEnvironment(new CliStartSettings);
 
 }  // namespace machine_line
 }  // namespace diffuse::test

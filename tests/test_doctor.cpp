@@ -130,7 +130,9 @@ TEST(Doctor, TheCliAsksMallocForHugePages) {
   std::getline(thp, mode);
   const bool available = !mode.empty() && mode.find("[never]") == std::string::npos;
   test::TempDir dir;
-  auto on = run_cli({"doctor", "--json", "--no-smoke-test"}, dir, "GLIBC_TUNABLES=");
+  // The suite's environment turns the restart off (tests/CMakeLists.txt): cleared here.
+  auto on = run_cli({"doctor", "--json", "--no-smoke-test"}, dir,
+                    "env -u DIFFUSE_HUGE_PAGES GLIBC_TUNABLES=");
   ASSERT_EQ(on.exit_code, 0) << on.err;
   auto j = nlohmann::json::parse(on.out);
   EXPECT_EQ(j["memory"]["malloc_huge_pages"].get<bool>(), available) << mode;
@@ -140,7 +142,7 @@ TEST(Doctor, TheCliAsksMallocForHugePages) {
   EXPECT_FALSE(nlohmann::json::parse(off.out)["memory"]["malloc_huge_pages"].get<bool>());
   // A user's own tunables are kept next to ours.
   auto kept = run_cli({"doctor", "--json", "--no-smoke-test"}, dir,
-                      "GLIBC_TUNABLES=glibc.malloc.arena_max=2");
+                      "env -u DIFFUSE_HUGE_PAGES GLIBC_TUNABLES=glibc.malloc.arena_max=2");
   ASSERT_EQ(kept.exit_code, 0) << kept.err;
   EXPECT_EQ(nlohmann::json::parse(kept.out)["memory"]["malloc_huge_pages"].get<bool>(), available);
 }
