@@ -31,6 +31,9 @@ Command add_export_command(CLI::App& app) {
   onnx->add_option("--width", r->width, "Image width in pixels (default as --height)");
   onnx->add_option("--tokens", r->tokens,
                    "Text length (default: the text encoder's positions, 77)");
+  onnx->add_option("--max-seq", r->max_seq,
+                   "HiDream: image tokens a non-square latent is padded to (default: the "
+                   "config's; HiDream-E1's side-by-side input: its own token count)");
   onnx->add_flag("--dynamic", r->dynamic,
                  "Symbolic batch, sizes and sequence instead of static shapes");
   onnx->add_flag("--external-data", r->external_data,

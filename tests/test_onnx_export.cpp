@@ -16,6 +16,7 @@
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
 #include "models/flux_transformer.h"
+#include "models/hidream_transformer.h"
 #include "models/unet2d_condition.h"
 #include "pipeline/demo_model.h"
 #include "test_util.h"
@@ -59,6 +60,8 @@ Tensors make_inputs(const ExportResult& r, int64_t vocab, std::vector<int64_t> s
     for (auto d : in.dims) dims.push_back(d >= 0 ? d : symbolic.at(next++));
     if (in.name == "input_ids") {
       inputs[in.name] = torch::randint(0, vocab, dims, torch::kInt64);
+    } else if (in.name == "timesteps") {  // HiDream: t * 1000
+      inputs[in.name] = torch::rand(dims) * 999;
     } else if (in.name == "timestep") {
       // A UNet's timestep runs to 999; FLUX's is t / 1000.
       const bool dit = std::any_of(r.inputs.begin(), r.inputs.end(),
@@ -93,6 +96,13 @@ Tensors engine_outputs(const io::ModelFolder& folder, const std::string& compone
     auto vae = models::load_vae(folder, torch::kCPU, torch::kFloat32);
     if (component == "vae_decoder") return {{"sample", vae->decode(in.at("latent_sample"))}};
     return {{"latent_parameters", vae->encode_moments(in.at("sample"))}};
+  }
+  if (in.count("encoder_hidden_states_llama3")) {
+    auto t = models::load_hidream_transformer(folder, torch::kCPU, torch::kFloat32, component);
+    return {
+        {"out_hidden_states",
+         t->forward(in.at("hidden_states"), in.at("timesteps"), in.at("encoder_hidden_states_t5"),
+                    in.at("encoder_hidden_states_llama3"), in.at("pooled_embeds"))}};
   }
   if (component.rfind("transformer", 0) == 0) {
     auto t = models::load_flux_transformer(folder, torch::kCPU, torch::kFloat32, component);
@@ -184,6 +194,22 @@ TEST(OnnxExport, SdxlEveryComponentMatchesTheEngine) {
 // the 16-channel VAE; Kontext's transformer over a sequence that holds the source tokens too.
 TEST(OnnxExport, FluxEveryComponentMatchesTheEngine) {
   check_set(flux_golden_dir());
+}
+
+// HiDream-I1: CLIP-L/G, the 16-channel VAE, and the transformer (MoE routing, Llama layers per
+// block) on a non-square latent (padded to max_seq with the key mask) and on a square one.
+TEST(OnnxExport, HiDreamEveryComponentMatchesTheEngine) {
+  check_set(hidream_golden_dir());
+  const auto model = verify::GoldenSet::load(hidream_golden_dir()).model_dir();
+  const auto folder = io::ModelFolder::open(model);
+  TempDir dir;
+  ExportRequest square = small_shapes(folder);
+  square.width = square.height;
+  const auto r = export_to(model, "transformer", dir.file("t.onnx"), square);
+  EXPECT_GT(r.op_counts.at("TopK"), 0);
+  const auto in = make_inputs(r, 0);
+  expect_close(run_onnx_runtime(dir.file("t.onnx"), in, dir),
+               engine_outputs(folder, "transformer", in), "hidream-tiny square transformer");
 }
 
 TEST(OnnxExport, KontextTransformerTakesTheSourceTokensDynamically) {
@@ -334,12 +360,20 @@ TEST(OnnxExport, BadRequestsAreRefusedAndLeaveNothing) {
   expect_throw<InvalidArgument>([&] { export_to(model, "text_encoder", out, r); });
   EXPECT_TRUE(fs::is_empty(dir.path())) << "a refused export wrote something";
 
-  // A DiT folder: refused naming what is exported.
+  // HiDream's transformer has static shapes only; a family without an export is named.
   const auto hidream = verify::GoldenSet::load(hidream_golden_dir()).model_dir();
+  r = {};
+  r.dynamic = true;
   EXPECT_NE(expect_throw<InvalidArgument>([&] {
-              export_to(hidream, "transformer", out);
-            }).find("not written yet"),
+              export_to(hidream, "transformer", out, r);
+            }).find("static shapes"),
             std::string::npos);
+  const auto qwen = sibling_golden_dir("DIFFUSE_QWEN_IMAGE_GOLDEN_DIR", "qwen-image-tiny");
+  if (fs::exists(qwen + "/cases.json"))
+    EXPECT_NE(expect_throw<InvalidArgument>([&] {
+                export_to(verify::GoldenSet::load(qwen).model_dir(), "transformer", out);
+              }).find("ONNX export covers"),
+              std::string::npos);
 
   // An existing file is kept unless --overwrite.
   { std::ofstream(out) << "keep"; }

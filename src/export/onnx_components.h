@@ -67,5 +67,8 @@ void write_text_encoder(const ExportRequest& r, const io::ModelFolder& folder, O
 // FLUX.1 and Kontext (onnx_flux_transformer.cpp).
 void write_flux_transformer(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
                             ExportResult& result);
+// HiDream-I1/E1 (onnx_hidream_transformer.cpp): static shapes only.
+void write_hidream_transformer(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
+                               ExportResult& result);
 
 }  // namespace diffuse::onnx_export

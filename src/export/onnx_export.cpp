@@ -10,6 +10,7 @@
 #include "export/onnx_graph.h"
 #include "io/model_folder.h"
 #include "pipeline/flux.h"
+#include "pipeline/hidream.h"
 
 namespace diffuse::onnx_export {
 namespace {
@@ -23,15 +24,16 @@ torch::Dtype precision_dtype(const std::string& precision) {
 bool is_flux(const io::ModelFolder& folder) {
   return pipeline::is_flux_folder(folder.dir());
 }
+bool is_hidream(const io::ModelFolder& folder) {
+  return pipeline::is_hidream_folder(folder.dir());
+}
 
 std::string family_refusal(const io::ModelFolder& folder) {
   const std::string cls = folder.model_index().get<std::string>("_class_name", "");
-  if (cls.rfind("StableDiffusion", 0) == 0 || is_flux(folder)) return "";
-  return "ONNX export covers Stable Diffusion 1.x/2.x/XL (text encoders, UNet, VAE) and FLUX.1 "
-         "(transformer, CLIP text encoder, VAE) folders; " +
+  if (cls.rfind("StableDiffusion", 0) == 0 || is_flux(folder) || is_hidream(folder)) return "";
+  return "ONNX export covers Stable Diffusion 1.x/2.x/XL, FLUX.1 and HiDream folders; " +
          folder.dir() + " holds a " +
-         (cls.empty() ? std::string("pipeline of unknown class") : cls) +
-         ", whose transformer export (its MoE routing in ONNX ops) is not written yet";
+         (cls.empty() ? std::string("pipeline of unknown class") : cls);
 }
 
 }  // namespace
@@ -56,10 +58,10 @@ std::vector<std::string> exportable_components(const std::string& model_dir) {
       out.push_back(te);
   if (folder.has_component("unet")) out.push_back("unet");
   // FLUX folders may hold more than one transformer (dev and schnell in one folder).
-  if (is_flux(folder))
-    for (const char* t : {"transformer", "transformer_schnell"})
-      if (folder.has_component(t) && folder.component_class(t) == "FluxTransformer2DModel")
-        out.push_back(t);
+  for (const char* t : {"transformer", "transformer_schnell"})
+    if (folder.has_component(t) && (folder.component_class(t) == "FluxTransformer2DModel" ||
+                                    folder.component_class(t) == "HiDreamImageTransformer2DModel"))
+      out.push_back(t);
   if (folder.has_component("vae")) {
     out.push_back("vae_decoder");
     out.push_back("vae_encoder");
@@ -73,8 +75,8 @@ ExportResult export_onnx(const ExportRequest& r) {
   if (r.batch < 1 || r.batch > kMaxBatch)
     throw InvalidArgument("--batch " + std::to_string(r.batch) + ": expected 1 to " +
                           std::to_string(kMaxBatch));
-  if (r.height < 0 || r.width < 0 || r.tokens < 0)
-    throw InvalidArgument("--height, --width and --tokens must be positive");
+  if (r.height < 0 || r.width < 0 || r.tokens < 0 || r.max_seq < 0)
+    throw InvalidArgument("--height, --width, --tokens and --max-seq must be positive");
   // Refused before any loading: existing files (a rerun would otherwise replace them silently).
   for (const auto& p : {r.output, r.output + ".data"})
     if (!r.overwrite && std::filesystem::exists(p))
@@ -92,6 +94,8 @@ ExportResult export_onnx(const ExportRequest& r) {
   ExportResult result;
   if (r.component == "unet")
     write_unet(r, folder, g, result);
+  else if (r.component.rfind("transformer", 0) == 0 && is_hidream(folder))
+    write_hidream_transformer(r, folder, g, result);
   else if (r.component.rfind("transformer", 0) == 0)
     write_flux_transformer(r, folder, g, result);
   else if (r.component == "vae_decoder" || r.component == "vae_encoder")

@@ -11,6 +11,9 @@
 //   transformer       FLUX.1: hidden_states [B, S, 64] (packed latents), encoder_hidden_states
 //                     [B, L, 4096], pooled_projections [B, 768], timestep [B] (t / 1000),
 //                     img_ids [S, 3], txt_ids [L, 3] (+ guidance [B] for dev) -> out_hidden_states
+//                     HiDream: hidden_states [B, 16, h, w], timesteps [B], encoder_hidden_states_t5
+//                     [B, L, 4096], encoder_hidden_states_llama3 [layers, B, L, 4096],
+//                     pooled_embeds [B, 2048] -> out_hidden_states [B, 16, h, w] (not negated)
 #pragma once
 #include <torch/types.h>
 
@@ -31,6 +34,9 @@ struct ExportRequest {
   // Static shapes (what ATC prefers): image size in pixels (0: the UNet's sample_size times the
   // VAE's factor), batch, text length (0: the text encoder's max_position_embeddings).
   int64_t batch = 1, height = 0, width = 0, tokens = 0;
+  // HiDream: image tokens a non-square latent is padded to (0: the config's max_seq). HiDream-E1
+  // runs its side-by-side input unpadded: its token count.
+  int64_t max_seq = 0;
   bool dynamic = false;        // symbolic batch/height/width/sequence instead
   bool external_data = false;  // weights in FILE.onnx.data even below 2 GiB
   bool overwrite = false;      // replace existing files instead of refusing

@@ -136,6 +136,8 @@ int op_since(const std::string& type) {
       {"Pad", 13},
       {"Clip", 13},
       {"Neg", 6},
+      {"TopK", 11},
+      {"ScatterElements", 11},
   };
   const auto it = since.find(type);
   return it == since.end() ? 0 : it->second;

@@ -107,16 +107,18 @@ class HiDreamImageTransformer2DModelImpl : public torch::nn::Module {
   // files as they run (double blocks first, then single blocks).
   std::shared_ptr<BlockWeightStream> stream;
 
+  // The embedders, caption projections and output head (read by the ONNX export, src/export).
+  nn::Timesteps time_proj{nullptr};
+  nn::TimestepEmbedding timestep_embedder{nullptr}, pooled_embedder{nullptr};
+  nn::Linear x_proj{nullptr};
+  std::vector<nn::Linear> caption_linear;  // one per block (its Llama layer), then T5's
+  nn::Linear final_linear{nullptr}, final_modulation{nullptr};
+
  private:
   void check_inputs(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& t5,
                     const torch::Tensor& llama, const torch::Tensor& pooled, int64_t max_seq) const;
 
   HiDreamTransformerConfig config_;
-  nn::Timesteps time_proj{nullptr};
-  nn::TimestepEmbedding timestep_embedder{nullptr}, pooled_embedder{nullptr};
-  nn::Linear x_proj{nullptr};
-  std::vector<nn::Linear> caption_linear;
-  nn::Linear final_linear{nullptr}, final_modulation{nullptr};
 };
 TORCH_MODULE(HiDreamImageTransformer2DModel);
 

@@ -13,7 +13,6 @@ namespace diffuse::nn {
 namespace {
 
 constexpr double kQkNormEps = 1e-5;  // HiDreamAttention's RMSNorm eps
-constexpr double kBlockNormEps = 1e-6;
 
 torch::nn::Sequential make_modulation(torch::nn::Module& owner, int64_t dim, int64_t chunks,
                                       nn::Linear* linear) {
@@ -33,7 +32,7 @@ std::vector<torch::Tensor> modulation_chunks(nn::Linear linear, const torch::Ten
 
 torch::Tensor hidream_modulate(const torch::Tensor& x, const torch::Tensor& shift,
                                const torch::Tensor& scale) {
-  return layer_norm(x, {}, {}, kBlockNormEps) * (1 + scale) + shift;
+  return layer_norm(x, {}, {}, kHiDreamBlockNormEps) * (1 + scale) + shift;
 }
 
 HiDreamAttentionImpl::HiDreamAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim,

@@ -22,6 +22,9 @@ class UlyssesShard;
 
 namespace diffuse::nn {
 
+// The epsilon of the blocks' affine-free LayerNorms (hidream_modulate).
+constexpr double kHiDreamBlockNormEps = 1e-6;
+
 struct HiDreamBlockOptions {
   int64_t dim = 0;  // heads * head_dim
   int64_t heads = 0;
@@ -67,7 +70,8 @@ class HiDreamImageFeedForward {
   HiDreamImageFeedForward() = default;
   HiDreamImageFeedForward(torch::nn::Module& owner, const HiDreamBlockOptions& o);
   torch::Tensor operator()(const torch::Tensor& x) const;
-  MOEFeedForwardSwiGLU moe() const { return moe_; }
+  MOEFeedForwardSwiGLU moe() const { return moe_; }   // null without experts
+  FeedForwardSwiGLU plain() const { return plain_; }  // null with experts
 
  private:
   MOEFeedForwardSwiGLU moe_{nullptr};
