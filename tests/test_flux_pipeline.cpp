@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "accel/dit_cache.h"
 #include "adapters/lora.h"
@@ -104,6 +107,50 @@ TEST(PillowLanczos, GivesPillowsBytes) {
     ++checked;
   }
   EXPECT_GT(checked, 0);
+}
+
+// Against Pillow itself (Debian's python3-pil through /usr/bin/python3) on random images and
+// sizes: down- and upscaling, tall and wide, one side only, the Kontext autoresize shapes.
+TEST(PillowLanczos, GivesPillowsBytesOnRandomSizes) {
+  const std::string python = "/usr/bin/python3";
+  ASSERT_EQ(std::system((python + " -c 'import PIL' 2>/dev/null").c_str()), 0)
+      << python << " cannot import PIL (scripts/setup.sh installs python3-pil)";
+  test::TempDir dir;
+  std::vector<std::array<int64_t, 4>> sizes = {{72, 40, 1456, 720},
+                                               {40, 72, 720, 1456},
+                                               {48, 64, 48, 80},
+                                               {33, 17, 33, 5},
+                                               {9, 200, 300, 9}};
+  std::mt19937 rng(20261206);
+  const auto side = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int i = 0; i < 24; ++i)
+    sizes.push_back({side(1, 160), side(1, 160), side(1, 400), side(1, 400)});
+  torch::manual_seed(7);
+  std::ofstream list(dir.file("list.txt"));
+  std::vector<torch::Tensor> images;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto [h, w, oh, ow] = sizes[i];
+    images.push_back(torch::randint(0, 256, {h, w, 3}).to(torch::kUInt8));
+    const auto in = dir.file("in" + std::to_string(i) + ".raw");
+    std::ofstream(in, std::ios::binary)
+        .write(static_cast<const char*>(images.back().data_ptr()), images.back().numel());
+    list << in << " " << h << " " << w << " " << dir.file("out" + std::to_string(i) + ".raw") << " "
+         << oh << " " << ow << "\n";
+  }
+  list.close();
+  const std::string script = std::string(DIFFUSE_SOURCE_DIR) + "/tests/tools/pillow_resize.py";
+  ASSERT_EQ(std::system((python + " '" + script + "' '" + dir.file("list.txt") + "'").c_str()), 0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto [h, w, oh, ow] = sizes[i];
+    const auto bytes = test::read_file(dir.file("out" + std::to_string(i) + ".raw"));
+    ASSERT_EQ(static_cast<int64_t>(bytes.size()), oh * ow * 3);
+    const auto want = torch::from_blob(const_cast<char*>(bytes.data()), {oh, ow, 3}, torch::kUInt8);
+    const auto got = io::pillow_lanczos_resize(images[i], oh, ow);
+    EXPECT_TRUE(torch::equal(got, want)) << h << "x" << w << " -> " << oh << "x" << ow << ": "
+                                         << (got != want).sum().item<int64_t>() << " bytes differ";
+  }
 }
 
 TEST(PillowLanczos, KeepsConstantsAndSizesAndRefusesBadImages) {
