@@ -5,7 +5,6 @@
 // [text | image] attention as MatMul/Softmax, and the output head.
 #include <torch/torch.h>
 
-#include <cmath>
 
 #include "diffuse/errors.h"
 #include "export/onnx_components.h"
@@ -29,18 +28,13 @@ class FluxWriter {
  public:
   FluxWriter(ModuleWriter& w, FluxShared shared) : w_(w), g_(w.graph()), s_(std::move(shared)) {}
 
-  // AdaLayerNormZero(-Single)'s linear on silu(temb) -> `chunks` values [B, 1, dim].
+  // AdaLayerNormZero(-Single): `chunks` values [B, 1, dim] from the conditioning.
   std::vector<Value> modulation(nn::FluxModulationImpl& m, const std::string& name) {
-    const auto y = g_.op("Unsqueeze", {w_.linear(*m.linear, name + ".linear", w_.silu(s_.temb)),
-                                       g_.ints({1}, "axes")});
-    return g_.op_n("Split", {y, g_.ints(std::vector<int64_t>(m.chunks, s_.dim), "split")},
-                   static_cast<int>(m.chunks), {{"axis", int64_t{-1}}});
+    return w_.adaln_chunks(*m.linear, name + ".linear", s_.temb, m.chunks, s_.dim);
   }
 
-  // LayerNorm (no affine) * (1 + scale) + shift.
   Value modulate(const Value& x, const Value& shift, const Value& scale) {
-    const auto n = w_.plain_layer_norm(x, s_.dim, nn::kFluxNormEps);
-    return g_.op("Add", {g_.op("Mul", {n, g_.op("Add", {scale, g_.scalar(1.0, "one")})}), shift});
+    return w_.adaln_modulate(x, shift, scale, s_.dim, nn::kFluxNormEps);
   }
 
   // [B, N, dim] -> q, k (RMSNorm per head), v as [B, N, H, D].
@@ -57,16 +51,8 @@ class FluxWriter {
             w_.rms_norm(kn, name + "." + knorm, split(k, kname)), split(v, vname)};
   }
 
-  // Rotary attention over the joint tokens: q, k, v [B, N, H, D] -> [B, N, H*D].
   Value attend(const Value& q, const Value& k, const Value& v) {
-    const auto perm = Attrs{{"perm", std::vector<int64_t>{0, 2, 1, 3}}};
-    const auto rq =
-        g_.op("Transpose", {w_.apply_rope(q, s_.cos, s_.sin, s_.heads, s_.head_dim)}, perm);
-    const auto rk =
-        g_.op("Transpose", {w_.apply_rope(k, s_.cos, s_.sin, s_.heads, s_.head_dim)}, perm);
-    const auto o = w_.attention(rq, rk, g_.op("Transpose", {v}, perm),
-                                std::pow(static_cast<double>(s_.head_dim), -0.5), false);
-    return w_.merge_heads(o, s_.heads, s_.head_dim);
+    return w_.rotary_attention(q, k, v, s_.cos, s_.sin, s_.heads, s_.head_dim);
   }
 
   Value feed_forward(nn::FluxFeedForwardImpl& ff, const std::string& name, const Value& x) {
@@ -199,16 +185,8 @@ void write_flux_transformer(const ExportRequest& r, const io::ModelFolder& folde
   g.set_scope("norm_out");
   image = g.op("Slice", {joint, g.dims_of(text, {1}), g.dims_of(joint, {1}), g.ints({1}, "axes")});
   // AdaLayerNormContinuous: (scale, shift).
-  const auto mod = g.op_n(
-      "Split",
-      {g.op("Unsqueeze",
-            {w.linear(*m.norm_out_linear, "norm_out.linear", w.silu(temb)), g.ints({1}, "axes")}),
-       g.ints({c.inner_dim(), c.inner_dim()}, "split")},
-      2, {{"axis", int64_t{-1}}});
-  const auto normed =
-      g.op("Add", {g.op("Mul", {w.plain_layer_norm(image, c.inner_dim(), nn::kFluxNormEps),
-                                g.op("Add", {mod[0], g.scalar(1.0, "one")})}),
-                   mod[1]});
+  const auto mod = w.adaln_chunks(*m.norm_out_linear, "norm_out.linear", temb, 2, c.inner_dim());
+  const auto normed = w.adaln_modulate(image, mod[1], mod[0], c.inner_dim(), nn::kFluxNormEps);
   g.set_scope("proj_out");
   io.out("out_hidden_states", w.linear(*m.proj_out, "proj_out", normed), dtype,
          {B, S, c.out_channels});

@@ -7,7 +7,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "diffuse/errors.h"
 #include "export/onnx_components.h"
@@ -34,16 +33,11 @@ class HiDreamWriter {
       : w_(w), g_(w.graph()), s_(std::move(shared)) {}
 
   std::vector<Value> modulation(nn::LinearImpl& linear, const std::string& name, int64_t chunks) {
-    const auto y = g_.op(
-        "Unsqueeze",
-        {w_.linear(linear, name + ".adaLN_modulation.1", w_.silu(s_.adaln)), g_.ints({1}, "axes")});
-    return g_.op_n("Split", {y, g_.ints(std::vector<int64_t>(chunks, s_.dim), "split")},
-                   static_cast<int>(chunks), {{"axis", int64_t{-1}}});
+    return w_.adaln_chunks(linear, name + ".adaLN_modulation.1", s_.adaln, chunks, s_.dim);
   }
 
   Value modulate(const Value& x, const Value& shift, const Value& scale) {
-    const auto n = w_.plain_layer_norm(x, s_.dim, nn::kHiDreamBlockNormEps);
-    return g_.op("Add", {g_.op("Mul", {n, g_.op("Add", {scale, g_.scalar(1.0, "one")})}), shift});
+    return w_.adaln_modulate(x, shift, scale, s_.dim, nn::kHiDreamBlockNormEps);
   }
 
   Value swiglu(nn::FeedForwardSwiGLUImpl& ff, const std::string& name, const Value& x) {
@@ -97,17 +91,10 @@ class HiDreamWriter {
             split(w_.linear(v, name + ".to_v" + suffix, x))};
   }
 
-  // Joint attention over [B, N, H, D] (image first): masked keys, rotary q/k -> [B, N, H*D].
+  // Joint attention over [B, N, H, D] (image first): masked keys -> [B, N, H*D].
   Value attend(const Value& q, Value k, const Value& v) {
     if (!s_.key_mask.empty()) k = g_.op("Mul", {k, s_.key_mask});
-    const Attrs perm = {{"perm", std::vector<int64_t>{0, 2, 1, 3}}};
-    const auto rq =
-        g_.op("Transpose", {w_.apply_rope(q, s_.cos, s_.sin, s_.heads, s_.head_dim)}, perm);
-    const auto rk =
-        g_.op("Transpose", {w_.apply_rope(k, s_.cos, s_.sin, s_.heads, s_.head_dim)}, perm);
-    const auto o = w_.attention(rq, rk, g_.op("Transpose", {v}, perm),
-                                std::pow(static_cast<double>(s_.head_dim), -0.5), false);
-    return w_.merge_heads(o, s_.heads, s_.head_dim);
+    return w_.rotary_attention(q, k, v, s_.cos, s_.sin, s_.heads, s_.head_dim);
   }
 
   Value slice_tokens(const Value& x, const Value& begin, const Value& end) {
@@ -279,12 +266,7 @@ void write_hidream_transformer(const ExportRequest& r, const io::ModelFolder& fo
 
   g.set_scope("final_layer");
   const auto mod =
-      g.op_n("Split",
-             {g.op("Unsqueeze",
-                   {w.linear(*m.final_modulation, "final_layer.adaLN_modulation.1", w.silu(adaln)),
-                    g.ints({1}, "axes")}),
-              g.ints({D, D}, "split")},
-             2, {{"axis", int64_t{-1}}});
+      w.adaln_chunks(*m.final_modulation, "final_layer.adaLN_modulation.1", adaln, 2, D);
   const auto image_out = h.slice_tokens(joint, g.ints({0}, "start"), g.ints({n_img}, "n_img"));
   const auto out =
       w.linear(*m.final_linear, "final_layer.linear", h.modulate(image_out, mod[0], mod[1]));

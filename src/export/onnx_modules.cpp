@@ -138,6 +138,30 @@ std::pair<Value, Value> ModuleWriter::rope_angles(const Value& ids,
   return {g_.op("Cos", {angle}), g_.op("Sin", {angle})};
 }
 
+Value ModuleWriter::rotary_attention(const Value& q, const Value& k, const Value& v,
+                                     const Value& cos, const Value& sin, int64_t heads,
+                                     int64_t head_dim) {
+  const Attrs perm = {{"perm", std::vector<int64_t>{0, 2, 1, 3}}};
+  const auto rq = g_.op("Transpose", {apply_rope(q, cos, sin, heads, head_dim)}, perm);
+  const auto rk = g_.op("Transpose", {apply_rope(k, cos, sin, heads, head_dim)}, perm);
+  const auto o = attention(rq, rk, g_.op("Transpose", {v}, perm),
+                           std::pow(static_cast<double>(head_dim), -0.5), false);
+  return merge_heads(o, heads, head_dim);
+}
+
+std::vector<Value> ModuleWriter::adaln_chunks(nn::LinearImpl& layer, const std::string& name,
+                                              const Value& cond, int64_t chunks, int64_t width) {
+  const auto y = g_.op("Unsqueeze", {linear(layer, name, silu(cond)), g_.ints({1}, "axes")});
+  return g_.op_n("Split", {y, g_.ints(std::vector<int64_t>(chunks, width), "split")},
+                 static_cast<int>(chunks), {{"axis", int64_t{-1}}});
+}
+
+Value ModuleWriter::adaln_modulate(const Value& x, const Value& shift, const Value& scale,
+                                   int64_t width, double eps) {
+  const auto n = plain_layer_norm(x, width, eps);
+  return g_.op("Add", {g_.op("Mul", {n, g_.op("Add", {scale, g_.scalar(1.0, "one")})}), shift});
+}
+
 Value ModuleWriter::apply_rope(const Value& x, const Value& cos, const Value& sin, int64_t heads,
                                int64_t head_dim) {
   // [B, N, H, D] -> [B, N, H, D/2, 2]; the table [N, R] broadcasts as [N, 1, R, 1].

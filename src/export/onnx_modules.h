@@ -42,6 +42,16 @@ class ModuleWriter {
   // (nn::apply_rope), with cos/sin [N, R] float32 (rope_angles).
   Value apply_rope(const Value& x, const Value& cos, const Value& sin, int64_t heads,
                    int64_t head_dim);
+  // softmax(rope(q) rope(k)^T / sqrt(D)) v over q, k, v [B, N, H, D] -> [B, N, H*D] (the
+  // joint attention of FLUX's and HiDream's blocks).
+  Value rotary_attention(const Value& q, const Value& k, const Value& v, const Value& cos,
+                         const Value& sin, int64_t heads, int64_t head_dim);
+  // adaLN: `linear` on silu(cond) [B, width] -> `chunks` values [B, 1, width] (shift, scale,
+  // gate, ...), and LayerNorm without affine (eps) * (1 + scale) + shift.
+  std::vector<Value> adaln_chunks(nn::LinearImpl& linear, const std::string& name,
+                                  const Value& cond, int64_t chunks, int64_t width);
+  Value adaln_modulate(const Value& x, const Value& shift, const Value& scale, int64_t width,
+                       double eps);
   // ids [N, axes] -> (cos, sin) [N, sum(axes_dims) / 2] as nn::rope_table (angles in float32
   // here, float64 rounded to float32 there).
   std::pair<Value, Value> rope_angles(const Value& ids, const std::vector<int64_t>& axes_dims,
