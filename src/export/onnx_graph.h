@@ -89,7 +89,6 @@ class OnnxGraph {
     // graph), or always when `external_data` is set.
     int64_t inline_limit_bytes = (int64_t{2} << 30) - (int64_t{64} << 20);
     bool external_data = false;
-    std::string producer = "diffuse";
   };
   struct Saved {
     std::string model_path, data_path;  // data_path empty when the weights are inside
