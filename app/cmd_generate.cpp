@@ -22,6 +22,7 @@
 #include "load_flags.h"
 #include "nn/attention.h"
 #include "parallel_flags.h"
+#include "pipeline/controlnet_step.h"
 #include "pipeline/cpu_report.h"
 #include "pipeline/flux.h"
 #include "pipeline/hidream.h"
@@ -71,6 +72,16 @@ struct GenerateFlags {
   // FLUX (DitCliFlags' meaning); refused on other models.
   std::optional<double> true_cfg_scale;
   std::optional<int64_t> max_sequence_length;
+  // Inpainting (img2img) and ControlNets.
+  std::string mask;
+  double mask_blur = 0;
+  bool invert_mask = false;
+  int mask_crop = -1;
+  std::vector<std::string> controlnets, control_images;
+  std::vector<double> control_scales;
+  std::vector<std::string> control_preprocess;
+  double control_start = 0, control_end = 1;
+  bool guess_mode = false;
   bool quiet = false;
   bool json = false;
 };
@@ -162,6 +173,17 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
                    "safetensors file with the latents --denoising-start continues from");
     app.add_option("--strength", f.strength, "How far to move from the init image, in (0, 1]")
         ->capture_default_str();
+    app.add_option("--mask", f.mask,
+                   "Inpainting mask PNG: white = repaint, black = keep, grey = partly (resized "
+                   "to the image as diffusers does)")
+        ->check(CLI::ExistingFile);
+    app.add_option("--mask-blur", f.mask_blur, "Blur the mask by this many pixels (sigma)")
+        ->check(number_range(0, 256, "pixels"));
+    app.add_flag("--invert-mask", f.invert_mask, "Repaint the black part of the mask instead");
+    app.add_option("--mask-crop", f.mask_crop,
+                   "Inpaint only the masked area: work at full size on the box around the mask, "
+                   "widened by this many pixels, and paste it back (A1111's 'only masked')")
+        ->check(int_range(0, kMaxSide, "a padding in pixels"));
     app.add_option("--noise", f.noise_file,
                    "safetensors file with the noise added to the init image's latents (instead "
                    "of the seed's)");
@@ -169,6 +191,66 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
     app.add_option("--latents", f.latents_file,
                    "safetensors file with the initial latents (instead of the seed)");
   }
+  app.add_option("--controlnet", f.controlnets,
+                 "ControlNet folder (diffusers layout; repeat for several, each with its "
+                 "--control-image)");
+  app.add_option("--control-image", f.control_images,
+                 "Control image PNG of each --controlnet, in order (resized to the output)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--control-scale", f.control_scales,
+                 "Conditioning scale: one for all ControlNets or one each (default 1)");
+  app.add_option("--control-preprocess", f.control_preprocess,
+                 "Preprocess the control image: none, canny or canny:LOW:HIGH (OpenCV's edges, "
+                 "100:200 by default); one for all ControlNets or one each");
+  app.add_option("--control-start", f.control_start,
+                 "Fraction of the steps at which the ControlNets start acting")
+      ->check(number_range(0, 1, "a fraction"));
+  app.add_option("--control-end", f.control_end,
+                 "Fraction of the steps at which the ControlNets stop acting")
+      ->check(number_range(0, 1, "a fraction"));
+  app.add_flag("--guess-mode", f.guess_mode,
+               "ControlNets see the conditional branch only (diffusers' guess_mode)");
+}
+
+// --controlnet/--control-image/--control-scale as the generation's ControlNet units; images
+// read here, so that a bad file fails before any weight loads.
+std::vector<ControlNetUnit> controlnet_units(const GenerateFlags& f) {
+  if (f.controlnets.size() != f.control_images.size())
+    throw InvalidArgument("--controlnet: " + std::to_string(f.controlnets.size()) +
+                          " ControlNet(s) but " + std::to_string(f.control_images.size()) +
+                          " --control-image(s): give one control image per ControlNet");
+  if (!f.control_scales.empty() && f.control_scales.size() != 1 &&
+      f.control_scales.size() != f.controlnets.size())
+    throw InvalidArgument("--control-scale: give one scale for all ControlNets or one each (" +
+                          std::to_string(f.controlnets.size()) + "), got " +
+                          std::to_string(f.control_scales.size()));
+  if (!f.control_preprocess.empty() && f.control_preprocess.size() != 1 &&
+      f.control_preprocess.size() != f.controlnets.size())
+    throw InvalidArgument("--control-preprocess: give one for all ControlNets or one each (" +
+                          std::to_string(f.controlnets.size()) + "), got " +
+                          std::to_string(f.control_preprocess.size()));
+  if (f.controlnets.empty() && (!f.control_scales.empty() || !f.control_preprocess.empty() ||
+                                f.guess_mode || f.control_start > 0 || f.control_end < 1))
+    throw InvalidArgument(
+        "--control-scale/--control-preprocess/--control-start/--control-end/--guess-mode need a "
+        "--controlnet");
+  std::vector<ControlNetUnit> units;
+  for (size_t j = 0; j < f.controlnets.size(); ++j) {
+    ControlNetUnit u;
+    u.model = f.controlnets[j];
+    const auto img = read_png(f.control_images[j]);
+    u.image = pipeline::image_to_tensor(img);
+    if (!f.control_scales.empty())
+      u.scale = f.control_scales.size() == 1 ? f.control_scales[0] : f.control_scales[j];
+    if (!f.control_preprocess.empty())
+      u.preprocess =
+          f.control_preprocess.size() == 1 ? f.control_preprocess[0] : f.control_preprocess[j];
+    u.start = f.control_start;
+    u.end = f.control_end;
+    units.push_back(std::move(u));
+  }
+  pipeline::validate_controlnet_units(units);  // before any weight loads
+  return units;
 }
 
 std::string output_path(const std::string& out, size_t index, size_t total) {
@@ -193,6 +275,13 @@ void check_hidream_generate_flags(const GenerateFlags& f, const std::string& fam
     refuse("--denoising-end/--denoising-start",
            "the expert handoff is for UNet models (SDXL base -> refiner); " + family +
                " models run their whole schedule");
+  if (!f.mask.empty())
+    refuse("--mask", family +
+                         " models do not inpaint with a mask yet (Stable Diffusion 1.x/2.x/XL "
+                         "does)");
+  if (!f.controlnets.empty())
+    refuse("--controlnet",
+           "ControlNets steer UNet models (Stable Diffusion 1.x/2.x/XL); " + family + " has none");
   if (f.accel.graph)
     refuse("--graph", "it replays a UNet step; " + family +
                           " models have none (their step is long enough on a GPU not to wait on "
@@ -290,6 +379,16 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   apply_accel_flags(f.accel, g);
   g.vae_tiling = f.vae_tiling;
   apply_size_conditioning_flags(f, g.size_conditioning);
+  g.controlnets = controlnet_units(f);
+  g.guess_mode = f.guess_mode;
+  if (!f.mask.empty()) {
+    g.inpaint.mask = pipeline::image_to_tensor(read_png(f.mask));
+    g.inpaint.blur = f.mask_blur;
+    g.inpaint.invert = f.invert_mask;
+    g.inpaint.crop_padding = f.mask_crop;
+  } else if (f.mask_blur > 0 || f.invert_mask || f.mask_crop >= 0) {
+    throw InvalidArgument("--mask-blur/--invert-mask/--mask-crop adjust a --mask: give one");
+  }
   // --devices (CFG-parallel): checked before anything loads, by the launcher and each worker.
   // HiDream and FLUX (the DiT families) run through run_hidream's flags.
   const bool flux = pipeline::is_flux_folder(f.model);

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev libonnx-dev libprotobuf-dev libdnnl-dev libgloo-dev libopenblas0-pthread libicu-dev libsentencepiece-dev libpcre2-dev
+  libtorch-dev libonnx-dev libprotobuf-dev libdnnl-dev libgloo-dev libopencv-dev libopenblas0-pthread libicu-dev libsentencepiece-dev libpcre2-dev
   nlohmann-json3-dev libcli11-dev libpng-dev libjpeg-dev libwebp-dev libcpp-httplib-dev libssl-dev libgtest-dev
   chromium chromium-driver
   clang libclang-rt-14-dev

@@ -213,7 +213,7 @@ TEST(BadNumbers, AGenerationThatCannotFitIsRefusedBeforeAllocating) {
 
 TEST(BadModelFolder, UnsupportedPipelineOrComponentClassIsRefused) {
   for (auto [key, value] :
-       {std::pair<std::string, json>{"_class_name", "StableDiffusionInpaintPipeline"},
+       {std::pair<std::string, json>{"_class_name", "StableDiffusionUpscalePipeline"},
         {"unet", json::array({"diffusers", "UNet2DModel"})},
         {"vae", json::array({"diffusers", "AutoencoderTiny"})}}) {
     SCOPED_TRACE(key);

@@ -163,6 +163,33 @@ struct SizeConditioning {
   double negative_aesthetic_score = 2.5;
 };
 
+// Inpainting: repaint part of the init image (image-to-image with a mask).
+struct InpaintOptions {
+  // uint8 [H, W] (grey) or [H, W, 3|4] (RGB(A): its colour, not its alpha), any size (resized
+  // to the generation's as diffusers does): white = repaint, black = keep, grey = partly (the
+  // latents see it binarised at 0.5; the pasted-back overlay of `crop_padding` blends by it).
+  // Undefined = no mask (plain image-to-image).
+  torch::Tensor mask;
+  double blur = 0;      // Gaussian blur of the mask (sigma, pixels), after `invert`
+  bool invert = false;  // repaint the black part instead of the white one
+  // >= 0: "inpaint only masked" (diffusers' padding_mask_crop, A1111's inpaint_full_res): work
+  // at the generation's size on the box around the mask widened by this many pixels, and paste
+  // the result back over the untouched source. -1 = off.
+  int crop_padding = -1;
+};
+
+// One ControlNet of a generation (several run together, their residuals summed).
+struct ControlNetUnit {
+  std::string model;    // a diffusers ControlNet folder
+  torch::Tensor image;  // the control image: uint8 [H, W, 3], any size (resized as diffusers)
+  double scale = 1.0;   // controlnet_conditioning_scale
+  double start = 0.0;   // control_guidance_start / _end: the fraction of the steps it acts on
+  double end = 1.0;
+  // A preprocessor run on the image first: "" (none), "canny" or "canny:LOW:HIGH" (OpenCV's
+  // Canny edges, 100/200 by default), so that an ordinary photo can steer a canny ControlNet.
+  std::string preprocess;
+};
+
 struct GenerationConfig {
   std::vector<std::string> prompts;           // one image batch entry per prompt
   std::vector<std::string> negative_prompts;  // empty, one for all, or one per prompt
@@ -205,6 +232,13 @@ struct GenerationConfig {
   // only the weights of adapters that changed are patched again, from kept originals: a model
   // whose adapters are all removed again is bit-identical to the one loaded (hot swap).
   std::vector<LoraSpec> loras;
+  // Image-to-image only: repaint where the mask says (UNet models: 9-channel inpainting UNets
+  // and ordinary ones, by blending the kept region back each step).
+  InpaintOptions inpaint;
+  // UNet models: ControlNets steering the layout; guess_mode as diffusers' (the ControlNets
+  // see the conditional branch only, their residuals scaled from 0.1 to 1 by depth).
+  std::vector<ControlNetUnit> controlnets;
+  bool guess_mode = false;
 };
 
 struct StepEvent {

@@ -24,9 +24,25 @@ void validate_cuda_graph(const GenerationConfig& c) {
         "destinations every step: use one of them");
 }
 
+// ControlNet residuals enter every skip connection of every step: DeepCache's shallow steps
+// reuse a deep feature computed without this step's residuals, and a recorded graph holds one
+// call's inputs.
+void validate_controlnets(const GenerationConfig& c) {
+  if (c.controlnets.empty()) return;
+  if (c.deep_cache.interval > 1)
+    throw InvalidArgument(
+        "DeepCache (--deepcache) reuses deep features across steps, while ControlNet residuals "
+        "change every skip connection each step: use one of them");
+  if (c.cuda_graph)
+    throw InvalidArgument(
+        "--graph replays one recorded UNet call without ControlNet residuals: run ControlNets "
+        "without --graph");
+}
+
 }  // namespace
 
 void validate_accel_config(const GenerationConfig& c) {
+  validate_controlnets(c);
   validate_deep_cache(c.deep_cache);
   validate_token_merging(c.token_merging);
   validate_dit_cache(c.dit_cache);
@@ -67,10 +83,16 @@ bool UNetAccelerator::full_step(int64_t step) const {
 torch::Tensor UNetAccelerator::forward(models::UNet2DConditionModelImpl& unet, int64_t step,
                                        const torch::Tensor& sample, const torch::Tensor& timestep,
                                        const torch::Tensor& context,
-                                       const models::UNetAddedConditions* added) {
+                                       const models::UNetAddedConditions* added,
+                                       const models::UNetControlResiduals* control) {
+  if (control && (graph_ || deep_cache_))
+    throw InvalidArgument(
+        "ControlNet residuals change every step's UNet input: they cannot run with " +
+        std::string(graph_ ? "a replayed CUDA graph (--graph)" : "DeepCache's shallow steps") +
+        "; run without it");
   if (graph_) return graph_->forward(unet, sample, timestep, context, added);
   nn::ScopedTokenMergeHook hook(tome_.get());
-  if (!deep_cache_) return unet.forward(sample, timestep, context, nullptr, added);
+  if (!deep_cache_) return unet.forward(sample, timestep, context, nullptr, added, control);
   return unet.forward_deep_cache(sample, timestep, context, full_step(step), *deep_cache_, added);
 }
 

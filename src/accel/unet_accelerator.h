@@ -39,7 +39,8 @@ class UNetAccelerator {
   torch::Tensor forward(models::UNet2DConditionModelImpl& unet, int64_t step,
                         const torch::Tensor& sample, const torch::Tensor& timestep,
                         const torch::Tensor& context,
-                        const models::UNetAddedConditions* added = nullptr);
+                        const models::UNetAddedConditions* added = nullptr,
+                        const models::UNetControlResiduals* control = nullptr);
 
  private:
   std::optional<models::UNetDeepCache> deep_cache_;

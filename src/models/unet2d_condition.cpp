@@ -86,6 +86,7 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
     mid_block = register_module("mid_block", nn::UNetMidBlock2DCrossAttn(o));
   }
 
+  if (c.encoder_only) return;  // a ControlNet: its own modules follow (models/controlnet)
   const auto r_boc = reversed(boc);
   const auto r_layers = reversed(c.layers_per_block);
   const auto r_heads = reversed(c.num_attention_heads);
@@ -241,7 +242,11 @@ torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
                                                 const torch::Tensor& timestep,
                                                 const torch::Tensor& encoder_hidden_states,
                                                 Intermediates* intermediates,
-                                                const UNetAddedConditions* added) {
+                                                const UNetAddedConditions* added,
+                                                const UNetControlResiduals* control) {
+  if (config_.encoder_only)
+    throw InvalidArgument("UNet2DConditionModel (" + config_.source +
+                          "): a ControlNet's encoder has no up path to run forward() on");
   auto [sample, emb, ctx] =
       prepare(sample_in, timestep, encoder_hidden_states, intermediates, added);
   nn::ResidualStack residuals{sample};
@@ -253,11 +258,52 @@ torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
     sample = mid_block(sample, emb, ctx);
     capture(intermediates, "mid_block", sample);
   }
+  if (control) {
+    const std::string who = "UNet2DConditionModel (" + config_.source + "): ControlNet ";
+    if (control->down.size() != residuals.size())
+      throw InvalidArgument(who + "gives " + std::to_string(control->down.size()) +
+                            " down-block residuals, the UNet has " +
+                            std::to_string(residuals.size()) +
+                            " skip connections: the ControlNet's block layout does not fit");
+    for (size_t i = 0; i < residuals.size(); ++i) {
+      if (control->down[i].sizes() != residuals[i].sizes())
+        throw InvalidArgument(who + "residual " + std::to_string(i) + " has shape " +
+                              c10::str(control->down[i].sizes()) + ", the UNet's skip has " +
+                              c10::str(residuals[i].sizes()));
+      residuals[i] = residuals[i] + control->down[i].to(residuals[i].scalar_type());
+    }
+    if (control->mid.defined()) {
+      if (control->mid.sizes() != sample.sizes())
+        throw InvalidArgument(who + "mid residual has shape " + c10::str(control->mid.sizes()) +
+                              ", the UNet's mid block gives " + c10::str(sample.sizes()));
+      sample = sample + control->mid.to(sample.scalar_type());
+    }
+  }
   for (size_t i = 0; i < up_list.size(); ++i) {
     sample = up_list[i](sample, residuals, emb, ctx);
     capture(intermediates, "up_blocks." + std::to_string(i), sample);
   }
   return output_head(sample, intermediates);
+}
+
+UNetEncoderOutputs UNet2DConditionModelImpl::forward_encoder(
+    const torch::Tensor& sample_in, const torch::Tensor& timestep,
+    const torch::Tensor& encoder_hidden_states,
+    const std::function<torch::Tensor(const torch::Tensor&)>& hint, Intermediates* intermediates,
+    const UNetAddedConditions* added) {
+  auto [sample, emb, ctx] =
+      prepare(sample_in, timestep, encoder_hidden_states, intermediates, added);
+  if (hint) sample = sample + hint(sample);
+  nn::ResidualStack residuals{sample};
+  for (size_t i = 0; i < down_list.size(); ++i) {
+    sample = down_list[i](sample, emb, ctx, residuals);
+    capture(intermediates, "down_blocks." + std::to_string(i), sample);
+  }
+  if (mid_block) {
+    sample = mid_block(sample, emb, ctx);
+    capture(intermediates, "mid_block", sample);
+  }
+  return {std::move(residuals), sample};
 }
 
 UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device device,

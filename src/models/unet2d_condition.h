@@ -11,6 +11,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,7 +37,9 @@ struct UNet2DConditionConfig {
   double freq_shift = 0;
   std::vector<std::string> down_block_types;
   std::string mid_block_type = "UNetMidBlock2DCrossAttn";  // "" = no mid block
-  std::vector<std::string> up_block_types;
+  std::vector<std::string> up_block_types;                 // empty when encoder_only
+  // ControlNetModel: the down path and mid block only (no up path, no output head).
+  bool encoder_only = false;
   std::vector<int64_t> block_out_channels;
   // Per down block (index i of the down path; the up path uses them reversed):
   std::vector<int64_t> layers_per_block;
@@ -87,6 +90,22 @@ struct UNetAddedConditions {
   torch::Tensor time_ids;     // [B, ids]: (orig h, orig w, crop top, crop left, target h, target w)
 };
 
+// What ControlNets add to the UNet (diffusers' down_block_additional_residuals and
+// mid_block_additional_residual): one tensor per skip connection of the down path (conv_in's
+// output, every resnet/attention output, every downsampler output, in order), added after the
+// whole down path ran, and one added to the mid block's output.
+struct UNetControlResiduals {
+  std::vector<torch::Tensor> down;
+  torch::Tensor mid;
+};
+
+// The down path's outputs: every skip connection and the mid block's output (the sample after
+// the down path when there is no mid block).
+struct UNetEncoderOutputs {
+  std::vector<torch::Tensor> skips;
+  torch::Tensor mid;
+};
+
 class UNet2DConditionModelImpl : public torch::nn::Module {
  public:
   explicit UNet2DConditionModelImpl(UNet2DConditionConfig config);
@@ -97,10 +116,19 @@ class UNet2DConditionModelImpl : public torch::nn::Module {
   // mid_block, up_blocks.i and conv_norm_out (and add_embedding for SDXL). InvalidArgument on
   // malformed inputs, and when `added` is missing for a text_time UNet or given to another.
   // Inputs are converted to the weights' device and dtype; the result has that dtype.
+  // `control`: ControlNet residuals (InvalidArgument when their count or shapes do not fit).
   torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep,
                         const torch::Tensor& encoder_hidden_states,
                         Intermediates* intermediates = nullptr,
-                        const UNetAddedConditions* added = nullptr);
+                        const UNetAddedConditions* added = nullptr,
+                        const UNetControlResiduals* control = nullptr);
+  // The encoder half alone (what a ControlNet runs); `hint` (optional) is added to conv_in's
+  // output before the down path, as ControlNet's conditioning embedding is.
+  UNetEncoderOutputs forward_encoder(const torch::Tensor& sample, const torch::Tensor& timestep,
+                                     const torch::Tensor& encoder_hidden_states,
+                                     const std::function<torch::Tensor(const torch::Tensor&)>& hint,
+                                     Intermediates* intermediates = nullptr,
+                                     const UNetAddedConditions* added = nullptr);
 
   // DeepCache: with `full`, the whole network (the same result as forward()), recording the
   // deep feature in `cache`; otherwise only the shallow branch (conv_in, the down path to the

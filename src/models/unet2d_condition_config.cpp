@@ -70,13 +70,16 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
       cfg, "down_block_types",
       {"CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"},
       kDownTypes);
-  c.up_block_types = block_types(
-      cfg, "up_block_types",
-      {"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"}, kUpTypes);
+  // A ControlNetModel is the UNet's encoder half: its config has no up path.
+  c.encoder_only = cfg.get<std::string>("_class_name", "") == "ControlNetModel";
+  if (!c.encoder_only)
+    c.up_block_types = block_types(
+        cfg, "up_block_types",
+        {"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"}, kUpTypes);
   if (c.down_block_types.size() != n)
     cfg.fail("down_block_types", "has " + std::to_string(c.down_block_types.size()) +
                                      " entries but block_out_channels has " + std::to_string(n));
-  if (c.up_block_types.size() != n)
+  if (!c.encoder_only && c.up_block_types.size() != n)
     cfg.fail("up_block_types", "has " + std::to_string(c.up_block_types.size()) +
                                    " entries but block_out_channels has " + std::to_string(n));
   if (cfg.json().contains("mid_block_type") && cfg.json()["mid_block_type"].is_null()) {
@@ -165,7 +168,7 @@ UNet2DConditionConfig UNet2DConditionConfig::from_json(const io::JsonConfig& cfg
   // block_out_channels[i] channels with num_attention_heads[i] heads.
   for (size_t i = 0; i < n; ++i) {
     bool attends = c.down_block_types[i] == "CrossAttnDownBlock2D" ||
-                   c.up_block_types[n - 1 - i] == "CrossAttnUpBlock2D" ||
+                   (!c.encoder_only && c.up_block_types[n - 1 - i] == "CrossAttnUpBlock2D") ||
                    (i == n - 1 && !c.mid_block_type.empty());
     if (attends && c.block_out_channels[i] % c.num_attention_heads[i] != 0)
       cfg.fail(cfg.has("num_attention_heads") ? "num_attention_heads" : "attention_head_dim",

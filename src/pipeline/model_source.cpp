@@ -24,16 +24,27 @@ namespace {
 void check_model_index(const io::ModelFolder& folder) {
   const auto& index = folder.model_index();
   const std::string pipeline = index.get<std::string>("_class_name", "");
-  static const char* kPipelines[] = {"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline",
+  // The inpainting and ControlNet pipelines load the same networks (their UNet's in_channels
+  // and the controlnet/ folder say the rest).
+  static const char* kPipelines[] = {"StableDiffusionPipeline",
+                                     "StableDiffusionImg2ImgPipeline",
+                                     "StableDiffusionInpaintPipeline",
+                                     "StableDiffusionControlNetPipeline",
+                                     "StableDiffusionControlNetImg2ImgPipeline",
+                                     "StableDiffusionControlNetInpaintPipeline",
                                      "StableDiffusionXLPipeline",
-                                     "StableDiffusionXLImg2ImgPipeline"};
+                                     "StableDiffusionXLImg2ImgPipeline",
+                                     "StableDiffusionXLInpaintPipeline",
+                                     "StableDiffusionXLControlNetPipeline",
+                                     "StableDiffusionXLControlNetImg2ImgPipeline",
+                                     "StableDiffusionXLControlNetInpaintPipeline"};
   if (!pipeline.empty() &&
-      std::find(std::begin(kPipelines), std::end(kPipelines), pipeline) == std::end(kPipelines))
-    index.fail("_class_name", "pipeline '" + pipeline +
-                                  "' is not supported (expected StableDiffusionPipeline, "
-                                  "StableDiffusionImg2ImgPipeline, StableDiffusionXLPipeline or "
-                                  "StableDiffusionXLImg2ImgPipeline; HiDream folders: "
-                                  "HiDreamImagePipeline)");
+      std::find(std::begin(kPipelines), std::end(kPipelines), pipeline) == std::end(kPipelines)) {
+    std::string names;
+    for (const char* p : kPipelines) names += std::string(names.empty() ? "" : ", ") + p;
+    index.fail("_class_name", "pipeline '" + pipeline + "' is not supported (expected " + names +
+                                  "; HiDream folders: HiDreamImagePipeline, FLUX: FluxPipeline)");
+  }
   for (auto [component, expected, also] : {std::tuple{"unet", "UNet2DConditionModel", ""},
                                            {"vae", "AutoencoderKL", ""},
                                            {"text_encoder", "CLIPTextModel", ""},

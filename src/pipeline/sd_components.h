@@ -19,6 +19,7 @@
 #include "io/lora_key_map.h"
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
+#include "models/controlnet.h"
 #include "models/load_component.h"
 #include "models/unet2d_condition.h"
 #include "nn/fused_ops.h"
@@ -65,6 +66,8 @@ struct StableDiffusion::Components {
   // Token merging's measured payoff per run shape (batch, latent size, ratio, sites).
   std::map<std::string, accel::TokenMergingPayoff> tome_payoffs;
   io::JsonConfig scheduler_config;
+  // GenerationConfig::controlnets' networks by folder, loaded at their first use.
+  std::map<std::string, models::ControlNetModel> controlnets;
 
   // Each network is built without LibTorch's random initialisation, in its final dtype, and
   // then receives its weights (load_state_dict fails on any parameter left out).

@@ -16,6 +16,7 @@
 #include "device/device.h"
 #include "device/memory.h"
 #include "io/ldm_checkpoint.h"
+#include "io/pillow_resample.h"
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
 #include "models/load_component.h"
@@ -27,9 +28,13 @@
 #include "nn/load_weights.h"
 #include "parallel/branch_split.h"
 #include "parallel/replicated.h"
+#include "pipeline/control_image.h"
+#include "pipeline/controlnet_step.h"
+#include "pipeline/denoise_extras.h"
 #include "pipeline/denoised_estimate.h"
 #include "pipeline/denoising_range.h"
 #include "pipeline/finite_check.h"
+#include "pipeline/inpaint_mask.h"
 #include "pipeline/lora_set.h"
 #include "pipeline/memory_estimate.h"
 #include "pipeline/memory_report.h"
@@ -376,7 +381,8 @@ int StableDiffusion::vae_scale_factor() const {
 }
 
 int64_t StableDiffusion::latent_channels() const {
-  return c_->unet_config.in_channels;
+  // The UNet's output: an inpainting UNet takes more input channels (mask, masked image).
+  return c_->unet_config.out_channels;
 }
 
 torch::Tensor StableDiffusion::decode_latents(const torch::Tensor& latents,
@@ -391,8 +397,12 @@ torch::Tensor StableDiffusion::decode_latents(const torch::Tensor& latents,
 GenerationResult StableDiffusion::denoise_and_decode(
     const GenerationConfig& config, const PromptEmbeddings& embeds, torch::Tensor latents,
     const torch::Tensor& timesteps, schedulers::Scheduler& scheduler, at::Generator& gen,
-    const StepCallback& on_step, StageTimings timings, uint64_t seed) {
+    const StepCallback& on_step, StageTimings timings, uint64_t seed, const DenoiseExtras* extras) {
   double start = now_s();
+  const InpaintLatents* inpaint = extras && extras->inpaint ? &*extras->inpaint : nullptr;
+  const ControlNetSteps* controlnets =
+      extras && extras->controlnets && !extras->controlnets->empty() ? extras->controlnets
+                                                                     : nullptr;
   device::reset_peak_memory(c_->device);
   bool guidance = embeds.negative.defined();
   auto cond = guidance ? torch::cat({embeds.negative, embeds.positive}) : embeds.positive;
@@ -426,6 +436,10 @@ GenerationResult StableDiffusion::denoise_and_decode(
   if (cfg_group_) {
     if (!guidance)
       throw InvalidArgument("CFG-parallel needs classifier-free guidance (guidance scale > 1)");
+    if (controlnets && controlnets->guess_mode())
+      throw InvalidArgument(
+          "guess mode runs the ControlNets on the conditional branch only: it cannot split the "
+          "guidance branches over ranks (CFG-parallel); run it on one device");
     shard.emplace(*cfg_group_, 2);
     cond = shard->local(cond);
     if (added) {
@@ -460,16 +474,33 @@ GenerationResult StableDiffusion::denoise_and_decode(
     auto t = timesteps[i];
     const auto scaled = scheduler.scale_model_input(latents, t);
     auto model_input = guidance ? torch::cat({scaled, scaled}) : scaled;
-    if (shard) model_input = shard->local(model_input);
-    trace("step." + std::to_string(i) + ".t", t);
-    trace("step." + std::to_string(i) + ".unet_timestep", t);
-    trace("step." + std::to_string(i) + ".unet_input", model_input);
+    auto unet_input = inpaint ? inpaint->network_input(model_input, guidance) : model_input;
+    if (shard) {
+      model_input = shard->local(model_input);
+      unet_input = shard->local(unet_input);
+    }
+    const std::string step_name = "step." + std::to_string(i);
+    trace(step_name + ".t", t);
+    trace(step_name + ".unet_timestep", t);
+    trace(step_name + ".unet_input", unet_input);
+    std::optional<models::UNetControlResiduals> control;
+    if (controlnets) {
+      control = controlnets->run(
+          i, n, model_input.to(c_->unet_dtype), t, cond, added ? &*added : nullptr, guidance,
+          [this](const std::string& name, const torch::Tensor& v) { trace(name, v); });
+      if (trace_) {
+        for (size_t k = 0; k < control->down.size(); ++k)
+          trace(step_name + ".down_block_additional_residual." + std::to_string(k),
+                control->down[k]);
+        trace(step_name + ".mid_block_additional_residual", control->mid);
+      }
+    }
     if (unet_accel.deep_cache())
       trace("step." + std::to_string(i) + ".deepcache_full",
             torch::tensor(unet_accel.full_step(i)));
     auto noise_pred = unet_accel
-                          .forward(*c_->unet(), i, model_input.to(c_->unet_dtype), t, cond,
-                                   added ? &*added : nullptr)
+                          .forward(*c_->unet(), i, unet_input.to(c_->unet_dtype), t, cond,
+                                   added ? &*added : nullptr, control ? &*control : nullptr)
                           .to(torch::kFloat32);
     if (shard) noise_pred = shard->gather(noise_pred);
     trace("step." + std::to_string(i) + ".noise_pred_raw", noise_pred);
@@ -485,6 +516,20 @@ GenerationResult StableDiffusion::denoise_and_decode(
               : schedulers::StepNoise::from_generator(gen);
     }
     latents = scheduler.step(noise_pred, t, latents, step_noise).prev_sample;
+    if (inpaint && !inpaint->concat) {
+      // An ordinary UNet inpaints by keeping the source's latents, noised to the next step's
+      // level, outside the mask.
+      trace(step_name + ".scheduler_out", latents);
+      auto known = inpaint->image_latents.to(latents.device());
+      if (i + 1 < n) {
+        const auto next = timesteps[i + 1].reshape({1});
+        trace(step_name + ".noise_timestep", next);
+        known = scheduler.add_noise(known, inpaint->noise.to(latents.device()),
+                                    next.repeat({known.size(0)}));
+      }
+      trace(step_name + ".init_latents_proper", known);
+      latents = inpaint->blend(latents, known);
+    }
     if (shard)
       parallel::check_replicated(*cfg_group_, latents,
                                  "latents after step " + std::to_string(i + 1));
@@ -622,6 +667,7 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
   if (!latents.defined()) latents = cpu_randn(shape, gen);
   trace("initial_latents", latents);
   latents = latents * scheduler->init_noise_sigma();
+  trace("init_latents", latents);
   const auto all = scheduler->timesteps();
   const auto range = denoising_range(all, scheduler->num_train_timesteps(), scheduler->order(), 0,
                                      config.denoising_end);
@@ -629,8 +675,11 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
     throw InvalidArgument("denoising_end " + std::to_string(config.denoising_end) + " with " +
                           std::to_string(config.steps) +
                           " steps leaves no denoising step; raise it or the steps");
+  const auto controlnets = controlnet_steps(config, height, width);
+  DenoiseExtras extras;
+  extras.controlnets = controlnets.get();
   auto result = denoise_and_decode(config, embeds, latents, all.slice(0, 0, range.end), *scheduler,
-                                   gen, on_step, timings, seed);
+                                   gen, on_step, timings, seed, &extras);
   result.timings.total_s = now_s() - t0;
   result.warnings.insert(result.warnings.begin(), embeds.warnings.begin(), embeds.warnings.end());
   return result;
@@ -642,6 +691,11 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   validate_generation_config(config, true, vae_scale_factor());
   accel::refuse_dit_cache_on_unet(config.dit_cache);
   accel::validate_accel_config(config, c_->unet_config);
+  if (config.inpaint.mask.defined()) return inpaint(config, init, on_step);
+  if (c_->unet_config.in_channels != latent_channels())
+    throw InvalidArgument("this UNet is an inpainting UNet (in_channels " +
+                          std::to_string(c_->unet_config.in_channels) +
+                          "): it needs a mask (--mask; white = repaint) with its init image");
   torch::InferenceMode guard;
   double t0 = now_s();
   StageTimings timings;
@@ -685,13 +739,7 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
 
   auto scheduler = make_scheduler(config);
   auto all = scheduler->timesteps();
-  int64_t begin = 0;
-  if (!continues) {
-    // diffusers' get_timesteps: run only the last `strength` part of the schedule.
-    int init_steps = std::min(static_cast<int>(config.steps * config.strength), config.steps);
-    int t_start = std::max(config.steps - init_steps, 0);
-    begin = static_cast<int64_t>(t_start) * scheduler->order();
-  }
+  const int64_t begin = continues ? 0 : strength_begin(config, scheduler->order());
   const auto range = denoising_range(all, scheduler->num_train_timesteps(), scheduler->order(),
                                      config.denoising_start, config.denoising_end, begin);
   if (range.end <= range.begin)
@@ -716,8 +764,11 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
     latents = latents.to(c_->device, torch::kFloat32);
     if (latents.size(0) != batch) latents = latents.repeat({batch, 1, 1, 1});
     auto gen = at::detail::createCPUGenerator(seed);
+    const auto controlnets = controlnet_steps(config, height, width);
+    DenoiseExtras extras;
+    extras.controlnets = controlnets.get();
     auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step,
-                                     timings, seed);
+                                     timings, seed, &extras);
     result.timings.total_s = now_s() - t0;
     result.warnings.insert(result.warnings.begin(), embeds.warnings.begin(), embeds.warnings.end());
     return result;
@@ -731,20 +782,9 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   // image would take different kernels, and give different bits, on different devices.
   auto image = (init.to(torch::kFloat32).contiguous() * 2 - 1);
   trace("image_preprocessed", image);
-  auto tiling = vae_tiling_for(config, image.size(0), image.size(2), image.size(3));
-  auto dist = vae_encode(*c_->vae(), image.to(c_->vae_device, c_->vae_dtype), tiling.tiling);
+  auto init_latents = encode_image_latents(image, batch, config, gen, "");
   c_->done_with(c_->vae_module, c_->vae_device);
-  auto mean = dist.mean.to(torch::kFloat32), std = dist.std.to(torch::kFloat32);
-  trace("posterior_mean", mean);
-  trace("posterior_std", std);
-  auto posterior_noise = draw_noise(mean.sizes(), gen).to(c_->vae_device);
-  const auto& vc = c_->vae_config;
-  auto init_latents = vc.to_latents(mean + std * posterior_noise);
-  init_latents = init_latents.to(c_->device);
-  if (init_latents.size(0) != batch)
-    init_latents = init_latents.repeat({batch / init_latents.size(0), 1, 1, 1});
   trace("init_latents", init_latents);
-  check_stage_finite(init_latents, "VAE encoder", c_->vae_device, c_->vae_dtype);
   timings.vae_encode_s = now_s() - e0;
   record_stage_memory(&timings, "vae_encode", c_->vae_device);
   torch::Tensor noise;
@@ -761,8 +801,201 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   trace("latent_timestep", latent_timestep);
   auto latents = scheduler->add_noise(init_latents, noise, latent_timestep);
   trace("noised_latents", latents);
+  const auto controlnets = controlnet_steps(config, height, width);
+  DenoiseExtras extras;
+  extras.controlnets = controlnets.get();
   auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step,
-                                   timings, seed);
+                                   timings, seed, &extras);
+  result.timings.total_s = now_s() - t0;
+  result.warnings.insert(result.warnings.begin(), embeds.warnings.begin(), embeds.warnings.end());
+  return result;
+}
+
+int64_t StableDiffusion::strength_begin(const GenerationConfig& config, int64_t order) {
+  // diffusers' get_timesteps: run only the last `strength` part of the schedule.
+  const int init_steps = std::min(static_cast<int>(config.steps * config.strength), config.steps);
+  const int t_start = std::max(config.steps - init_steps, 0);
+  return static_cast<int64_t>(t_start) * order;
+}
+
+std::unique_ptr<ControlNetSteps> StableDiffusion::controlnet_steps(const GenerationConfig& config,
+                                                                   int64_t height, int64_t width) {
+  if (config.controlnets.empty()) return nullptr;
+  validate_controlnet_units(config.controlnets);
+  std::vector<ControlNetStepUnit> units;
+  for (size_t j = 0; j < config.controlnets.size(); ++j) {
+    const auto& u = config.controlnets[j];
+    auto it = c_->controlnets.find(u.model);
+    if (it == c_->controlnets.end()) {
+      auto net = models::load_controlnet(u.model, c_->device, c_->unet_dtype);
+      check_controlnet_fits(net->controlnet_config(), c_->unet_config, vae_scale_factor(), u.model);
+      it = c_->controlnets.emplace(u.model, net).first;
+    }
+    ControlNetStepUnit unit;
+    unit.net = it->second.get();
+    const auto image = preprocess_control_image(
+        u.preprocess.empty() ? u.image : apply_control_preprocessor(u.image, u.preprocess), height,
+        width);
+    trace("control_image." + std::to_string(j), image);
+    unit.image = image.to(c_->device, c_->unet_dtype);
+    unit.scale = u.scale;
+    unit.start = u.start;
+    unit.end = u.end;
+    units.push_back(std::move(unit));
+  }
+  return std::make_unique<ControlNetSteps>(std::move(units), config.guess_mode);
+}
+
+torch::Tensor StableDiffusion::encode_image_latents(const torch::Tensor& image, int64_t batch,
+                                                    const GenerationConfig& config,
+                                                    at::Generator& gen,
+                                                    const std::string& trace_prefix) {
+  auto tiling = vae_tiling_for(config, image.size(0), image.size(2), image.size(3));
+  auto dist = vae_encode(*c_->vae(), image.to(c_->vae_device, c_->vae_dtype), tiling.tiling);
+  auto mean = dist.mean.to(torch::kFloat32), std = dist.std.to(torch::kFloat32);
+  trace(trace_prefix + "posterior_mean", mean);
+  trace(trace_prefix + "posterior_std", std);
+  auto posterior_noise = draw_noise(mean.sizes(), gen).to(c_->vae_device);
+  auto latents = c_->vae_config.to_latents(mean + std * posterior_noise).to(c_->device);
+  check_stage_finite(latents, "VAE encoder", c_->vae_device, c_->vae_dtype);
+  if (latents.size(0) != batch) latents = latents.repeat({batch / latents.size(0), 1, 1, 1});
+  return latents;
+}
+
+GenerationResult StableDiffusion::inpaint(const GenerationConfig& config, const torch::Tensor& init,
+                                          const StepCallback& on_step) {
+  const auto& opt = config.inpaint;
+  if (config.denoising_start > 0)
+    throw InvalidArgument(
+        "inpainting starts from its source image: denoising_start (continuing "
+        "another run's latents) does not apply to a masked run");
+  if (!init.defined() || init.dim() != 4 || init.size(0) != 1 || init.size(1) != 3)
+    throw InvalidArgument("inpainting takes one source image [1, 3, H, W], got " +
+                          (init.defined() ? c10::str(init.sizes()) : std::string("none")));
+  const int64_t lc = latent_channels();
+  const bool concat = c_->unet_config.in_channels == 2 * lc + 1;
+  if (!concat && c_->unet_config.in_channels != lc)
+    throw ConfigError(c_->unet_config.source + ": in_channels " +
+                      std::to_string(c_->unet_config.in_channels) + " is neither the latents' " +
+                      std::to_string(lc) + " nor an inpainting UNet's " +
+                      std::to_string(2 * lc + 1));
+  torch::InferenceMode guard;
+  const double t0 = now_s();
+  const int64_t sf = vae_scale_factor();
+  // The source as the 8-bit picture it was (the caller's [0, 1] floats are u8 / 255).
+  const auto source =
+      (init[0].permute({1, 2, 0}) * 255).round().clamp(0, 255).to(torch::kUInt8).contiguous();
+  const int64_t H0 = source.size(0), W0 = source.size(1);
+  const int64_t height = config.height ? config.height : H0 / sf * sf;
+  const int64_t width = config.width ? config.width : W0 / sf * sf;
+  if (height < sf || width < sf)
+    throw InvalidArgument("inpainting: the image is smaller than the VAE's factor " +
+                          std::to_string(sf));
+  // The mask at the source's size, adjusted as asked (invert, blur).
+  auto gray = mask_to_gray(opt.mask);
+  if (gray.size(0) != H0 || gray.size(1) != W0)
+    gray = io::pillow_lanczos_resize(gray.unsqueeze(2).contiguous(), H0, W0).select(2, 0);
+  gray = adjust_mask(gray, opt.invert, opt.blur);
+  std::optional<CropBox> box;
+  torch::Tensor image_u8, mask_u8;
+  if (opt.crop_padding >= 0) {
+    box = mask_crop_region(gray, width, height, opt.crop_padding);
+    trace("crops_coords", torch::tensor(std::vector<int64_t>(box->begin(), box->end())));
+    image_u8 = crop_and_fill(source, *box, height, width);
+    mask_u8 = crop_and_fill(gray.unsqueeze(2).contiguous(), *box, height, width).select(2, 0);
+  } else {
+    image_u8 = source.size(0) == height && source.size(1) == width
+                   ? source
+                   : io::pillow_lanczos_resize(source, height, width);
+    mask_u8 = gray;
+  }
+  const auto mask = preprocess_mask(mask_u8, height, width);
+  if (mask_is_empty(mask))
+    throw InvalidArgument(
+        "the mask is all black: nothing to repaint (white = repaint, black = keep; "
+        "--invert-mask swaps them)");
+  check_memory(config, static_cast<int>(width), static_cast<int>(height));
+  const int64_t batch = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
+  device::ScopedCpuThreads cpu_threads(
+      cpu_threads_for(config, batch, static_cast<int>(width), static_cast<int>(height)));
+  StageTimings timings;
+  timings.lora_s = apply_loras(config.loras);
+  const uint64_t seed = config.seed.value_or(random_seed());
+  auto embeds = encode_for_run(config, seed, t0, &timings);
+
+  auto scheduler = make_scheduler(config);
+  const auto all = scheduler->timesteps();
+  const auto range =
+      denoising_range(all, scheduler->num_train_timesteps(), scheduler->order(), 0,
+                      config.denoising_end, strength_begin(config, scheduler->order()));
+  if (range.end <= range.begin)
+    throw InvalidArgument("strength " + std::to_string(config.strength) + " with " +
+                          std::to_string(config.steps) +
+                          " steps leaves no denoising step; raise the steps or the strength");
+  const auto timesteps = all.slice(0, range.begin, range.end);
+  scheduler->set_begin_index(range.begin);
+
+  auto gen = at::detail::createCPUGenerator(seed);
+  const double e0 = now_s();
+  device::reset_peak_memory(c_->vae_device);
+  const auto image =
+      (image_u8.to(torch::kFloat32) / 255).permute({2, 0, 1}).unsqueeze(0).contiguous() * 2 - 1;
+  trace("image_preprocessed", image);
+  trace("mask_preprocessed", mask);
+  // diffusers' draw order: the source's latents (when a blend or strength < 1 needs them),
+  // then the initial noise, then the masked image's latents.
+  const bool full_strength = config.strength >= 1;
+  InpaintLatents ip;
+  ip.concat = concat;
+  if (!concat || !full_strength) {
+    ip.image_latents = encode_image_latents(image, batch, config, gen, "");
+    trace("image_latents", ip.image_latents);
+  }
+  const int64_t h = height / sf, w = width / sf;
+  ip.noise = draw_noise({batch, lc, h, w}, gen).to(c_->device);
+  torch::Tensor latents;
+  if (full_strength) {
+    latents = ip.noise * scheduler->init_noise_sigma();
+  } else {
+    const auto latent_timestep = timesteps.slice(0, 0, 1).repeat({batch});
+    trace("latent_timestep", latent_timestep);
+    latents = scheduler->add_noise(ip.image_latents, ip.noise, latent_timestep);
+  }
+  trace("init_latents", latents);
+  ip.masked_image_latents =
+      encode_image_latents(masked_image(image, mask), batch, config, gen, "masked_");
+  c_->done_with(c_->vae_module, c_->vae_device);
+  ip.mask = latent_mask(mask, h, w).repeat({batch, 1, 1, 1}).to(c_->device);
+  const bool guidance = embeds.negative.defined();
+  trace("mask_latent", guidance ? torch::cat({ip.mask, ip.mask}) : ip.mask);
+  trace("masked_image_latents", guidance
+                                    ? torch::cat({ip.masked_image_latents, ip.masked_image_latents})
+                                    : ip.masked_image_latents);
+  timings.vae_encode_s = now_s() - e0;
+  record_stage_memory(&timings, "vae_encode", c_->vae_device);
+
+  const auto controlnets = controlnet_steps(config, height, width);
+  DenoiseExtras extras;
+  extras.inpaint = std::move(ip);
+  extras.controlnets = controlnets.get();
+  auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step,
+                                   timings, seed, &extras);
+  if (box && !result.images.empty()) {
+    // "Inpaint only masked": the generated crop pasted back over the untouched source.
+    std::vector<torch::Tensor> pasted;
+    for (auto& img : result.images) {
+      const auto generated = image_to_tensor(img);
+      trace("image_generated_u8", generated.unsqueeze(0));
+      const auto out = apply_overlay(gray, source, generated, &*box);
+      img.height = static_cast<int>(out.size(0));
+      img.width = static_cast<int>(out.size(1));
+      img.rgb.assign(out.data_ptr<uint8_t>(), out.data_ptr<uint8_t>() + out.numel());
+      pasted.push_back(out);
+    }
+    const auto stacked = torch::stack(pasted);
+    trace("image_out_u8", stacked);
+    result.images_float = stacked.to(torch::kFloat32) / 255;
+  }
   result.timings.total_s = now_s() - t0;
   result.warnings.insert(result.warnings.begin(), embeds.warnings.begin(), embeds.warnings.end());
   return result;

@@ -29,6 +29,8 @@ class RankGroup;
 namespace diffuse::pipeline {
 
 struct ModelSource;
+struct DenoiseExtras;
+class ControlNetSteps;
 
 // Receives named intermediate tensors (golden tests: "step.3.latents", ...).
 using TraceFn = std::function<void(const std::string&, const torch::Tensor&)>;
@@ -132,12 +134,29 @@ class StableDiffusion {
   void trace(const std::string& name, const torch::Tensor& t) const {
     if (trace_) trace_(name, t);
   }
+  // `extras`: inpainting latents and ControlNets (pipeline/denoise_extras.h), or none.
   GenerationResult denoise_and_decode(const GenerationConfig& config,
                                       const PromptEmbeddings& embeds, torch::Tensor latents,
                                       const torch::Tensor& timesteps,
                                       schedulers::Scheduler& scheduler, at::Generator& gen,
                                       const StepCallback& on_step, StageTimings timings,
-                                      uint64_t seed);
+                                      uint64_t seed, const DenoiseExtras* extras = nullptr);
+  // image2image with config.inpaint.mask: StableDiffusionInpaintPipeline's stages. `init` is
+  // the source at its own size ([1, 3, H, W] in [0, 1]); it is resized or cropped here.
+  GenerationResult inpaint(const GenerationConfig& config, const torch::Tensor& init,
+                           const StepCallback& on_step);
+  // The generation's ControlNets (loaded once per folder, checked against the UNet), their
+  // control images at height x width; null without any.
+  std::unique_ptr<ControlNetSteps> controlnet_steps(const GenerationConfig& config, int64_t height,
+                                                    int64_t width);
+  // The VAE's posterior sample of images in [-1, 1] ([1, 3, H, W]), as latents repeated to
+  // `batch` (the noise drawn from `gen` or the noise source).
+  torch::Tensor encode_image_latents(const torch::Tensor& image, int64_t batch,
+                                     const GenerationConfig& config, at::Generator& gen,
+                                     const std::string& trace_prefix);
+  // The first index of the schedule an image-to-image run of config.strength runs from
+  // (diffusers' get_timesteps).
+  static int64_t strength_begin(const GenerationConfig& config, int64_t order);
 };
 
 // [N, H, W, 3] float in [0, 1] -> 8-bit images, rounded as diffusers' numpy_to_pil does.

@@ -71,9 +71,14 @@ GenerationResult Image2Image::generate(const GenerationConfig& config, const Ima
   pipeline::validate_generation_config(config, true, f);
   // Continuing another run (denoising_start) starts from its latents, not from an image.
   const bool from_latents = config.denoising_start > 0 && init_image.empty();
+  // Inpainting resizes or crops the source itself (Pillow's Lanczos, as diffusers): it takes
+  // the image as it is.
+  const bool masked = config.inpaint.mask.defined() && !init_image.empty();
   auto r = impl_->image2image(
       config,
-      from_latents ? torch::Tensor() : image_to_tensor(init_image, config.width, config.height, f),
+      from_latents ? torch::Tensor()
+      : masked     ? image_to_tensor(init_image, init_image.width, init_image.height, f)
+                   : image_to_tensor(init_image, config.width, config.height, f),
       on_step);
   r.timings.load_s = impl_->info().load_s;
   return r;

@@ -17,6 +17,17 @@ CaseResult verify_tokenizer(const GoldenSet& set, const GoldenCase& c,
                             const VerifyOptions& options);
 // UNet2DConditionModel forward (inputs sample, timestep, encoder_hidden_states; output out).
 CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
+// ControlNetModel forward (inputs sample, timestep, encoder_hidden_states, controlnet_cond;
+// outputs down_block_res_sample.i, mid_block_res_sample).
+CaseResult verify_controlnet(const GoldenSet& set, const GoldenCase& c,
+                             const VerifyOptions& options);
+// The ControlNet folder number `index` of a case: params.controlnet_dirs[index] (relative to
+// the set), params.controlnet, or the case's model folder's controlnet/.
+std::string case_controlnet_dir(const GoldenSet& set, const GoldenCase& c, size_t index);
+// Image preprocessing of the pipelines: a mask (inputs image_u8, mask_u8) or a ControlNet's
+// control image (input image_u8), compared exactly where the reference is 8-bit arithmetic.
+CaseResult verify_preprocessing(const GoldenSet& set, const GoldenCase& c,
+                                const VerifyOptions& options);
 // HiDreamImageTransformer2DModel forward (inputs x, timesteps, t5, llama, pooled; output out).
 CaseResult verify_transformer(const GoldenSet& set, const GoldenCase& c,
                               const VerifyOptions& options);

@@ -19,9 +19,16 @@ struct RunnerEntry {
 
 // Add a line here when a component gets a runner.
 const std::vector<RunnerEntry> kRunners = {
-    {"text_encoder", verify_text_encoder}, {"tokenizer", verify_tokenizer}, {"unet", verify_unet},
-    {"transformer", verify_transformer},   {"lora", verify_lora},           {"vae", verify_vae},
-    {"scheduler", verify_scheduler},       {"pipeline", verify_pipeline},
+    {"text_encoder", verify_text_encoder},
+    {"tokenizer", verify_tokenizer},
+    {"unet", verify_unet},
+    {"transformer", verify_transformer},
+    {"lora", verify_lora},
+    {"vae", verify_vae},
+    {"scheduler", verify_scheduler},
+    {"pipeline", verify_pipeline},
+    {"controlnet", verify_controlnet},
+    {"preprocessing", verify_preprocessing},
 };
 
 Runner find_runner(const std::string& component) {

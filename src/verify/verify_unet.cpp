@@ -24,12 +24,26 @@ CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOp
   models::UNetAddedConditions added;
   if (tensors.has("text_embeds")) added.text_embeds = tensors.get("text_embeds");
   if (tensors.has("time_ids")) added.time_ids = tensors.get("time_ids");
+  // ControlNet residuals the UNet adds to its skips (down_block_additional_residual.i).
+  models::UNetControlResiduals control;
+  for (size_t i = 0; tensors.has("down_block_additional_residual." + std::to_string(i)); ++i)
+    control.down.push_back(
+        tensors.get("down_block_additional_residual." + std::to_string(i)).to(options.device));
+  if (tensors.has("mid_block_additional_residual"))
+    control.mid = tensors.get("mid_block_additional_residual").to(options.device);
+  const bool controlled = !control.down.empty() || control.mid.defined();
+  const auto* add = added.text_embeds.defined() || added.time_ids.defined() ? &added : nullptr;
   models::Intermediates captured;
-  auto out =
-      unet->forward(sample, tensors.get("timestep"), ehs, &captured,
-                    added.text_embeds.defined() || added.time_ids.defined() ? &added : nullptr);
-
-  return compare_network_outputs(c, tensors, out, captured, options.weights);
+  auto out = unet->forward(sample, tensors.get("timestep"), ehs, &captured, add,
+                           controlled ? &control : nullptr);
+  auto r = compare_network_outputs(c, tensors, out, captured, options.weights);
+  if (controlled && tensors.has("out_without_control")) {
+    const auto plain = unet->forward(sample, tensors.get("timestep"), ehs, nullptr, add);
+    r.add("out_without_control",
+          compare("out_without_control", plain.cpu(), tensors.get("out_without_control"),
+                  c.tol("atol", 1e-4), c.tol("rtol", 0.0)));
+  }
+  return r;
 }
 
 }  // namespace diffuse::verify
