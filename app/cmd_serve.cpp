@@ -273,6 +273,10 @@ Command add_serve_command(CLI::App& app) {
                  "Folder of LoRA files that <lora:NAME:SCALE> in a prompt refers to; each job "
                  "swaps its adapters in without reloading the model")
       ->check(CLI::ExistingDirectory);
+  app.add_option("--controlnet-dir", f->options.controlnet_dir,
+                 "Folder of ControlNet folders (diffusers layout) that requests name (native "
+                 "controlnets[].model, A1111's alwayson_scripts.controlnet)")
+      ->check(CLI::ExistingDirectory);
   app.add_flag("-q,--quiet", f->quiet, "No log output");
   add_load_flags(app, f->load);
   app.add_option("--transformer", f->hidream.transformer,

@@ -381,7 +381,7 @@ TEST(Server, OpenAiGenerationsAndEdits) {
   EXPECT_TRUE(t->status == 200 || (t->status >= 400 && t->status < 500)) << t->status << t->body;
   httplib::MultipartFormDataItems masked = items;
   masked.push_back({"mask", "x", "mask.png", "image/png"});
-  expect_error(c->Post("/v1/images/edits", masked), 400, "inpainting");
+  expect_error(c->Post("/v1/images/edits", masked), 400, "mask is not a PNG");
   httplib::MultipartFormDataItems bad_n = {items[0], items[1], {"n", "two", "", ""}};
   expect_error(c->Post("/v1/images/edits", bad_n), 400, "n: expected an integer");
 }

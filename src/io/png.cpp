@@ -14,6 +14,7 @@
 #include "diffuse/image.h"
 #include "io/atomic_file.h"
 #include "io/input_file.h"
+#include "io/png_alpha.h"
 
 namespace diffuse {
 namespace {
@@ -94,8 +95,10 @@ uint64_t input_bytes(const PngIo& io) {
 
 // Returns false (with err->message set) if libpng failed. Images of more than max_pixels are
 // refused from the header, before the pixel buffer is allocated.
+// `alpha` (optional) receives one byte per pixel: the image's alpha, or 255 where it has none.
 bool decode(const PngIo& io, ErrorBuffer* err, Image* out, std::vector<png_bytep>* rows,
-            std::map<std::string, std::string>* text, uint64_t max_pixels) {
+            std::map<std::string, std::string>* text, uint64_t max_pixels,
+            std::vector<uint8_t>* alpha = nullptr) {
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, err, on_error, on_warning);
   if (!png) return false;
   png_infop info = png_create_info_struct(png);
@@ -138,21 +141,42 @@ bool decode(const PngIo& io, ErrorBuffer* err, Image* out, std::vector<png_bytep
   if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
   if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
   if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
-  if (color & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(png);
-  if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_strip_alpha(png);
+  const size_t channels = alpha ? 4 : 3;
+  if (alpha) {
+    // RGBA whatever the file holds: a tRNS colour key becomes alpha, no alpha becomes 255.
+    if (png_get_valid(png, info, PNG_INFO_tRNS))
+      png_set_tRNS_to_alpha(png);
+    else if (!(color & PNG_COLOR_MASK_ALPHA))
+      png_set_filler(png, 0xFF, PNG_FILLER_AFTER);
+  } else {
+    if (color & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(png);
+    if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_strip_alpha(png);
+  }
   png_read_update_info(png, info);
-  if (png_get_rowbytes(png, info) != static_cast<size_t>(w) * 3) {
+  if (png_get_rowbytes(png, info) != static_cast<size_t>(w) * channels) {
     std::snprintf(err->message, sizeof(err->message), "unexpected pixel layout after conversion");
     png_destroy_read_struct(&png, &info, nullptr);
     return false;
   }
   out->width = static_cast<int>(w);
   out->height = static_cast<int>(h);
-  out->rgb.assign(static_cast<size_t>(w) * h * 3, 0);
+  std::vector<uint8_t> rgba;
+  auto& pixels = alpha ? rgba : out->rgb;
+  pixels.assign(static_cast<size_t>(w) * h * channels, 0);
   rows->resize(h);
-  for (png_uint_32 y = 0; y < h; ++y) (*rows)[y] = out->rgb.data() + static_cast<size_t>(y) * w * 3;
+  for (png_uint_32 y = 0; y < h; ++y)
+    (*rows)[y] = pixels.data() + static_cast<size_t>(y) * w * channels;
   png_read_image(png, rows->data());
   png_read_end(png, info);
+  if (alpha) {
+    const size_t n = static_cast<size_t>(w) * h;
+    out->rgb.resize(n * 3);
+    alpha->resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t c = 0; c < 3; ++c) out->rgb[i * 3 + c] = rgba[i * 4 + c];
+      (*alpha)[i] = rgba[i * 4 + 3];
+    }
+  }
   if (text) {
     png_textp chunks = nullptr;
     int n = png_get_text(png, info, &chunks, nullptr);
@@ -279,8 +303,10 @@ std::string encode_png(const Image& image, const std::map<std::string, std::stri
   return out;
 }
 
-Image decode_png(const std::string& bytes, const std::string& what, uint64_t max_pixels,
-                 std::map<std::string, std::string>* text) {
+namespace {
+
+Image decode_png_bytes(const std::string& bytes, const std::string& what, uint64_t max_pixels,
+                       std::map<std::string, std::string>* text, std::vector<uint8_t>* alpha) {
   if (bytes.size() < 8 || png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) != 0)
     throw FormatError(what + " is not a PNG image (only PNG images are supported)");
   MemoryReader reader{reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), 0};
@@ -289,9 +315,21 @@ Image decode_png(const std::string& bytes, const std::string& what, uint64_t max
   ErrorBuffer err;
   Image image;
   std::vector<png_bytep> rows;
-  if (!decode(io, &err, &image, &rows, text, std::min(max_pixels, kMaxPngPixels)))
+  if (!decode(io, &err, &image, &rows, text, std::min(max_pixels, kMaxPngPixels), alpha))
     throw decode_error(what, err, bytes.size());
   return image;
+}
+
+}  // namespace
+
+Image decode_png_with_alpha(const std::string& bytes, const std::string& what, uint64_t max_pixels,
+                            std::vector<uint8_t>* alpha) {
+  return decode_png_bytes(bytes, what, max_pixels, nullptr, alpha);
+}
+
+Image decode_png(const std::string& bytes, const std::string& what, uint64_t max_pixels,
+                 std::map<std::string, std::string>* text) {
+  return decode_png_bytes(bytes, what, max_pixels, text, nullptr);
 }
 
 }  // namespace diffuse

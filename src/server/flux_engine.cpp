@@ -70,6 +70,8 @@ ModelDefaults FluxEngine::defaults() const {
   };
   d.edit_auto_resize = pipe_->is_kontext();
   d.unet_accelerators = false;
+  d.masks = pipe_->is_kontext();  // Kontext edits stay inside a mask
+  d.controlnets = false;          // ControlNets steer UNets
   d.check_cache = [pipe](const DitCacheOptions& o) { pipe->check_cache(o); };
   d.prompt_syntaxes = {"plain"};  // T5 + CLIP pooled: prompts go in as written
   return d;
@@ -117,6 +119,7 @@ JobOutput FluxEngine::run(const JobRequest& request, JobContext& context) {
           e.image = pipeline::image_to_tensor(im);
           e.max_area = 0;
           e.auto_resize = request.edit.auto_resize;
+          e.inpaint = c.inpaint;
           e.sampling = std::move(s);
           r = pipe_->edit(e);
         } else {

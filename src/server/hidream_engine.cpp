@@ -94,6 +94,8 @@ ModelDefaults HiDreamEngine::defaults() const {
     return std::pair<int, int>(static_cast<int>(ew), static_cast<int>(eh));
   };
   d.unet_accelerators = false;
+  d.masks = d.supports(JobKind::edit);  // E1 edits stay inside a mask
+  d.controlnets = false;                // ControlNets steer UNets
   d.check_cache = [pipe](const DitCacheOptions& o) { pipe->check_cache(o); };
   d.prompt_syntaxes = {"plain"};  // four text encoders, not one CLIP: prompts go in as written
   return d;
@@ -124,6 +126,7 @@ pipeline::HiDreamResult HiDreamEngine::run_one(const JobRequest& request, size_t
     e.image_guidance_scale = request.edit.image_guidance_scale;
     e.clip_cfg_norm = request.edit.clip_cfg_norm;
     e.refine_strength = request.edit.refine_strength;
+    e.inpaint = c.inpaint;
     e.sampling = std::move(s);
     return pipe_->edit(e);
   }

@@ -1,5 +1,6 @@
 #include "server/job_wire.h"
 
+#include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
 #include "diffuse/errors.h"
@@ -11,12 +12,78 @@ using nlohmann::json;
 
 // Bumped whenever a field is added: ranks of one server run one build, and a stray message
 // from another must not be read as a job.
-constexpr int kWireVersion = 1;
+constexpr int kWireVersion = 2;
 
 json loras_json(const std::vector<LoraSpec>& loras) {
   json a = json::array();
   for (const auto& l : loras) a.push_back({{"path", l.path}, {"scale", l.scale}});
   return a;
+}
+
+// An 8-bit image tensor ([H, W] or [H, W, C]) as its shape and raw bytes; null when undefined.
+json u8_tensor_json(const torch::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  if (t.scalar_type() != torch::kUInt8)
+    throw InvalidArgument("a parallel server job carries 8-bit images only");
+  const auto c = t.contiguous();
+  return {{"shape", c.sizes().vec()},
+          {"bytes", json::binary(std::vector<uint8_t>(c.data_ptr<uint8_t>(),
+                                                      c.data_ptr<uint8_t>() + c.numel()))}};
+}
+
+torch::Tensor u8_tensor_from(const json& j, const char* what) {
+  if (j.is_null()) return {};
+  const auto shape = j.at("shape").get<std::vector<int64_t>>();
+  const auto& bytes = j.at("bytes").get_binary();
+  int64_t n = 1;
+  for (auto d : shape) {
+    if (d < 1 || d > (int64_t{1} << 16))
+      throw FormatError(std::string("parallel server job: ") + what + " has a bad shape");
+    n *= d;
+  }
+  if (shape.empty() || shape.size() > 3 || static_cast<int64_t>(bytes.size()) != n)
+    throw FormatError(std::string("parallel server job: ") + what +
+                      "'s bytes do not match its shape");
+  return torch::from_blob(const_cast<uint8_t*>(bytes.data()), shape, torch::kUInt8).clone();
+}
+
+json conditions_json(const GenerationConfig& c) {
+  const auto& m = c.inpaint;
+  json units = json::array();
+  for (const auto& u : c.controlnets)
+    units.push_back({{"model", u.model},
+                     {"image", u8_tensor_json(u.image)},
+                     {"scale", u.scale},
+                     {"start", u.start},
+                     {"end", u.end},
+                     {"preprocess", u.preprocess}});
+  return {{"mask", u8_tensor_json(m.mask)}, {"blur", m.blur}, {"invert", m.invert},
+          {"crop_padding", m.crop_padding}, {"fill", m.fill}, {"controlnets", units},
+          {"guess_mode", c.guess_mode}};
+}
+
+void conditions_from(const json& j, GenerationConfig& c) {
+  try {
+    auto& m = c.inpaint;
+    m.mask = u8_tensor_from(j.at("mask"), "mask");
+    m.blur = j.at("blur").get<double>();
+    m.invert = j.at("invert").get<bool>();
+    m.crop_padding = j.at("crop_padding").get<int>();
+    m.fill = j.at("fill").get<std::string>();
+    for (const auto& u : j.at("controlnets")) {
+      ControlNetUnit unit;
+      unit.model = u.at("model").get<std::string>();
+      unit.image = u8_tensor_from(u.at("image"), "control image");
+      unit.scale = u.at("scale").get<double>();
+      unit.start = u.at("start").get<double>();
+      unit.end = u.at("end").get<double>();
+      unit.preprocess = u.at("preprocess").get<std::string>();
+      c.controlnets.push_back(std::move(unit));
+    }
+    c.guess_mode = j.at("guess_mode").get<bool>();
+  } catch (const json::exception& e) {
+    throw FormatError(std::string("parallel server job: mask or ControlNet fields: ") + e.what());
+  }
 }
 
 json config_json(const GenerationConfig& c) {
@@ -53,6 +120,7 @@ json config_json(const GenerationConfig& c) {
        {sc.original_width, sc.original_height, sc.crop_top, sc.crop_left, sc.target_width,
         sc.target_height, sc.aesthetic_score, sc.negative_aesthetic_score}},
       {"loras", loras_json(c.loras)},
+      {"conditions", conditions_json(c)},
   };
 }
 
@@ -126,6 +194,9 @@ GenerationConfig config_from(const json& j) {
     throw FormatError(std::string("parallel server job: accelerator or adapter fields: ") +
                       e.what());
   }
+  if (!j.contains("conditions"))
+    throw FormatError("parallel server job: field 'conditions' missing");
+  conditions_from(j.at("conditions"), c);
   return c;
 }
 

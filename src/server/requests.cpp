@@ -13,6 +13,7 @@
 #include "pipeline/vae_tiling_policy.h"
 #include "server/base64.h"
 #include "server/json_fields.h"
+#include "server/request_conditions.h"
 
 namespace diffuse::server {
 namespace {
@@ -229,6 +230,7 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
   if (f.has("auto_resize") && !model.edit_auto_resize)
     throw InvalidArgument(
         "auto_resize: only for FLUX Kontext edits (this model scales every source to its area)");
+  read_native_conditions(f, body, r, model, limits);
   f.reject_unknown();
   if (init) r.init_image = decode_image_field(*init, "init_image", limits);
   finish(r, model, limits);
@@ -319,9 +321,9 @@ JobRequest parse_a1111(const nlohmann::json& body, bool img2img, const ModelDefa
       throw InvalidArgument("init_images: only one init image per request is supported");
     if (!(*images)[0].is_string())
       throw InvalidArgument("init_images[0]: expected a base64 string");
-    if (f.has("mask")) throw InvalidArgument("mask: inpainting is not supported by this server");
     r.init_image = decode_image_field((*images)[0].get<std::string>(), "init_images[0]", limits);
   }
+  read_a1111_conditions(f, body, r, model, limits);
   for (const auto& k : f.unknown()) {
     f.ignore(k.c_str());
     if (ignored) ignored->push_back(k);

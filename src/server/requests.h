@@ -43,6 +43,11 @@ struct ModelDefaults {
   // Where A1111 prompts' <lora:NAME:SCALE> tags find NAME.safetensors (serve --lora-dir);
   // empty: such tags are refused. Clients name files in it, never paths.
   std::string lora_dir;
+  // Inpainting masks and ControlNets (UNet models); ControlNets are looked up by name in
+  // controlnet_dir (serve --controlnet-dir; empty: none).
+  bool masks = true;
+  bool controlnets = true;
+  std::string controlnet_dir;
 
   // Whether the model is a UNet that DeepCache and token merging apply to.
   bool unet_accelerators = true;

@@ -4,6 +4,7 @@
 
 #include "server/base64.h"
 #include "server/json_fields.h"
+#include "server/request_conditions.h"
 #include "server/server_state.h"
 
 namespace diffuse::server {
@@ -158,6 +159,14 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
                                             {"sha256", nullptr},
                                             {"filename", state.engine.model_path()},
                                             {"config", nullptr}}}));
+  });
+
+  // The ControlNet extension's lists: the folders of --controlnet-dir, and its preprocessors.
+  server.Get("/controlnet/model_list", [&state](const httplib::Request&, httplib::Response& res) {
+    reply_json(res, {{"model_list", controlnet_names(state.options.controlnet_dir)}});
+  });
+  server.Get("/controlnet/module_list", [](const httplib::Request&, httplib::Response& res) {
+    reply_json(res, {{"module_list", {"none", "canny"}}});
   });
 
   server.Get("/sdapi/v1/options", [&state](const httplib::Request&, httplib::Response& res) {

@@ -8,6 +8,7 @@
 #include "diffuse/image.h"
 #include "server/base64.h"
 #include "server/json_fields.h"
+#include "server/request_conditions.h"
 #include "server/server_state.h"
 
 namespace diffuse::server {
@@ -84,8 +85,6 @@ void add_openai_routes(httplib::Server& server, ServerState& state) {
       if (!req.is_multipart_form_data())
         throw InvalidArgument(
             "images/edits takes multipart/form-data with an 'image' file and a 'prompt'");
-      if (req.has_file("mask"))
-        throw InvalidArgument("mask: inpainting is not supported by this server");
       const char* key = req.has_file("image")     ? "image"
                         : req.has_file("image[]") ? "image[]"
                                                   : nullptr;
@@ -97,7 +96,11 @@ void add_openai_routes(httplib::Server& server, ServerState& state) {
       auto fields = multipart_fields(req);
       fields.erase("image");
       fields.erase("image[]");
+      fields.erase("mask");
       auto o = parse_openai_edit(fields, std::move(image), state.defaults, state.options.limits);
+      if (req.has_file("mask"))
+        read_openai_mask(req.get_file_value("mask").content, o.job, state.defaults,
+                         state.options.limits);
       const auto job = run_to_end(state, std::move(o.job));
       reply_json(res, images_response(req, job, o));
     });

@@ -27,8 +27,9 @@ struct ServerOptions {
   std::string cors_origin;  // empty = no CORS headers
   size_t max_waiting = 16;  // jobs waiting behind the running one; beyond: 503
   size_t keep_finished = 64;
-  int http_threads = 32;  // connections served at once (event streams hold one each)
-  std::string lora_dir;   // <lora:NAME:SCALE> in A1111 prompts: NAME.safetensors in here
+  int http_threads = 32;       // connections served at once (event streams hold one each)
+  std::string lora_dir;        // <lora:NAME:SCALE> in A1111 prompts: NAME.safetensors in here
+  std::string controlnet_dir;  // ControlNet folders that requests name
   ServerLimits limits;
 };
 

@@ -7,6 +7,7 @@
 #include "device/device.h"
 #include "device/memory.h"
 #include "server/base64.h"
+#include "server/request_conditions.h"
 
 namespace diffuse::server {
 
@@ -18,6 +19,7 @@ ServerState::ServerState(Engine& e, ServerOptions o)
   defaults = e.defaults();
   defaults.name = e.model_name();
   defaults.lora_dir = options.lora_dir;
+  defaults.controlnet_dir = options.controlnet_dir;
 }
 
 void reply_json(httplib::Response& res, const nlohmann::json& body, int status) {
@@ -130,43 +132,48 @@ nlohmann::json status_json(const ServerState& state) {
   }
   nlohmann::json modes = nlohmann::json::array();
   for (auto k : state.defaults.kinds) modes.push_back(to_string(k));
-  return {{"engine", "diffuse"},
-          {"version", DIFFUSE_VERSION},
-          {"model", state.engine.model_name()},
-          {"model_path", info.model},
-          {"device", info.device},
-          {"text_encoder_device", info.text_encoder_device},
-          {"vae_device", info.vae_device},
-          {"dtype", info.unet_dtype},
-          {"weights", info.weights},
-          {"text_encoder_dtype", info.text_encoder_dtype},
-          {"vae_dtype", info.vae_dtype},
-          {"attention", info.attention},
-          {"scheduler", info.scheduler},
-          {"schedulers", state.defaults.schedulers},
-          {"modes", modes},
-          {"default_steps", state.defaults.steps},
-          // The job field "cache" (accel/dit_cache.h): DiT models only.
-          {"dit_cache", !state.defaults.unet_accelerators},
-          {"default_image_guidance_scale", state.defaults.image_guidance_scale},
-          {"default_guidance_scale", state.defaults.guidance_scale},
-          {"default_width", info.default_width},
-          {"default_height", info.default_height},
-          {"loras", info.loras},
-          {"offload", info.offload},
-          {"load_s", info.load_s},
-          {"uptime_s",
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - state.started).count()},
-          {"memory", memory},
-          {"queue", queue},
-          {"last_job", last},
-          {"limits",
-           {{"max_side", state.options.limits.max_side},
-            {"max_pixels", state.options.limits.max_pixels},
-            {"max_steps", state.options.limits.max_steps},
-            {"max_images", state.options.limits.max_images},
-            {"max_prompt_chars", state.options.limits.max_prompt_chars},
-            {"max_body_bytes", state.options.limits.max_body_bytes}}}};
+  return {
+      {"engine", "diffuse"},
+      {"version", DIFFUSE_VERSION},
+      {"model", state.engine.model_name()},
+      {"model_path", info.model},
+      {"device", info.device},
+      {"text_encoder_device", info.text_encoder_device},
+      {"vae_device", info.vae_device},
+      {"dtype", info.unet_dtype},
+      {"weights", info.weights},
+      {"text_encoder_dtype", info.text_encoder_dtype},
+      {"vae_dtype", info.vae_dtype},
+      {"attention", info.attention},
+      {"scheduler", info.scheduler},
+      {"schedulers", state.defaults.schedulers},
+      {"modes", modes},
+      {"default_steps", state.defaults.steps},
+      // The job field "cache" (accel/dit_cache.h): DiT models only.
+      {"dit_cache", !state.defaults.unet_accelerators},
+      // Inpainting masks on image jobs, and the ControlNets jobs may name.
+      {"masks", state.defaults.masks},
+      {"controlnets", state.defaults.controlnets ? controlnet_names(state.defaults.controlnet_dir)
+                                                 : std::vector<std::string>{}},
+      {"default_image_guidance_scale", state.defaults.image_guidance_scale},
+      {"default_guidance_scale", state.defaults.guidance_scale},
+      {"default_width", info.default_width},
+      {"default_height", info.default_height},
+      {"loras", info.loras},
+      {"offload", info.offload},
+      {"load_s", info.load_s},
+      {"uptime_s",
+       std::chrono::duration<double>(std::chrono::steady_clock::now() - state.started).count()},
+      {"memory", memory},
+      {"queue", queue},
+      {"last_job", last},
+      {"limits",
+       {{"max_side", state.options.limits.max_side},
+        {"max_pixels", state.options.limits.max_pixels},
+        {"max_steps", state.options.limits.max_steps},
+        {"max_images", state.options.limits.max_images},
+        {"max_prompt_chars", state.options.limits.max_prompt_chars},
+        {"max_body_bytes", state.options.limits.max_body_bytes}}}};
 }
 
 JobSnapshot run_to_end(ServerState& state, JobRequest request) {

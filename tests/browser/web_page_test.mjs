@@ -74,6 +74,58 @@ try {
     timeout: 30000,
   });
 
+  // Inpainting: the result becomes the init image, a stroke of the mask brush marks the region
+  // to repaint, "only the masked area" keeps the rest: every unmasked pixel must come back
+  // exactly as it was, and the masked region must change.
+  const results = await page.$$eval('#gallery .result', (r) => r.length);
+  await page.click('#gallery .result button:text("use as init image")');
+  await page.waitForSelector('#mask-box:not([hidden])', { timeout: 30000 });
+  await page.waitForFunction(() => document.querySelector('#mask-canvas').width > 0);
+  const box = await page.locator('#mask-canvas').boundingBox();
+  await page.mouse.move(box.x + box.width * 0.2, box.y + box.height * 0.3);
+  await page.mouse.down();
+  await page.mouse.move(box.x + box.width * 0.45, box.y + box.height * 0.6, { steps: 12 });
+  await page.mouse.up();
+  await page.$eval('#strength', (s) => { s.value = '1'; s.dispatchEvent(new Event('input')); });
+  await page.fill('#steps', '8');
+  await page.click('#generate');
+  await page.waitForFunction((n) => document.querySelectorAll('#gallery .result').length > n, results, { timeout: 120000 });
+  const check = await page.evaluate(async () => {
+    const load = (src) => new Promise((resolve, reject) => {
+      const img = new Image();
+      img.onload = () => resolve(img);
+      img.onerror = reject;
+      img.src = src;
+    });
+    const pixels = (img) => {
+      const c = document.createElement('canvas');
+      c.width = img.naturalWidth;
+      c.height = img.naturalHeight;
+      const ctx = c.getContext('2d');
+      ctx.drawImage(img, 0, 0);
+      return ctx.getImageData(0, 0, c.width, c.height).data;
+    };
+    const newest = document.querySelector('#gallery .result img.result-image');
+    if (!newest.complete) await new Promise((r) => newest.addEventListener('load', r, { once: true }));
+    const source = pixels(await load(document.querySelector('#mask-source').src));
+    const mask = pixels(await load(maskDataUrl()));
+    const out = pixels(newest);
+    if (out.length !== source.length) return { error: `sizes differ: ${out.length} vs ${source.length}` };
+    let kept = 0, keptChanged = 0, masked = 0, maskedChanged = 0;
+    for (let i = 0; i < out.length; i += 4) {
+      const same = out[i] === source[i] && out[i + 1] === source[i + 1] && out[i + 2] === source[i + 2];
+      if (mask[i] === 0) { ++kept; keptChanged += same ? 0 : 1; } else if (mask[i] === 255) { ++masked; maskedChanged += same ? 0 : 1; }
+    }
+    return { kept, keptChanged, masked, maskedChanged };
+  });
+  if (check.error) fail(check.error);
+  if (check.kept === 0 || check.masked === 0) fail(`the mask covers nothing or everything: ${JSON.stringify(check)}`);
+  if (check.keptChanged !== 0) fail(`${check.keptChanged} of ${check.kept} unmasked pixels changed`);
+  if (check.maskedChanged === 0) fail('nothing inside the mask was repainted');
+  await page.screenshot({ path: `${shots}/web-page-inpaint.png`, fullPage: true });
+  console.log(`inpainting from the page: ${check.kept} unmasked pixels unchanged, ${check.maskedChanged} of ${check.masked} masked pixels repainted`);
+  await page.click('#init-clear');
+
   // A long job, cancelled from the page while it runs.
   const before = await page.$$eval('#gallery .result', (r) => r.length);
   await page.fill('#steps', '150');

@@ -3,7 +3,10 @@
 'use strict';
 
 const $ = (id) => document.getElementById(id);
-const state = { jobs: [], current: null, initImages: [], lastSeed: null, status: null, editMode: false, defaultsShown: false };
+const state = {
+  jobs: [], current: null, initImages: [], lastSeed: null, status: null, editMode: false, defaultsShown: false,
+  maskPainted: false, controlImage: null,
+};
 
 // ---- API -----------------------------------------------------------------------------------
 function headers(extra = {}) {
@@ -98,6 +101,12 @@ async function refreshStatus() {
     $('init-legend').textContent = state.editMode ? 'Image to edit (the prompt is the instruction)' : 'Image to image (optional)';
     $('strength-box').hidden = state.editMode;
     $('image-guidance-box').hidden = !state.editMode;
+    state.masks = !!s.masks;
+    showMaskBox();
+    const models = s.controlnets || [];
+    const control = $('control-model');
+    if (control.options.length === 1) for (const name of models) control.add(new Option(name, name));
+    $('control-box').hidden = models.length === 0;
   } catch (e) {
     if (e.status !== 401) $('status-device').textContent = 'unreachable';
   }
@@ -127,6 +136,71 @@ function setInitImages(urls) {
   state.initImages = urls;
   const thumbs = $('init-thumbs');
   thumbs.replaceChildren(...urls.map((u) => Object.assign(document.createElement('img'), { src: u, alt: 'init image' })));
+  resetMask();
+}
+
+// ---- mask brush --------------------------------------------------------------------------------
+// One source image and a model that takes masks: paint white where to repaint, on a canvas of
+// the image's own size laid over it.
+function showMaskBox() {
+  $('mask-box').hidden = !(state.masks && state.initImages.length === 1);
+}
+function resetMask() {
+  state.maskPainted = false;
+  showMaskBox();
+  if (state.initImages.length !== 1) return;
+  const img = $('mask-source');
+  img.onload = () => {
+    const canvas = $('mask-canvas');
+    canvas.width = img.naturalWidth;
+    canvas.height = img.naturalHeight;
+    canvas.getContext('2d').clearRect(0, 0, canvas.width, canvas.height);
+  };
+  img.src = state.initImages[0];
+}
+function paintAt(event) {
+  const canvas = $('mask-canvas');
+  const rect = canvas.getBoundingClientRect();
+  const x = ((event.clientX - rect.left) * canvas.width) / rect.width;
+  const y = ((event.clientY - rect.top) * canvas.height) / rect.height;
+  const r = (Number($('brush-size').value) * canvas.width) / rect.width / 2;
+  const ctx = canvas.getContext('2d');
+  ctx.globalCompositeOperation = $('mask-erase').checked ? 'destination-out' : 'source-over';
+  ctx.fillStyle = '#fff';
+  ctx.beginPath();
+  ctx.arc(x, y, r, 0, 2 * Math.PI);
+  ctx.fill();
+  if (!$('mask-erase').checked) state.maskPainted = true;
+}
+function setupMaskBrush() {
+  const canvas = $('mask-canvas');
+  let down = false;
+  canvas.addEventListener('pointerdown', (e) => { down = true; canvas.setPointerCapture(e.pointerId); paintAt(e); });
+  canvas.addEventListener('pointermove', (e) => { if (down) paintAt(e); });
+  canvas.addEventListener('pointerup', () => { down = false; });
+  canvas.addEventListener('pointercancel', () => { down = false; });
+  $('mask-clear').onclick = () => {
+    canvas.getContext('2d').clearRect(0, 0, canvas.width, canvas.height);
+    state.maskPainted = false;
+  };
+}
+// The painted strokes as the server's mask: white on black, at the image's size; undefined when
+// nothing is painted.
+function maskDataUrl() {
+  const canvas = $('mask-canvas');
+  if (!state.maskPainted || $('mask-box').hidden) return undefined;
+  const alpha = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+  let any = false;
+  for (let i = 3; i < alpha.length && !any; i += 4) any = alpha[i] > 0;
+  if (!any) return undefined;
+  const out = document.createElement('canvas');
+  out.width = canvas.width;
+  out.height = canvas.height;
+  const ctx = out.getContext('2d');
+  ctx.fillStyle = '#000';
+  ctx.fillRect(0, 0, out.width, out.height);
+  ctx.drawImage(canvas, 0, 0);
+  return out.toDataURL('image/png');
 }
 
 // ---- jobs --------------------------------------------------------------------------------------
@@ -146,12 +220,21 @@ function readForm() {
   const text = $('prompt').value.trim();
   const prompts = $('batch-lines').checked ? text.split('\n').map((l) => l.trim()).filter(Boolean) : [text];
   const images = state.initImages.length ? state.initImages : [undefined];
+  const mask = maskDataUrl();
+  const onlyMasked = mask && $('mask-only').checked && !state.editMode;
+  const controlModel = $('control-model').value;
+  const controlnets = controlModel && state.controlImage
+    ? [{ model: controlModel, image: state.controlImage, scale: Number($('control-scale').value), preprocess: $('control-preprocess').value || undefined }]
+    : undefined;
   const bodies = [];
   for (const prompt of prompts)
     for (const init of images)
       bodies.push(init && state.editMode
-        ? { ...base, width: undefined, height: undefined, prompt, mode: 'edit', init_image: init, image_guidance_scale: Number($('image-guidance').value) }
-        : { ...base, prompt, init_image: init, strength: init ? Number($('strength').value) : undefined });
+        ? { ...base, width: undefined, height: undefined, prompt, mode: 'edit', init_image: init, image_guidance_scale: Number($('image-guidance').value), mask }
+        : {
+            ...base, prompt, init_image: init, strength: init ? Number($('strength').value) : undefined,
+            mask: init ? mask : undefined, mask_crop: init && onlyMasked ? 32 : undefined, controlnets,
+          });
   return bodies;
 }
 
@@ -271,6 +354,15 @@ $('init-image').onchange = async () => {
     showError(e.message);
   }
 };
+$('control-image').onchange = async () => {
+  try {
+    const file = $('control-image').files[0];
+    state.controlImage = file ? await toPngDataUrl(file) : null;
+  } catch (e) {
+    showError(e.message);
+  }
+};
+setupMaskBrush();
 $('download-all').onclick = () => document.querySelectorAll('#gallery a.download').forEach((a) => a.click());
 $('error-close').onclick = () => { $('error').hidden = true; };
 $('api-key').onchange = () => { localStorage.setItem('diffuse-api-key', $('api-key').value); $('key-box').hidden = true; refreshStatus(); };
