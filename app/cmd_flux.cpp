@@ -76,6 +76,9 @@ int run_flux(const DitCliFlags& f, bool edit) {
   Image source;
   if (edit && f.image.empty()) throw InvalidArgument("edit needs a source image (-i/--image)");
   if (!f.image.empty()) source = read_png(f.image);
+  if (!f.mask.empty() && !edit && !img2img)
+    throw InvalidArgument("--mask: repaints part of a source image (img2img -i, or edit)");
+  const auto mask_options = dit_mask_options(f);  // read before anything loads
   const auto device =
       device::resolve_device(f.parallel.is_worker() ? f.parallel.rank_device : f.device);
   const auto dtype = device::resolve_dtype(f.dtype, device, "transformer");
@@ -145,6 +148,7 @@ int run_flux(const DitCliFlags& f, bool edit) {
     i.width = f.width;  // 0: the image's (txt2img's img2img route passes what was given)
     i.height = f.height;
     i.strength = f.strength;
+    i.inpaint = mask_options;
     i.sampling = s;
     r = pipe.image_to_image(i);
   } else if (edit) {
@@ -154,6 +158,7 @@ int run_flux(const DitCliFlags& f, bool edit) {
     e.image = pipeline::image_to_tensor(source);
     e.max_area = 0;  // the output keeps the (resized) source's size
     e.auto_resize = !f.no_auto_resize;
+    e.inpaint = mask_options;
     e.sampling = s;
     r = pipe.edit(e);
   } else {

@@ -95,8 +95,25 @@ void check_hidream_parallel_run(ParallelMode mode, int world, bool edit, double 
                           std::to_string(world));
 }
 
+InpaintOptions dit_mask_options(const DitCliFlags& f) {
+  InpaintOptions o;
+  if (f.mask.empty()) {
+    if (f.mask_blur > 0 || f.invert_mask || f.mask_crop >= 0)
+      throw InvalidArgument("--mask-blur/--invert-mask/--mask-crop adjust a --mask: give one");
+    return o;
+  }
+  o.mask = pipeline::image_to_tensor(read_png(f.mask));
+  o.blur = f.mask_blur;
+  o.invert = f.invert_mask;
+  o.crop_padding = f.mask_crop;
+  return o;
+}
+
 int run_hidream(const DitCliFlags& f, bool edit) {
   if (pipeline::is_flux_folder(f.model)) return run_flux(f, edit);
+  if (!f.mask.empty() && !edit)
+    throw InvalidArgument("--mask: HiDream repaints a masked region in its edits (diffuse edit)");
+  const auto mask_options = dit_mask_options(f);  // read before anything loads
   if (f.true_cfg_scale || f.max_sequence_length || f.no_auto_resize)
     throw InvalidArgument(
         "--true-cfg-scale/--max-sequence-length/--no-auto-resize: FLUX options; HiDream guides "
@@ -220,6 +237,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     e.image_guidance_scale = image_guidance;
     e.clip_cfg_norm = !f.no_clip_cfg_norm;
     e.refine_strength = refine;
+    e.inpaint = mask_options;
     e.sampling = s;
     r = pipe.edit(e);
     params.image_guidance = image_guidance;
@@ -368,6 +386,12 @@ void add_flags(CLI::App& app, DitCliFlags& f, bool edit) {
         ->required();
     app.add_option("--image-guidance", f.image_guidance,
                    "Image guidance scale (default: the variant's)");
+    app.add_option("--mask", f.mask,
+                   "Keep the edit inside this mask (PNG: white = edit, black = keep the source)")
+        ->check(CLI::ExistingFile);
+    app.add_option("--mask-blur", f.mask_blur, "Blur the mask by this many pixels (sigma)")
+        ->check(number_range(0, 256, "pixels"));
+    app.add_flag("--invert-mask", f.invert_mask, "Edit the black part of the mask instead");
     app.add_option(
         "--refine", f.refine,
         "Refine strength in [0, 1]: the last steps run without the E1 LoRA on the target "

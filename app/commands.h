@@ -70,6 +70,11 @@ struct DitCliFlags {
   bool no_auto_resize = false;
   // FLUX img2img (txt2img with `image` set): how far from the image, in (0, 1].
   double strength = 0.8;
+  // A mask (PNG, white = repaint): FLUX img2img and Kontext / HiDream-E1 edits stay inside it.
+  std::string mask;
+  double mask_blur = 0;
+  bool invert_mask = false;
+  int mask_crop = -1;      // FLUX img2img only
   ParallelFlags parallel;  // HiDream: --parallel ulysses over --devices or torchrun's ranks
 };
 // Text-to-image (edit = false) or editing; writes f.out. A FLUX folder goes to run_flux.

@@ -17,6 +17,10 @@ namespace diffuse::app {
 std::string dit_parallel_job(const DitCliFlags& f, bool edit, uint64_t seed, int steps,
                              double guidance);
 
+// --mask/--mask-blur/--invert-mask/--mask-crop as the pipeline's options, the PNG read now (a
+// bad file fails before anything loads); no mask: the defaults.
+InpaintOptions dit_mask_options(const DitCliFlags& f);
+
 // InvalidArgument unless `name` is a flow-matching scheduler (the DiTs denoise by flow matching).
 void check_flow_scheduler_name(const std::string& name);
 

@@ -14,6 +14,7 @@
 
 #include "diffuse/errors.h"
 #include "diffuse/pipeline.h"
+#include "pipeline/denoise_extras.h"
 #include "pipeline/denoised_estimate.h"
 #include "schedulers/scheduler.h"
 
@@ -35,6 +36,10 @@ struct FlowDenoiseInputs {
   // img2img: the schedule's first step that runs (the scheduler's begin index); steps are
   // counted from it.
   int64_t first_step = 0;
+  // Inpainting with an ordinary transformer: after each step the kept region becomes the
+  // source's latents noised to the next step's sigma (flow matching's scale_noise), its own
+  // latents after the last step (diffusers' FluxInpaintPipeline). Same layout as the latents.
+  const InpaintLatents* inpaint = nullptr;
 };
 
 template <class Step>
@@ -68,6 +73,13 @@ FlowDenoiseOutcome flow_denoise(schedulers::Scheduler& scheduler, torch::Tensor 
       noise = schedulers::StepNoise::from_tensor((*in.step_noise)[noise_used++].to(in.device));
     const auto before = latents;
     latents = scheduler.step(v, t, latents, noise).prev_sample;
+    if (in.inpaint) {
+      auto known = in.inpaint->image_latents.to(latents.device(), latents.scalar_type());
+      if (i + 1 < total)
+        known = scheduler.add_noise(known, in.inpaint->noise.to(latents.device()),
+                                    timesteps[i + 1].reshape({1}));
+      latents = in.inpaint->blend(latents, known);
+    }
     step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
     out.steps_run = static_cast<int>(i + 1);
     if (!on_step) continue;

@@ -331,7 +331,8 @@ void FluxPipeline::prepare_schedule(int steps, int64_t image_tokens) {
 
 torch::Tensor FluxPipeline::denoise(const FluxSampling& s, torch::Tensor latents, int64_t h,
                                     int64_t w, const torch::Tensor& image_tokens, bool true_cfg,
-                                    FluxResult& out, int64_t first_step) {
+                                    FluxResult& out, int64_t first_step,
+                                    const InpaintLatents* inpaint) {
   const int64_t S = latents.size(1);
   out.img_ids = models::flux_image_ids(h, w);
   if (image_tokens.defined())  // Kontext: the source's tokens sit at frame 1
@@ -384,6 +385,7 @@ torch::Tensor FluxPipeline::denoise(const FluxSampling& s, torch::Tensor latents
   in.seed = s.seed;
   in.device = device_;
   in.first_step = first_step;
+  in.inpaint = inpaint;
   if (cache) in.begin_step = [&cache](int step, int total) { cache->begin_step(step, total); };
   std::function<StepAction(const FluxStep&)> on_step = s.on_step;
   if (sequence_group_)
@@ -462,6 +464,13 @@ void FluxPipeline::encode_source(const torch::Tensor& image, int64_t h, int64_t 
   record_stage_memory(&out.timings, "vae_encode", device_);
 }
 
+torch::Tensor FluxPipeline::packed_mask(const PreparedInpaint& prepared, int64_t h,
+                                        int64_t w) const {
+  // FluxInpaintPipeline: the latent mask repeated over the latent channels, then packed.
+  const int64_t C = tconfig_.in_channels / 4;
+  return models::flux_pack(latent_mask(prepared.mask, h, w).repeat({1, C, 1, 1}));
+}
+
 FluxResult FluxPipeline::image_to_image(const FluxImageToImage& r) {
   check_sampling(r.sampling);
   check_flux_source(r.image);
@@ -475,6 +484,8 @@ FluxResult FluxPipeline::image_to_image(const FluxImageToImage& r) {
   const auto [width, height] = floored_size(r.width > 0 ? r.width : static_cast<int>(W),
                                             r.height > 0 ? r.height : static_cast<int>(H));
   torch::InferenceMode inference;
+  std::optional<PreparedInpaint> masked;
+  if (r.inpaint.mask.defined()) masked = prepare_inpaint(r.inpaint, r.image, height, width);
   FluxResult out;
   const double start = flux_clock_s();
   const int64_t h = height / vae_scale_factor(), w = width / vae_scale_factor();
@@ -484,16 +495,25 @@ FluxResult FluxPipeline::image_to_image(const FluxImageToImage& r) {
   const auto posterior = torch::randn({1, C, h, w}, gen, torch::kFloat32);
   auto noise = r.sampling.latents.defined() ? initial_latents(r.sampling, h, w)
                                             : torch::randn({1, C, h, w}, gen, torch::kFloat32);
-  encode_source(r.image, height, width, r.sampling.vae_tiling, posterior, out);
+  encode_source(masked ? masked->image : r.image, height, width, r.sampling.vae_tiling, posterior,
+                out);
   const bool true_cfg = encode_prompts(r.prompt, r.negative_prompt, r.sampling, out);
   prepare_schedule(r.sampling.steps, (h / 2) * (w / 2));
   const int64_t first = first_step;
   const auto t0 = scheduler_->timesteps()[first].reshape({1});
   auto latents = scheduler_->add_noise(out.image_latents.to(device_), noise.to(device_), t0);
-  auto final_latents =
-      denoise(r.sampling, models::flux_pack(latents), h, w, {}, true_cfg, out, first);
+  std::optional<InpaintLatents> ip;
+  if (masked) {
+    ip.emplace();
+    ip->mask = packed_mask(*masked, h, w).to(device_);
+    ip->image_latents = models::flux_pack(out.image_latents).to(device_);
+    ip->noise = models::flux_pack(noise).to(device_);
+  }
+  auto final_latents = denoise(r.sampling, models::flux_pack(latents), h, w, {}, true_cfg, out,
+                               first, ip ? &*ip : nullptr);
   out.image = decode_flow_latents(vae_, final_latents, r.sampling.vae_tiling, device_, out.timings,
                                   out.warnings);
+  if (masked) out.image = finish_inpaint_images(*masked, out.image);
   out.timings.total_s = flux_clock_s() - start;
   out.image_latents = out.image_latents.to(torch::kCPU);
   return out;
@@ -547,9 +567,28 @@ FluxResult FluxPipeline::edit(const FluxEdit& r) {
   const int64_t h = height / vae_scale_factor(), w = width / vae_scale_factor();
   auto latents = models::flux_pack(initial_latents(r.sampling, h, w));
   prepare_schedule(r.sampling.steps, latents.size(1));  // mu from the noisy tokens only
-  auto final_latents = denoise(r.sampling, latents, h, w, out.image_latents_packed, true_cfg, out);
+  // A mask keeps the edit inside it: the source at the output's size is blended back outside.
+  std::optional<PreparedInpaint> masked;
+  std::optional<InpaintLatents> ip;
+  if (r.inpaint.mask.defined()) {
+    if (r.inpaint.crop_padding >= 0)
+      throw InvalidArgument(
+          "mask crop (inpaint only masked) is for image-to-image; an edit sees the whole source");
+    if (!r.image.defined())
+      throw InvalidArgument("a masked edit needs the source image, not only its latents");
+    masked = prepare_inpaint(r.inpaint, r.image, height, width);
+    FluxResult kept;
+    encode_source(masked->image, height, width, r.sampling.vae_tiling, {}, kept);
+    ip.emplace();
+    ip->mask = packed_mask(*masked, h, w).to(device_);
+    ip->image_latents = models::flux_pack(kept.image_latents).to(device_);
+    ip->noise = latents.to(device_);
+  }
+  auto final_latents = denoise(r.sampling, latents, h, w, out.image_latents_packed, true_cfg, out,
+                               0, ip ? &*ip : nullptr);
   out.image = decode_flow_latents(vae_, final_latents, r.sampling.vae_tiling, device_, out.timings,
                                   out.warnings);
+  if (masked) out.image = finish_inpaint_images(*masked, out.image);
   out.timings.total_s = flux_clock_s() - start;
   out.image_latents = out.image_latents.to(torch::kCPU);
   out.image_latents_packed = out.image_latents_packed.to(torch::kCPU);

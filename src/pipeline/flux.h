@@ -25,7 +25,9 @@
 #include "models/autoencoder_kl.h"
 #include "models/flux_transformer.h"
 #include "parallel/rank_group.h"
+#include "pipeline/denoise_extras.h"
 #include "pipeline/flux_text.h"
+#include "pipeline/inpaint_mask.h"
 #include "schedulers/scheduler.h"
 
 namespace diffuse::pipeline {
@@ -83,6 +85,8 @@ struct FluxImageToImage {
   // with Pillow's Lanczos, as the reference's image processor does).
   int width = 0, height = 0;
   double strength = 0.6;
+  // With a mask: repaint only there (FluxInpaintPipeline's blend of the kept region).
+  InpaintOptions inpaint;
   FluxSampling sampling;
 };
 
@@ -101,6 +105,9 @@ struct FluxEdit {
   // scaled), e.g. kept from an earlier edit of the same image. Skips the resize and the VAE
   // encode; `image` may then be undefined. Undefined: `image` is encoded.
   torch::Tensor image_latents;
+  // With a mask: the edit stays inside it (outside, the source's latents are blended back
+  // each step; the output then has the source's size).
+  InpaintOptions inpaint;
   FluxSampling sampling;
 };
 
@@ -193,9 +200,12 @@ class FluxPipeline {
   void prepare_schedule(int steps, int64_t image_tokens);
   // Denoises packed `latents` (of an h x w latent) with `image_tokens` (Kontext: the source's
   // packed latents, else undefined) appended; fills out.latents (unpacked) and the timings.
+  // `inpaint`: packed kept-region latents, noise and mask (flow_denoise's blend).
   torch::Tensor denoise(const FluxSampling& s, torch::Tensor latents, int64_t h, int64_t w,
                         const torch::Tensor& image_tokens, bool true_cfg, FluxResult& out,
-                        int64_t first_step = 0);
+                        int64_t first_step = 0, const InpaintLatents* inpaint = nullptr);
+  // The packed latent mask of a prepared inpainting run at h x w latents.
+  torch::Tensor packed_mask(const PreparedInpaint& prepared, int64_t h, int64_t w) const;
   // The source image checked, resized to h x w pixels (Pillow's Lanczos) into out.source_resized
   // and encoded (posterior mean, or a sample when `noise` is given) into out.image_latents.
   void encode_source(const torch::Tensor& image, int64_t h, int64_t w,

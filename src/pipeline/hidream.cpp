@@ -23,6 +23,7 @@
 #include "pipeline/flow_denoise.h"
 #include "pipeline/hidream_variant.h"
 #include "pipeline/initial_noise.h"
+#include "pipeline/inpaint_mask.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/transformer_streaming.h"
 #include "pipeline/vae_tiling_policy.h"
@@ -207,7 +208,8 @@ torch::Tensor HiDreamPipeline::run_transformer(const torch::Tensor& input, const
 }
 
 torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor latents,
-                                       const Velocity& velocity, HiDreamResult& out) {
+                                       const Velocity& velocity, HiDreamResult& out,
+                                       const InpaintLatents* inpaint) {
   auto& timings = out.timings;
   const double start = now_s();
   device::reset_peak_memory(device_);
@@ -220,6 +222,7 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
   in.seed = s.seed;
   in.step_noise = &s.step_noise;
   in.device = device_;
+  in.inpaint = inpaint;
   if (cache_) in.begin_step = [this](int step, int total) { cache_->begin_step(step, total); };
   if (cache_ && cfg_group_) cache_->set_branch_sum(parallel::sum_over_ranks(*cfg_group_));
   std::function<StepAction(const HiDreamStep&)> on_step = s.on_step;
@@ -308,12 +311,19 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
     throw InvalidArgument(
         "refine_strength > 0 runs the last steps on HiDream-I1's weights: load the model as "
         "I1 + the E1 LoRA file (HiDream-E1-Full) to use it, or set refine_strength to 0");
+  if (r.inpaint.mask.defined() && r.inpaint.crop_padding >= 0)
+    throw InvalidArgument(
+        "mask crop (inpaint only masked) is for image-to-image; an edit sees the whole source");
   torch::InferenceMode inference;
   HiDreamResult out;
   const double start = now_s();
   device::reset_peak_memory(vae_device_);
   // VaeImageProcessor: [0, 255] -> [-1, 1], NCHW; E1 encodes with the mode (the mean).
   auto pixels = edit_source_pixels(r.image);
+  // A mask at the edit's size, checked before anything heavier runs.
+  std::optional<PreparedInpaint> masked;
+  if (r.inpaint.mask.defined())
+    masked = prepare_inpaint(r.inpaint, r.image, pixels.size(2), pixels.size(3));
   const auto& vc = vae_->config();
   const auto tiling = choose_vae_tiling(r.sampling.vae_tiling, vc, 1, pixels.size(2),
                                         pixels.size(3), vae_device_, torch::kFloat32);
@@ -372,7 +382,15 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
     HiDreamPipeline* p;
     ~RestoreEditingWeights() { p->apply_editing_lora(); }
   } restore{this};
-  latents = denoise(r.sampling, latents, velocity, out);
+  std::optional<InpaintLatents> ip;
+  if (masked) {
+    // Outside the mask the target is the source itself (same size: E1 edits at the source's).
+    ip.emplace();
+    ip->mask = latent_mask(masked->mask, h, w).to(device_);
+    ip->image_latents = out.image_latents;
+    ip->noise = latents;
+  }
+  latents = denoise(r.sampling, latents, velocity, out, ip ? &*ip : nullptr);
   out.latents = latents.to(torch::kCPU);
   decode(latents, r.sampling.vae_tiling, out);
   out.timings.total_s = now_s() - start;

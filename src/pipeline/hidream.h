@@ -24,6 +24,7 @@
 #include "models/hidream_transformer.h"
 #include "nn/layers.h"
 #include "parallel/rank_group.h"
+#include "pipeline/denoise_extras.h"
 #include "pipeline/hidream_text.h"
 #include "schedulers/scheduler.h"
 
@@ -85,6 +86,9 @@ struct HiDreamEdit {
   // The target description for the refine phase; empty: the text after "Target Image
   // Description:" in the prompt, else the whole prompt.
   std::string target_prompt;
+  // With a mask: the edit stays inside it (outside, the source's latents are blended back after
+  // each step, re-noised to the next sigma). crop_padding is for image-to-image and refused.
+  InpaintOptions inpaint;
   HiDreamSampling sampling;
 };
 
@@ -215,7 +219,7 @@ class HiDreamPipeline {
                                 const models::HiDreamForwardOptions& fwd, HiDreamStep& step);
   // Records timings, steps_run and (after a finish_now()) interrupted and its warning in `out`.
   torch::Tensor denoise(const HiDreamSampling& s, torch::Tensor latents, const Velocity& velocity,
-                        HiDreamResult& out);
+                        HiDreamResult& out, const InpaintLatents* inpaint = nullptr);
   // Sets out.image, its timings and memory, and a warning if the VAE had to tile.
   void decode(const torch::Tensor& latents, const VaeTilingOptions& tiling, HiDreamResult& out);
   // NumericalError if the text encoders' outputs went NaN/Inf.
