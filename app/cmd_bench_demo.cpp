@@ -109,6 +109,10 @@ std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench) {
                   "Image-to-image cases (blue background -> green)")
       ->capture_default_str();
   sub->add_option("--strength", f->opts.strength, "img2img strength")->capture_default_str();
+  sub->add_option("--inpaint", f->opts.inpaint_cases,
+                  "Inpainting cases: the right half of a two-object scene masked, the prompt "
+                  "naming another object there")
+      ->capture_default_str();
   sub->add_option("--save", f->opts.save_dir, "Write every image into this folder");
   sub->add_flag("--json", f->json, "Print one JSON object on stdout");
   sub->add_flag("--edit", f->edit,
@@ -147,6 +151,14 @@ std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench) {
                                   {"img2img_cases", i.images},
                                   {"img2img_background_accuracy", i.background_accuracy()},
                                   {"img2img_objects_kept", i.colour_position_accuracy()},
+                                  {"inpaint_cases", r.inpaint.images},
+                                  {"inpaint_fully_right",
+                                   r.inpaint.images
+                                       ? double(r.inpaint_fully_right) / r.inpaint.images
+                                       : 0.0},
+                                  {"inpaint_objects_right", r.inpaint.colour_position_accuracy()},
+                                  {"inpaint_shapes_right", r.inpaint.shape_accuracy()},
+                                  {"inpaint_kept_change", r.inpaint_kept_change},
                                   {"seconds", r.seconds},
                                   {"rows", rows}}
                        .dump(2)
@@ -165,6 +177,15 @@ std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench) {
       std::printf("  objects kept      %5.1f %% (colour + position)\n",
                   100 * i.colour_position_accuracy());
       std::printf("  shapes kept       %5.1f %%\n", 100 * i.shape_accuracy());
+    }
+    if (r.inpaint.images > 0) {
+      std::printf("inpaint (right half masked, another object asked there): %d images\n",
+                  r.inpaint.images);
+      std::printf("  fully right       %5.1f %%\n",
+                  100.0 * r.inpaint_fully_right / r.inpaint.images);
+      std::printf("  objects right     %5.1f %% (colour + position), shapes %5.1f %%\n",
+                  100 * r.inpaint.colour_position_accuracy(), 100 * r.inpaint.shape_accuracy());
+      std::printf("  kept half changed %5.2f / 255 on average\n", r.inpaint_kept_change);
     }
     std::printf("%.1f s\n", r.seconds);
     return 0;

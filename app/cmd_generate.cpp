@@ -27,6 +27,7 @@
 #include "pipeline/flux.h"
 #include "pipeline/hidream.h"
 #include "pipeline/image_parameters.h"
+#include "pipeline/inpaint_mask.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/model_source.h"
 #include "pipeline/prompt_loras.h"
@@ -77,6 +78,7 @@ struct GenerateFlags {
   double mask_blur = 0;
   bool invert_mask = false;
   int mask_crop = -1;
+  std::string inpaint_fill = "original";
   std::vector<std::string> controlnets, control_images;
   std::vector<double> control_scales;
   std::vector<std::string> control_preprocess;
@@ -184,6 +186,11 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
                    "Inpaint only the masked area: work at full size on the box around the mask, "
                    "widened by this many pixels, and paste it back (A1111's 'only masked')")
         ->check(int_range(0, kMaxSide, "a padding in pixels"));
+    app.add_option("--inpaint-fill", f.inpaint_fill,
+                   "What the masked region starts from below strength 1: original (the "
+                   "source), fill (painted from its surroundings), latent_noise, latent_nothing")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"original", "fill", "latent_noise", "latent_nothing"}));
     app.add_option("--noise", f.noise_file,
                    "safetensors file with the noise added to the init image's latents (instead "
                    "of the seed's)");
@@ -275,10 +282,10 @@ void check_hidream_generate_flags(const GenerateFlags& f, const std::string& fam
     refuse("--denoising-end/--denoising-start",
            "the expert handoff is for UNet models (SDXL base -> refiner); " + family +
                " models run their whole schedule");
-  if (!f.mask.empty())
+  if (!f.mask.empty() && family != "FLUX")
     refuse("--mask", family +
-                         " models do not inpaint with a mask yet (Stable Diffusion 1.x/2.x/XL "
-                         "does)");
+                         " models repaint a masked region in their edits (diffuse edit --mask); "
+                         "image-to-image with a mask is for Stable Diffusion and FLUX");
   if (!f.controlnets.empty())
     refuse("--controlnet",
            "ControlNets steer UNet models (Stable Diffusion 1.x/2.x/XL); " + family + " has none");
@@ -386,8 +393,11 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     g.inpaint.blur = f.mask_blur;
     g.inpaint.invert = f.invert_mask;
     g.inpaint.crop_padding = f.mask_crop;
-  } else if (f.mask_blur > 0 || f.invert_mask || f.mask_crop >= 0) {
-    throw InvalidArgument("--mask-blur/--invert-mask/--mask-crop adjust a --mask: give one");
+    g.inpaint.fill = f.inpaint_fill;
+    pipeline::validate_inpaint_fill(g.inpaint.fill);
+  } else if (f.mask_blur > 0 || f.invert_mask || f.mask_crop >= 0 || f.inpaint_fill != "original") {
+    throw InvalidArgument(
+        "--mask-blur/--invert-mask/--mask-crop/--inpaint-fill adjust a --mask: give one");
   }
   // --devices (CFG-parallel): checked before anything loads, by the launcher and each worker.
   // HiDream and FLUX (the DiT families) run through run_hidream's flags.
@@ -434,6 +444,14 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     if (img2img) {
       h.image = f.init_image;
       h.strength = f.strength;
+      h.mask = f.mask;
+      h.mask_blur = f.mask_blur;
+      h.invert_mask = f.invert_mask;
+      h.mask_crop = f.mask_crop;
+      if (f.inpaint_fill != "original")
+        throw InvalidArgument(
+            "--inpaint-fill: FLUX starts the masked region from the source "
+            "(original); the other fills are Stable Diffusion's");
       h.width = f.width;  // 0: the image's size
       h.height = f.height;
     }

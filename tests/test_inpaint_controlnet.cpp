@@ -6,17 +6,26 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+
+#include <png.h>
 
 #include "cli_run.h"
 #include "diffuse/errors.h"
 #include "diffuse/image.h"
 #include "diffuse/pipeline.h"
+#include "io/json_config.h"
+#include "io/model_folder.h"
+#include "io/safetensors.h"
 #include "models/controlnet.h"
 #include "pipeline/control_image.h"
 #include "pipeline/controlnet_step.h"
 #include "pipeline/inpaint_mask.h"
 #include "pipeline/stable_diffusion.h"
+#include "server/job_wire.h"
+#include "server/request_conditions.h"
+#include "server_test_util.h"
 #include "test_util.h"
 #include "verify/verify.h"
 
@@ -217,6 +226,95 @@ TEST(ControlNet, ALayoutThatDoesNotFitTheUnetIsRefusedNamingBoth) {
   EXPECT_THROW(models::load_controlnet(dir.path().string(), torch::kCPU, torch::kFloat32), IoError);
 }
 
+// The golden ControlNet folder written as an original single-file checkpoint (control_model.*
+// keys, cldm's numbering), by this test's own table (the inverse of io/ldm_key_map's).
+std::string write_original_controlnet(const std::string& folder, const test::TempDir& dir) {
+  using Table = std::vector<std::pair<std::string, std::string>>;
+  const auto w = io::load_weights_file(folder + "/diffusion_pytorch_model.safetensors");
+  const auto cfg = io::JsonConfig::load(folder + "/config.json").json();
+  const int n = cfg["layers_per_block"].get<int>();
+  const size_t levels = cfg["block_out_channels"].size();
+  const std::string p = "control_model.";
+  std::map<std::string, torch::Tensor> out;
+  const auto move = [&](const std::string& from, const std::string& to,
+                        const Table& table = {{"", ""}}) {
+    for (auto it = w.lower_bound(from); it != w.end() && it->first.rfind(from, 0) == 0; ++it) {
+      const std::string rest = it->first.substr(from.size());
+      for (const auto& [d, l] : table)
+        if (rest.rfind(d, 0) == 0) {
+          out[to + l + rest.substr(d.size())] = it->second;
+          break;
+        }
+    }
+  };
+  const Table resnet = {
+      {"norm1.", "in_layers.0."},          {"conv1.", "in_layers.2."},
+      {"time_emb_proj.", "emb_layers.1."}, {"norm2.", "out_layers.0."},
+      {"conv2.", "out_layers.3."},         {"conv_shortcut.", "skip_connection."}};
+  move("time_embedding.linear_1.", p + "time_embed.0.");
+  move("time_embedding.linear_2.", p + "time_embed.2.");
+  move("conv_in.", p + "input_blocks.0.0.");
+  for (size_t l = 0; l < levels; ++l) {
+    const std::string d = "down_blocks." + std::to_string(l) + ".";
+    for (int r = 0; r < n; ++r) {
+      const std::string entry = p + "input_blocks." + std::to_string(1 + l * (n + 1) + r) + ".";
+      move(d + "resnets." + std::to_string(r) + ".", entry + "0.", resnet);
+      move(d + "attentions." + std::to_string(r) + ".", entry + "1.");
+    }
+    move(d + "downsamplers.0.conv.",
+         p + "input_blocks." + std::to_string(1 + l * (n + 1) + n) + ".0.op.");
+  }
+  move("mid_block.resnets.0.", p + "middle_block.0.", resnet);
+  move("mid_block.attentions.0.", p + "middle_block.1.");
+  move("mid_block.resnets.1.", p + "middle_block.2.", resnet);
+  move("controlnet_cond_embedding.conv_in.", p + "input_hint_block.0.");
+  const size_t blocks = 2 * (cfg["conditioning_embedding_out_channels"].size() - 1);
+  for (size_t b = 0; b < blocks; ++b)
+    move("controlnet_cond_embedding.blocks." + std::to_string(b) + ".",
+         p + "input_hint_block." + std::to_string(2 + 2 * b) + ".");
+  move("controlnet_cond_embedding.conv_out.",
+       p + "input_hint_block." + std::to_string(2 + 2 * blocks) + ".");
+  for (size_t i = 0; i < w.size(); ++i)
+    move("controlnet_down_blocks." + std::to_string(i) + ".",
+         p + "zero_convs." + std::to_string(i) + ".0.");
+  move("controlnet_mid_block.", p + "middle_block_out.0.");
+  EXPECT_EQ(out.size(), w.size()) << "the test's table left tensors out";
+  const auto file = dir.file("control_v11p_tiny.safetensors");
+  io::save_safetensors(file, {out.begin(), out.end()});
+  return file;
+}
+
+TEST(ControlNet, AnOriginalSingleFileCheckpointLoadsAsItsDiffusersFolder) {
+  if (!have(control_dir())) GTEST_SKIP() << "no set at " << control_dir();
+  const auto set = verify::GoldenSet::load(control_dir());
+  const auto folder = set.model_dir() + "/controlnet";
+  test::TempDir dir;
+  const auto file = write_original_controlnet(folder, dir);
+  const auto unet = models::UNet2DConditionConfig::from_json(
+      io::JsonConfig::load(set.model_dir() + "/unet/config.json"));
+  auto a = models::load_controlnet(folder, torch::kCPU, torch::kFloat32);
+  auto b = models::load_controlnet(file, torch::kCPU, torch::kFloat32, &unet);
+  const int64_t f = a->controlnet_config().condition_factor();
+  auto gen = at::detail::createCPUGenerator(11);
+  const auto sample = torch::randn({2, 4, 4, 6}, gen);
+  const auto ctx = torch::randn({2, 5, unet.cross_attention_dim[0]}, gen);
+  const auto cond = torch::rand({2, 3, 4 * f, 6 * f}, gen);
+  const auto ra = a->forward(sample, torch::tensor(500), ctx, cond, 0.8, false);
+  const auto rb = b->forward(sample, torch::tensor(500), ctx, cond, 0.8, false);
+  ASSERT_EQ(ra.down.size(), rb.down.size());
+  for (size_t i = 0; i < ra.down.size(); ++i)
+    EXPECT_TRUE(torch::equal(ra.down[i], rb.down[i])) << i;
+  EXPECT_TRUE(torch::equal(ra.mid, rb.mid));
+  // Without the UNet it steers there is no configuration; with another one it does not fit.
+  EXPECT_THROW(models::load_controlnet(file, torch::kCPU, torch::kFloat32), InvalidArgument);
+  auto other = unet;
+  other.layers_per_block = std::vector<int64_t>(unet.layers_per_block.size(), 1);
+  EXPECT_NE(test::expect_throw<InvalidArgument>([&] {
+              models::load_controlnet(file, torch::kCPU, torch::kFloat32, &other);
+            }).find("another base model"),
+            std::string::npos);
+}
+
 TEST(ControlNet, UnitsAreCheckedBeforeAnythingLoads) {
   ControlNetUnit u;
   u.model = "cn";
@@ -326,6 +424,198 @@ TEST(InpaintCli, MaskFlagsWorkAndAreRefusedWithoutAMask) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("give one"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir.file("bad.png")));
+}
+
+// ---- server ------------------------------------------------------------------------------------
+
+using nlohmann::json;
+
+std::string base64_png(const Image& img) {
+  return server::base64_encode(encode_png(img));
+}
+
+// A w x h picture and a mask (white rectangle in the middle) as images.
+std::pair<Image, Image> picture_and_mask(int w, int h) {
+  const auto s = scene(h, w);
+  Image mask;
+  mask.width = w;
+  mask.height = h;
+  for (int64_t i = 0; i < int64_t{w} * h; ++i)
+    for (int c = 0; c < 3; ++c) mask.rgb.push_back(s.mask.view({-1})[i].item<uint8_t>());
+  return {s.source, mask};
+}
+
+// An RGBA PNG whose alpha is 0 inside the rectangle [x0, x1) x [y0, y1): OpenAI's edit mask.
+std::string rgba_mask_png(int w, int h, int x0, int y0, int x1, int y1) {
+  std::string out;
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  png_set_write_fn(
+      png, &out,
+      [](png_structp p, png_bytep data, png_size_t n) {
+        static_cast<std::string*>(png_get_io_ptr(p))->append(reinterpret_cast<char*>(data), n);
+      },
+      nullptr);
+  png_set_IHDR(png, info, w, h, 8, PNG_COLOR_TYPE_RGBA, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(png, info);
+  std::vector<uint8_t> row(static_cast<size_t>(w) * 4);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      const bool hole = x >= x0 && x < x1 && y >= y0 && y < y1;
+      row[x * 4] = row[x * 4 + 1] = row[x * 4 + 2] = 90;
+      row[x * 4 + 3] = hole ? 0 : 255;
+    }
+    png_write_row(png, row.data());
+  }
+  png_write_end(png, info);
+  png_destroy_write_struct(&png, &info);
+  return out;
+}
+
+TEST(InpaintServer, A1111OnlyMaskedKeepsTheRestAndRefusesAnAllBlackMask) {
+  test::TestServer server;
+  auto c = server.client();
+  const auto [picture, mask] = picture_and_mask(64, 64);
+  auto r = c->Post("/sdapi/v1/img2img",
+                   json{{"prompt", "a red circle"},
+                        {"steps", 3},
+                        {"seed", 3},
+                        {"denoising_strength", 1.0},
+                        {"init_images", {base64_png(picture)}},
+                        {"mask", base64_png(mask)},
+                        {"mask_blur", 0},
+                        {"inpainting_fill", 1},
+                        {"inpaint_full_res", true},
+                        {"inpaint_full_res_padding", 4}}
+                       .dump(),
+                   "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto out =
+      decode_png(server::base64_decode(test::json_of(r)["images"][0].get<std::string>(), "image"),
+                 "image", 1 << 20);
+  ASSERT_EQ(out.width, 64);
+  int64_t changed_outside = 0, changed_inside = 0;
+  for (size_t i = 0; i < out.rgb.size(); ++i) {
+    const bool repaint = mask.rgb[i] != 0;
+    (repaint ? changed_inside : changed_outside) += out.rgb[i] != picture.rgb[i];
+  }
+  EXPECT_EQ(changed_outside, 0);
+  EXPECT_GT(changed_inside, 0);
+
+  Image black = mask;
+  std::fill(black.rgb.begin(), black.rgb.end(), 0);
+  test::expect_error(
+      c->Post(
+          "/sdapi/v1/img2img",
+          json{{"prompt", "x"}, {"init_images", {base64_png(picture)}}, {"mask", base64_png(black)}}
+              .dump(),
+          "application/json"),
+      400, "all black");
+  test::expect_error(c->Post("/v1/jobs", json{{"prompt", "x"}, {"mask", base64_png(mask)}}.dump(),
+                             "application/json"),
+                     400, "img2img and edit jobs");
+  test::expect_error(c->Post("/v1/jobs",
+                             json{{"prompt", "x"},
+                                  {"init_image", base64_png(picture)},
+                                  {"mask", base64_png(mask)},
+                                  {"inpaint_fill", "smudge"}}
+                                 .dump(),
+                             "application/json"),
+                     400, "inpaint_fill");
+}
+
+TEST(InpaintServer, OpenAiMaskRepaintsItsTransparentPixels) {
+  test::TestServer server;
+  auto c = server.client();
+  const auto [picture, unused] = picture_and_mask(64, 64);
+  httplib::MultipartFormDataItems items = {
+      {"image", encode_png(picture), "in.png", "image/png"},
+      {"mask", rgba_mask_png(64, 64, 16, 16, 40, 40), "mask.png", "image/png"},
+      {"prompt", "a blue square", "", ""},
+      {"strength", "1", "", ""}};
+  auto r = c->Post("/v1/images/edits", items);
+  ASSERT_EQ(r->status, 200) << r->body;
+  // A mask without a transparent pixel repaints nothing; one of another size does not fit.
+  items[1] = {"mask", rgba_mask_png(64, 64, 0, 0, 0, 0), "mask.png", "image/png"};
+  test::expect_error(c->Post("/v1/images/edits", items), 400, "no fully transparent pixel");
+  items[1] = {"mask", rgba_mask_png(32, 32, 0, 0, 8, 8), "mask.png", "image/png"};
+  test::expect_error(c->Post("/v1/images/edits", items), 400, "the same size");
+}
+
+TEST(ControlNetServer, NamesComeFromTheControlNetDirectoryOnly) {
+  test::TempDir dir;
+  fs::create_directories(dir.path() / "canny");
+  std::ofstream(dir.path() / "canny" / "config.json") << "{}";
+  fs::create_directories(dir.path() / "not-a-net");
+  server::ServerOptions options;
+  options.controlnet_dir = dir.path().string();
+  test::TestServer server(options);
+  auto c = server.client();
+  EXPECT_EQ(test::json_of(c->Get("/controlnet/model_list"))["model_list"], json({"canny"}));
+  EXPECT_EQ(test::json_of(c->Get("/v1/status"))["controlnets"], json({"canny"}));
+  const auto [picture, mask] = picture_and_mask(64, 64);
+  test::expect_error(
+      c->Post("/v1/jobs",
+              json{{"prompt", "x"},
+                   {"controlnets", {{{"model", "../etc"}, {"image", base64_png(picture)}}}}}
+                  .dump(),
+              "application/json"),
+      400, "no ControlNet named '../etc' (available: canny)");
+  test::expect_error(c->Post("/sdapi/v1/txt2img",
+                             json{{"prompt", "x"},
+                                  {"alwayson_scripts",
+                                   {{"controlnet",
+                                     {{"args",
+                                       {{{"model", "canny [abc123]"},
+                                         {"image", base64_png(picture)},
+                                         {"module", "depth_midas"}}}}}}}}}
+                                 .dump(),
+                             "application/json"),
+                     400, "not available (none or canny)");
+  test::TestServer without;
+  test::expect_error(
+      without.client()->Post(
+          "/v1/jobs",
+          json{{"prompt", "x"}, {"controlnets", {{{"model", "canny"}, {"image", "x"}}}}}.dump(),
+          "application/json"),
+      400, "--controlnet-dir");
+}
+
+TEST(ParallelServerWire, MasksAndControlNetsTravelToTheOtherRanks) {
+  server::JobRequest r;
+  r.kind = server::JobKind::img2img;
+  r.config.prompts = {"p"};
+  r.config.inpaint.mask = torch::randint(0, 256, {5, 7}, torch::kInt64).to(torch::kUInt8);
+  r.config.inpaint.blur = 2.5;
+  r.config.inpaint.invert = true;
+  r.config.inpaint.crop_padding = 12;
+  r.config.inpaint.fill = "latent_noise";
+  ControlNetUnit u;
+  u.model = "/nets/canny";
+  u.image = torch::randint(0, 256, {4, 6, 3}, torch::kInt64).to(torch::kUInt8);
+  u.scale = 0.7;
+  u.start = 0.1;
+  u.end = 0.9;
+  u.preprocess = "canny:50:150";
+  r.config.controlnets = {u};
+  r.config.guess_mode = true;
+  const auto back = server::decode_job(server::encode_job(r));
+  const auto& m = back.config.inpaint;
+  EXPECT_TRUE(torch::equal(m.mask, r.config.inpaint.mask));
+  EXPECT_EQ(m.blur, 2.5);
+  EXPECT_TRUE(m.invert);
+  EXPECT_EQ(m.crop_padding, 12);
+  EXPECT_EQ(m.fill, "latent_noise");
+  ASSERT_EQ(back.config.controlnets.size(), 1u);
+  const auto& b = back.config.controlnets[0];
+  EXPECT_EQ(b.model, u.model);
+  EXPECT_TRUE(torch::equal(b.image, u.image));
+  EXPECT_EQ(b.scale, 0.7);
+  EXPECT_EQ(b.start, 0.1);
+  EXPECT_EQ(b.end, 0.9);
+  EXPECT_EQ(b.preprocess, u.preprocess);
+  EXPECT_TRUE(back.config.guess_mode);
 }
 
 }  // namespace test_inpaint_controlnet

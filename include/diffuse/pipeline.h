@@ -176,6 +176,11 @@ struct InpaintOptions {
   // at the generation's size on the box around the mask widened by this many pixels, and paste
   // the result back over the untouched source. -1 = off.
   int crop_padding = -1;
+  // What the masked region starts from when strength < 1 (A1111's inpainting_fill):
+  // "original" (the source, as diffusers), "fill" (the source with the masked region filled
+  // from its surroundings, OpenCV's Telea inpainting), "latent_noise" (pure noise there),
+  // "latent_nothing" (zero latents there).
+  std::string fill = "original";
 };
 
 // One ControlNet of a generation (several run together, their residuals summed).

@@ -176,12 +176,25 @@ void add_to_level(const Keys& k, UnetLevel* level, int block, const std::string&
 
 // ---------------------------------------------------------------------------------- UNet
 
-UnetLayout parse_unet_layout(const TensorMap& unet, const std::string& file) {
-  Keys k(unet, file, kUnetPrefix);
+// The middle block's part of a UNet layout (a UNet's and a ControlNet's alike).
+UnetLayout finish_middle(const Keys& k, UnetLayout L) {
+  k.need("middle_block.0.in_layers.0.weight");
+  k.need("middle_block.2.in_layers.0.weight");
+  const auto& mid_proj_in = k.need("middle_block.1.proj_in.weight");
+  L.mid_transformer_depth = transformer_depth(k, "middle_block.1.");
+  // Linear proj_in (SD2) vs 1x1 conv (SD1); diffusers keeps the stored rank either way.
+  L.use_linear_projection = mid_proj_in.dim() == 2;
+  L.cross_attention_dim =
+      k.need("middle_block.1.transformer_blocks.0.attn2.to_k.weight", 2).size(1);
+  return L;
+}
+
+UnetLayout parse_unet_layout(const TensorMap& unet, const std::string& file, bool encoder_only) {
+  Keys k(unet, file, encoder_only ? "control_model." : kUnetPrefix);
   UnetLayout L;
   const auto& conv_in = k.need("input_blocks.0.0.weight", 4);
   L.in_channels = conv_in.size(1);
-  L.out_channels = k.need("out.2.weight", 4).size(0);
+  if (!encoder_only) L.out_channels = k.need("out.2.weight", 4).size(0);
   L.time_embed_dim = k.need("time_embed.0.weight", 2).size(0);
 
   int num_in = k.count_indices("input_blocks.");
@@ -202,6 +215,7 @@ UnetLayout parse_unet_layout(const TensorMap& unet, const std::string& file) {
   }
   if (cur.blocks.empty()) k.fail("the last input_blocks level has no resnets");
   L.down.push_back(cur);
+  if (encoder_only) return finish_middle(k, L);
 
   int num_out = k.count_indices("output_blocks.");
   cur = UnetLevel{};
@@ -233,16 +247,7 @@ UnetLayout parse_unet_layout(const TensorMap& unet, const std::string& file) {
              num(levels - 1 - j) + " (" + num(down.blocks.size()) + " resnets + 1, " +
              num(down.channels) + " channels)");
   }
-
-  k.need("middle_block.0.in_layers.0.weight");
-  k.need("middle_block.2.in_layers.0.weight");
-  const auto& mid_proj_in = k.need("middle_block.1.proj_in.weight");
-  L.mid_transformer_depth = transformer_depth(k, "middle_block.1.");
-  // Linear proj_in (SD2) vs 1x1 conv (SD1); diffusers keeps the stored rank either way.
-  L.use_linear_projection = mid_proj_in.dim() == 2;
-  L.cross_attention_dim =
-      k.need("middle_block.1.transformer_blocks.0.attn2.to_k.weight", 2).size(1);
-  return L;
+  return finish_middle(k, L);
 }
 
 TensorMap map_unet(TensorMap& pool, const UnetLayout& L, const std::string& file,
@@ -289,6 +294,66 @@ TensorMap map_unet(TensorMap& pool, const UnetLayout& L, const std::string& file
       mv("output_blocks." + num(level.resample_block) + "." + num(level.resample_slot) + ".conv.",
          block + "upsamplers.0.conv.", kWhole);
   }
+  return out;
+}
+
+// ---------------------------------------------------------------------------- ControlNet
+
+ControlNetLayout parse_controlnet_layout(const TensorMap& pool, const std::string& file) {
+  Keys k(pool, file, "control_model.");
+  ControlNetLayout L;
+  L.unet = parse_unet_layout(pool, file, /*encoder_only=*/true);
+  // input_hint_block: conv, SiLU, conv, SiLU, ..., conv (the last one zero-initialised).
+  // Only the convolutions have weights: the indices run 0, 2, ..., 2m (the SiLUs between hold
+  // nothing), so the entries are counted from the largest index.
+  int n = 0;
+  const std::string hint = "input_hint_block.";
+  for (auto it = pool.lower_bound(hint); it != pool.end() && starts_with(it->first, hint); ++it) {
+    const std::string index =
+        it->first.substr(hint.size(), it->first.find('.', hint.size()) - hint.size());
+    if (index.empty() || index.size() > 3 ||
+        index.find_first_not_of("0123456789") != std::string::npos)
+      k.fail("unexpected tensor " + k.full(it->first) + ": expected a number after " +
+             k.full(hint));
+    n = std::max(n, std::stoi(index) + 1);
+  }
+  if (n < 3 || n % 2 == 0)
+    k.fail("input_hint_block has " + num(n) +
+           " entries, expected convolutions at the even indices 0..2m (m >= 1) with SiLUs between");
+  for (int i = 0; i < n; i += 2) k.need("input_hint_block." + num(i) + ".weight", 4);
+  const auto& first = k.need("input_hint_block.0.weight", 4);
+  L.conditioning_channels = first.size(1);
+  L.hint_channels.push_back(first.size(0));
+  // blocks: (c_i -> c_i, c_i -> c_{i+1} stride 2) per level; the stride-2 ones give c_{i+1}.
+  const int blocks = (n - 3) / 2;
+  if (blocks % 2 != 0)
+    k.fail("input_hint_block has " + num(blocks) +
+           " inner convolutions, expected pairs (one per level of the conditioning embedding)");
+  for (int b = 1; b < blocks; b += 2)
+    L.hint_channels.push_back(k.need("input_hint_block." + num(2 + 2 * b) + ".weight", 4).size(0));
+  L.hint_last = n - 1;
+  size_t skips = 1;
+  for (const auto& level : L.unet.down) skips += level.blocks.size() + (level.resample_block >= 0);
+  if (k.count_indices("zero_convs.") != static_cast<int>(skips))
+    k.fail("zero_convs has " + num(k.count_indices("zero_convs.")) + " entries, the input blocks " +
+           num(skips) + " skip connections");
+  k.need("middle_block_out.0.weight", 4);
+  return L;
+}
+
+TensorMap map_controlnet(TensorMap& pool, const ControlNetLayout& L, const std::string& file) {
+  TensorMap out = map_unet(pool, L.unet, file);
+  auto mv = [&](const std::string& from, const std::string& to) {
+    move(pool, from, to, kWhole, out, file);
+  };
+  mv("input_hint_block.0.", "controlnet_cond_embedding.conv_in.");
+  for (int i = 2; i < L.hint_last; i += 2)
+    mv("input_hint_block." + num(i) + ".",
+       "controlnet_cond_embedding.blocks." + num(i / 2 - 1) + ".");
+  mv("input_hint_block." + num(L.hint_last) + ".", "controlnet_cond_embedding.conv_out.");
+  for (int i = 0; has_prefix(pool, "zero_convs." + num(i) + ".0."); ++i)
+    mv("zero_convs." + num(i) + ".0.", "controlnet_down_blocks." + num(i) + ".");
+  mv("middle_block_out.0.", "controlnet_mid_block.");
   return out;
 }
 

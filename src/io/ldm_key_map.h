@@ -46,12 +46,30 @@ struct UnetLayout {
   int64_t cross_attention_dim = 0;
 };
 
-// Throws FormatError (naming `source`) when the keys do not form an LDM UNet.
-UnetLayout parse_unet_layout(const TensorMap& unet, const std::string& source);
+// Throws FormatError (naming `source`) when the keys do not form an LDM UNet. `encoder_only`:
+// the input blocks and middle block alone (a ControlNet's copy of the UNet: no output path).
+UnetLayout parse_unet_layout(const TensorMap& unet, const std::string& source,
+                             bool encoder_only = false);
 // Moves the UNet tensors out of `pool` into diffusers names; with `sources`, also records each
 // diffusers name's key in `pool` (a mapping table for files read tensor by tensor).
 TensorMap map_unet(TensorMap& pool, const UnetLayout& layout, const std::string& source,
                    std::map<std::string, std::string>* sources = nullptr);
+
+// ---- ControlNet (the original ControlNet checkpoints' keys, without "control_model.") ----
+
+struct ControlNetLayout {
+  UnetLayout unet;                     // encoder_only
+  int64_t conditioning_channels = 0;   // input_hint_block.0's input channels
+  std::vector<int64_t> hint_channels;  // conditioning_embedding_out_channels
+  int hint_last = 0;                   // input_hint_block index of the last (zero) conv
+};
+
+// input_blocks/middle_block as a UNet's, input_hint_block's convolutions (indices 0, 2, ...,
+// every other one a SiLU), zero_convs.N.0 and middle_block_out.0. FormatError naming `source`.
+ControlNetLayout parse_controlnet_layout(const TensorMap& pool, const std::string& source);
+// Moves the ControlNet's tensors out of `pool` into diffusers' ControlNetModel names.
+TensorMap map_controlnet(TensorMap& pool, const ControlNetLayout& layout,
+                         const std::string& source);
 
 // ---- VAE (keys without "first_stage_model.") ----
 

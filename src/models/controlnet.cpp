@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "diffuse/errors.h"
+#include "io/ldm_key_map.h"
 #include "io/model_folder.h"
 #include "models/config_values.h"
 #include "nn/fused_ops.h"
@@ -174,27 +175,105 @@ std::string controlnet_weights_file(const fs::path& dir) {
 
 }  // namespace
 
-ControlNetModel load_controlnet(const std::string& path, torch::Device device, torch::Dtype dtype) {
-  fs::path dir(path);
-  if (!fs::exists(dir)) throw IoError(path + ": no such ControlNet folder");
-  if (!fs::is_directory(dir))
+namespace {
+
+// An original ControlNet checkpoint: control_model.* keys (or the same without the prefix).
+ControlNetModel load_controlnet_file(const std::string& path, torch::Device device,
+                                     torch::Dtype dtype, const UNet2DConditionConfig* unet) {
+  if (!unet)
+    throw InvalidArgument(path +
+                          ": a single-file ControlNet takes its configuration from the "
+                          "UNet it steers; load it with a model");
+  io::ldm::TensorMap pool;
+  for (auto& [name, t] : io::load_weights_file(path)) {
+    const std::string prefix = "control_model.";
+    pool[name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name] = t;
+  }
+  const auto layout = io::ldm::parse_controlnet_layout(pool, path);
+  ControlNetConfig c;
+  c.unet = *unet;
+  c.unet.source = path;
+  c.unet.encoder_only = true;
+  c.unet.up_block_types.clear();
+  c.unet.in_channels = layout.unet.in_channels;
+  c.conditioning_channels = layout.conditioning_channels;
+  c.conditioning_embedding_out_channels = layout.hint_channels;
+  // The weights' own structure must be the UNet's (the heads come from the UNet's config).
+  const auto& down = layout.unet.down;
+  bool fits = down.size() == unet->block_out_channels.size() &&
+              layout.unet.cross_attention_dim == unet->cross_attention_dim.front();
+  for (size_t i = 0; fits && i < down.size(); ++i)
+    fits = down[i].channels == unet->block_out_channels[i] &&
+           static_cast<int64_t>(down[i].blocks.size()) == unet->layers_per_block[i] &&
+           down[i].attention == (unet->down_block_types[i] == "CrossAttnDownBlock2D");
+  if (!fits)
     throw InvalidArgument(
-        path +
-        ": ControlNets are read from diffusers folders (config.json and "
-        "diffusion_pytorch_model.safetensors, e.g. lllyasviel/sd-controlnet-canny); single-file "
-        "checkpoints (control_model.* keys) are not read yet");
+        path + ": this ControlNet's blocks (" + std::to_string(down.size()) +
+        " levels, cross-attention width " + std::to_string(layout.unet.cross_attention_dim) +
+        ") do not fit the UNet (" + unet->source + "): it was made for another base model");
+  c.unet.use_linear_projection = layout.unet.use_linear_projection;
+  auto weights = io::ldm::map_controlnet(pool, layout, path);
+  if (!pool.empty())
+    throw FormatError(path + ": " + std::to_string(pool.size()) +
+                      " tensors are not part of a ControlNet (first: '" + pool.begin()->first +
+                      "')");
+  ControlNetModel model{nullptr};
+  {
+    nn::SkipInitGuard skip_init(dtype);
+    model = ControlNetModel(c);
+  }
+  const auto report = nn::load_state_dict(*model, weights, path);
+  if (!report.unexpected.empty())
+    throw FormatError(path + ": tensor '" + *report.unexpected.begin() +
+                      "' has no place in the ControlNet");
+  model->to(device, dtype);
+  nn::use_compute_layout(*model);
+  model->eval();
+  return model;
+}
+
+}  // namespace
+
+namespace {
+
+// The folder holding a ControlNet's config.json (a pipeline folder's controlnet/), or nullopt
+// for a checkpoint file; IoError / InvalidArgument for anything else.
+std::optional<fs::path> controlnet_folder(const std::string& path) {
+  fs::path dir(path);
+  if (!fs::exists(dir)) throw IoError(path + ": no such ControlNet folder or file");
+  if (!fs::is_directory(dir)) {
+    if (dir.extension() != ".safetensors")
+      throw InvalidArgument(path +
+                            ": ControlNets are read from diffusers folders or "
+                            "*.safetensors checkpoints");
+    return std::nullopt;
+  }
   if (!fs::exists(dir / "config.json") && fs::exists(dir / "model_index.json") &&
       fs::exists(dir / "controlnet" / "config.json"))
     dir /= "controlnet";
   if (!fs::exists(dir / "config.json"))
     throw IoError(path + ": no config.json (a ControlNet folder has config.json and its weights)");
-  const auto cfg = io::JsonConfig::load((dir / "config.json").string());
+  return dir;
+}
+
+}  // namespace
+
+std::optional<ControlNetConfig> read_controlnet_config(const std::string& path) {
+  const auto dir = controlnet_folder(path);
+  if (!dir) return std::nullopt;
+  return ControlNetConfig::from_json(io::JsonConfig::load((*dir / "config.json").string()));
+}
+
+ControlNetModel load_controlnet(const std::string& path, torch::Device device, torch::Dtype dtype,
+                                const UNet2DConditionConfig* unet) {
+  const auto dir = controlnet_folder(path);
+  if (!dir) return load_controlnet_file(path, device, dtype, unet);
   ControlNetModel model{nullptr};
   {
     nn::SkipInitGuard skip_init(dtype);  // every parameter is loaded below
-    model = ControlNetModel(ControlNetConfig::from_json(cfg));
+    model = ControlNetModel(*read_controlnet_config(path));
   }
-  const auto file = controlnet_weights_file(dir);
+  const auto file = controlnet_weights_file(*dir);
   const auto report = nn::load_state_dict(*model, io::load_weights_file(file), file);
   if (!report.unexpected.empty())
     throw FormatError(file + ": has " + std::to_string(report.unexpected.size()) +

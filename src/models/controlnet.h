@@ -9,6 +9,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,10 +80,18 @@ TORCH_MODULE(ControlNetModel);
 torch::Tensor guess_mode_scales(int64_t n, double conditioning_scale,
                                 torch::Device device = torch::kCPU);
 
+// The configuration of a ControlNet folder (or of a pipeline folder's controlnet/), read
+// without its weights; nullopt for a single-file checkpoint (its configuration comes from the
+// UNet). IoError / ConfigError naming the file.
+std::optional<ControlNetConfig> read_controlnet_config(const std::string& path);
+
 // Loads a ControlNet from `path`: a diffusers ControlNet folder (config.json and its
-// safetensors weights), or a pipeline folder whose model_index.json lists a `controlnet`
-// component. IoError / ConfigError / FormatError naming the path otherwise (a single-file
-// checkpoint is refused saying what is read).
-ControlNetModel load_controlnet(const std::string& path, torch::Device device, torch::Dtype dtype);
+// safetensors weights), a pipeline folder whose model_index.json lists a `controlnet`
+// component, or an original ControlNet checkpoint file (*.safetensors with control_model.*
+// keys, as lllyasviel's), whose configuration is the UNet's it steers (`unet`, required for a
+// file: heads and the like are not in the weights) with what the weights say (channels, the
+// conditioning embedding). IoError / ConfigError / FormatError naming the path otherwise.
+ControlNetModel load_controlnet(const std::string& path, torch::Device device, torch::Dtype dtype,
+                                const UNet2DConditionConfig* unet = nullptr);
 
 }  // namespace diffuse::models

@@ -251,4 +251,46 @@ torch::Tensor InpaintLatents::blend(const torch::Tensor& latents,
   return (1 - m) * known + m * latents;
 }
 
+PreparedInpaint prepare_inpaint(const InpaintOptions& opt, const torch::Tensor& source,
+                                int64_t height, int64_t width) {
+  PreparedInpaint p;
+  p.source = source.contiguous();
+  const int64_t H0 = source.size(0), W0 = source.size(1);
+  auto gray = mask_to_gray(opt.mask);
+  if (gray.size(0) != H0 || gray.size(1) != W0)
+    gray = io::pillow_lanczos_resize(gray.unsqueeze(2).contiguous(), H0, W0).select(2, 0);
+  p.gray = adjust_mask(gray, opt.invert, opt.blur);
+  torch::Tensor mask_u8;
+  if (opt.crop_padding >= 0) {
+    p.box = mask_crop_region(p.gray, width, height, opt.crop_padding);
+    p.image = crop_and_fill(p.source, *p.box, height, width);
+    mask_u8 = crop_and_fill(p.gray.unsqueeze(2).contiguous(), *p.box, height, width).select(2, 0);
+  } else {
+    p.image = resize_u8(p.source, height, width);
+    mask_u8 = p.gray;
+  }
+  p.mask = preprocess_mask(mask_u8, height, width);
+  if (mask_is_empty(p.mask))
+    throw InvalidArgument(
+        "the mask is all black: nothing to repaint (white = repaint, black = keep; "
+        "--invert-mask swaps them)");
+  return p;
+}
+
+torch::Tensor finish_inpaint(const PreparedInpaint& p, const torch::Tensor& generated) {
+  if (!p.box) return generated;
+  return apply_overlay(p.gray, p.source, generated, &*p.box);
+}
+
+torch::Tensor finish_inpaint_images(const PreparedInpaint& p, const torch::Tensor& images) {
+  if (!p.box) return images;
+  std::vector<torch::Tensor> out;
+  for (int64_t i = 0; i < images.size(0); ++i) {
+    // As the image is saved: (x * 255).round() in 8 bits.
+    const auto u8 = (images[i] * 255).round().clamp(0, 255).to(torch::kUInt8).contiguous();
+    out.push_back(finish_inpaint(p, u8).to(torch::kFloat32) / 255);
+  }
+  return torch::stack(out);
+}
+
 }  // namespace diffuse::pipeline

@@ -6,8 +6,12 @@
 #pragma once
 #include <torch/types.h>
 
+#include "diffuse/pipeline.h"
+
 #include <array>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 namespace diffuse::pipeline {
 
@@ -33,6 +37,16 @@ torch::Tensor preprocess_mask(const torch::Tensor& mask, int64_t height, int64_t
 torch::Tensor latent_mask(const torch::Tensor& binary_mask, int64_t latent_height,
                           int64_t latent_width);
 
+// InpaintOptions::fill: "original", "fill", "latent_noise" or "latent_nothing"; InvalidArgument
+// naming the value otherwise, Unsupported for "fill" in a build without OpenCV.
+void validate_inpaint_fill(const std::string& fill);
+
+// A1111's "fill": the repaint region of an 8-bit RGB image ([H, W, 3]) painted from its
+// surroundings (OpenCV's Telea inpainting, radius 3 px) before it is encoded, so that a
+// strength below 1 does not keep what was there. `binary_mask` [1, 1, H, W], 1 = repaint.
+// In pipeline/opencv_image_ops.cpp.
+torch::Tensor fill_masked_region(const torch::Tensor& image, const torch::Tensor& binary_mask);
+
 // image [N, 3, H, W] in [-1, 1] with the repaint region set to 0 (diffusers: image * (mask < 0.5)).
 torch::Tensor masked_image(const torch::Tensor& image, const torch::Tensor& binary_mask);
 
@@ -57,5 +71,25 @@ torch::Tensor crop_and_fill(const torch::Tensor& image, const CropBox& box, int6
 // mask is black the source shows exactly. `source` uint8 [H, W, 3], `gray_mask` uint8 [H, W].
 torch::Tensor apply_overlay(const torch::Tensor& gray_mask, const torch::Tensor& source,
                             const torch::Tensor& generated, const CropBox* box);
+
+// A masked run's inputs at the size it works at, once for every family: the source's mask
+// (resized to the source when its size differs, then inverted / blurred as asked), the crop
+// box when only the masked area is worked on, the picture the pipeline encodes and its binary
+// mask. InvalidArgument when the mask repaints nothing.
+struct PreparedInpaint {
+  torch::Tensor source;        // uint8 [H0, W0, 3], as given
+  torch::Tensor gray;          // uint8 [H0, W0]: the adjusted mask at the source's size
+  std::optional<CropBox> box;  // InpaintOptions::crop_padding >= 0
+  torch::Tensor image;         // uint8 [height, width, 3]: the (cropped) source, resized
+  torch::Tensor mask;          // float32 [1, 1, height, width], 1 = repaint
+};
+PreparedInpaint prepare_inpaint(const InpaintOptions& options, const torch::Tensor& source,
+                                int64_t height, int64_t width);
+// The finished picture (uint8 [height, width, 3]) as the user gets it: with a crop box, pasted
+// back over the untouched source (apply_overlay); else as generated.
+torch::Tensor finish_inpaint(const PreparedInpaint& prepared, const torch::Tensor& generated);
+// The same on decoded images [N, H, W, 3] float in [0, 1] (rounded to 8 bits as saved, and
+// back): unchanged without a crop box.
+torch::Tensor finish_inpaint_images(const PreparedInpaint& prepared, const torch::Tensor& images);
 
 }  // namespace diffuse::pipeline

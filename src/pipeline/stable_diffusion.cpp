@@ -649,6 +649,8 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
   StageTimings timings;
   timings.lora_s = apply_loras(config.loras);
   uint64_t seed = config.seed.value_or(random_seed());
+  // Loaded and checked against the UNet before the text encoders run.
+  const auto controlnets = controlnet_steps(config, height, width);
   auto embeds = encode_for_run(config, seed, t0, &timings);
 
   auto scheduler = make_scheduler(config);
@@ -675,7 +677,6 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
     throw InvalidArgument("denoising_end " + std::to_string(config.denoising_end) + " with " +
                           std::to_string(config.steps) +
                           " steps leaves no denoising step; raise it or the steps");
-  const auto controlnets = controlnet_steps(config, height, width);
   DenoiseExtras extras;
   extras.controlnets = controlnets.get();
   auto result = denoise_and_decode(config, embeds, latents, all.slice(0, 0, range.end), *scheduler,
@@ -735,6 +736,8 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   device::ScopedCpuThreads cpu_threads(
       cpu_threads_for(config, batch, static_cast<int>(width), static_cast<int>(height)));
   uint64_t seed = config.seed.value_or(random_seed());
+  // Loaded and checked against the UNet before the text encoders run.
+  const auto controlnets = controlnet_steps(config, height, width);
   auto embeds = encode_for_run(config, seed, t0, &timings);
 
   auto scheduler = make_scheduler(config);
@@ -764,7 +767,6 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
     latents = latents.to(c_->device, torch::kFloat32);
     if (latents.size(0) != batch) latents = latents.repeat({batch, 1, 1, 1});
     auto gen = at::detail::createCPUGenerator(seed);
-    const auto controlnets = controlnet_steps(config, height, width);
     DenoiseExtras extras;
     extras.controlnets = controlnets.get();
     auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step,
@@ -801,7 +803,6 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
   trace("latent_timestep", latent_timestep);
   auto latents = scheduler->add_noise(init_latents, noise, latent_timestep);
   trace("noised_latents", latents);
-  const auto controlnets = controlnet_steps(config, height, width);
   DenoiseExtras extras;
   extras.controlnets = controlnets.get();
   auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step,
@@ -827,7 +828,10 @@ std::unique_ptr<ControlNetSteps> StableDiffusion::controlnet_steps(const Generat
     const auto& u = config.controlnets[j];
     auto it = c_->controlnets.find(u.model);
     if (it == c_->controlnets.end()) {
-      auto net = models::load_controlnet(u.model, c_->device, c_->unet_dtype);
+      // A folder's layout is checked from its config before its weights load.
+      if (const auto cfg = models::read_controlnet_config(u.model))
+        check_controlnet_fits(*cfg, c_->unet_config, vae_scale_factor(), u.model);
+      auto net = models::load_controlnet(u.model, c_->device, c_->unet_dtype, &c_->unet_config);
       check_controlnet_fits(net->controlnet_config(), c_->unet_config, vae_scale_factor(), u.model);
       it = c_->controlnets.emplace(u.model, net).first;
     }
@@ -865,6 +869,7 @@ torch::Tensor StableDiffusion::encode_image_latents(const torch::Tensor& image, 
 GenerationResult StableDiffusion::inpaint(const GenerationConfig& config, const torch::Tensor& init,
                                           const StepCallback& on_step) {
   const auto& opt = config.inpaint;
+  validate_inpaint_fill(opt.fill);
   if (config.denoising_start > 0)
     throw InvalidArgument(
         "inpainting starts from its source image: denoising_start (continuing "
@@ -891,29 +896,12 @@ GenerationResult StableDiffusion::inpaint(const GenerationConfig& config, const 
   if (height < sf || width < sf)
     throw InvalidArgument("inpainting: the image is smaller than the VAE's factor " +
                           std::to_string(sf));
-  // The mask at the source's size, adjusted as asked (invert, blur).
-  auto gray = mask_to_gray(opt.mask);
-  if (gray.size(0) != H0 || gray.size(1) != W0)
-    gray = io::pillow_lanczos_resize(gray.unsqueeze(2).contiguous(), H0, W0).select(2, 0);
-  gray = adjust_mask(gray, opt.invert, opt.blur);
-  std::optional<CropBox> box;
-  torch::Tensor image_u8, mask_u8;
-  if (opt.crop_padding >= 0) {
-    box = mask_crop_region(gray, width, height, opt.crop_padding);
-    trace("crops_coords", torch::tensor(std::vector<int64_t>(box->begin(), box->end())));
-    image_u8 = crop_and_fill(source, *box, height, width);
-    mask_u8 = crop_and_fill(gray.unsqueeze(2).contiguous(), *box, height, width).select(2, 0);
-  } else {
-    image_u8 = source.size(0) == height && source.size(1) == width
-                   ? source
-                   : io::pillow_lanczos_resize(source, height, width);
-    mask_u8 = gray;
-  }
-  const auto mask = preprocess_mask(mask_u8, height, width);
-  if (mask_is_empty(mask))
-    throw InvalidArgument(
-        "the mask is all black: nothing to repaint (white = repaint, black = keep; "
-        "--invert-mask swaps them)");
+  const auto prepared = prepare_inpaint(opt, source, height, width);
+  if (prepared.box)
+    trace("crops_coords",
+          torch::tensor(std::vector<int64_t>(prepared.box->begin(), prepared.box->end())));
+  const auto& image_u8 = prepared.image;
+  const auto& mask = prepared.mask;
   check_memory(config, static_cast<int>(width), static_cast<int>(height));
   const int64_t batch = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
   device::ScopedCpuThreads cpu_threads(
@@ -921,6 +909,8 @@ GenerationResult StableDiffusion::inpaint(const GenerationConfig& config, const 
   StageTimings timings;
   timings.lora_s = apply_loras(config.loras);
   const uint64_t seed = config.seed.value_or(random_seed());
+  // Loaded and checked against the UNet before the text encoders run.
+  const auto controlnets = controlnet_steps(config, height, width);
   auto embeds = encode_for_run(config, seed, t0, &timings);
 
   auto scheduler = make_scheduler(config);
@@ -945,27 +935,42 @@ GenerationResult StableDiffusion::inpaint(const GenerationConfig& config, const 
   // diffusers' draw order: the source's latents (when a blend or strength < 1 needs them),
   // then the initial noise, then the masked image's latents.
   const bool full_strength = config.strength >= 1;
+  const int64_t h = height / sf, w = width / sf;
   InpaintLatents ip;
   ip.concat = concat;
+  ip.mask = latent_mask(mask, h, w).repeat({batch, 1, 1, 1}).to(c_->device);
   if (!concat || !full_strength) {
-    ip.image_latents = encode_image_latents(image, batch, config, gen, "");
+    // A1111's "fill": the masked region painted from its surroundings before encoding.
+    const auto source_image = opt.fill == "fill"
+                                  ? (fill_masked_region(image_u8, mask).to(torch::kFloat32) / 255)
+                                                .permute({2, 0, 1})
+                                                .unsqueeze(0)
+                                                .contiguous() *
+                                            2 -
+                                        1
+                                  : image;
+    ip.image_latents = encode_image_latents(source_image, batch, config, gen, "");
     trace("image_latents", ip.image_latents);
   }
-  const int64_t h = height / sf, w = width / sf;
   ip.noise = draw_noise({batch, lc, h, w}, gen).to(c_->device);
   torch::Tensor latents;
   if (full_strength) {
     latents = ip.noise * scheduler->init_noise_sigma();
   } else {
+    // What the masked region starts from (A1111's inpainting_fill; "original" = diffusers).
+    auto start = ip.image_latents;
+    if (opt.fill == "latent_noise")
+      start = start * (1 - ip.mask) + draw_noise(start.sizes(), gen).to(c_->device) * ip.mask;
+    else if (opt.fill == "latent_nothing")
+      start = start * (1 - ip.mask);
     const auto latent_timestep = timesteps.slice(0, 0, 1).repeat({batch});
     trace("latent_timestep", latent_timestep);
-    latents = scheduler->add_noise(ip.image_latents, ip.noise, latent_timestep);
+    latents = scheduler->add_noise(start, ip.noise, latent_timestep);
   }
   trace("init_latents", latents);
   ip.masked_image_latents =
       encode_image_latents(masked_image(image, mask), batch, config, gen, "masked_");
   c_->done_with(c_->vae_module, c_->vae_device);
-  ip.mask = latent_mask(mask, h, w).repeat({batch, 1, 1, 1}).to(c_->device);
   const bool guidance = embeds.negative.defined();
   trace("mask_latent", guidance ? torch::cat({ip.mask, ip.mask}) : ip.mask);
   trace("masked_image_latents", guidance
@@ -974,19 +979,18 @@ GenerationResult StableDiffusion::inpaint(const GenerationConfig& config, const 
   timings.vae_encode_s = now_s() - e0;
   record_stage_memory(&timings, "vae_encode", c_->vae_device);
 
-  const auto controlnets = controlnet_steps(config, height, width);
   DenoiseExtras extras;
   extras.inpaint = std::move(ip);
   extras.controlnets = controlnets.get();
   auto result = denoise_and_decode(config, embeds, latents, timesteps, *scheduler, gen, on_step,
                                    timings, seed, &extras);
-  if (box && !result.images.empty()) {
+  if (prepared.box && !result.images.empty()) {
     // "Inpaint only masked": the generated crop pasted back over the untouched source.
     std::vector<torch::Tensor> pasted;
     for (auto& img : result.images) {
       const auto generated = image_to_tensor(img);
       trace("image_generated_u8", generated.unsqueeze(0));
-      const auto out = apply_overlay(gray, source, generated, &*box);
+      const auto out = finish_inpaint(prepared, generated);
       img.height = static_cast<int>(out.size(0));
       img.width = static_cast<int>(out.size(1));
       img.rgb.assign(out.data_ptr<uint8_t>(), out.data_ptr<uint8_t>() + out.numel());

@@ -8,9 +8,11 @@
 
 #include "diffuse/errors.h"
 #include "pipeline/control_image.h"
+#include "pipeline/inpaint_mask.h"
 
 #ifdef DIFFUSE_WITH_OPENCV
 #include <opencv2/imgproc.hpp>
+#include <opencv2/photo.hpp>
 #endif
 
 namespace diffuse::pipeline {
@@ -90,6 +92,36 @@ torch::Tensor apply_control_preprocessor(const torch::Tensor& image, const std::
   return out.unsqueeze(2).repeat({1, 1, 3}).contiguous();
 #else
   return image;  // not reached: validate_control_preprocessor refused
+#endif
+}
+
+void validate_inpaint_fill(const std::string& fill) {
+  if (fill != "original" && fill != "fill" && fill != "latent_noise" && fill != "latent_nothing")
+    throw InvalidArgument(
+        "inpaint fill: expected original, fill, latent_noise or latent_nothing, "
+        "got \"" +
+        fill + "\"");
+#ifndef DIFFUSE_WITH_OPENCV
+  if (fill == "fill")
+    throw Unsupported(
+        "inpaint fill \"fill\": this build has no OpenCV (install libopencv-dev "
+        "and rebuild), or use original, latent_noise or latent_nothing");
+#endif
+}
+
+torch::Tensor fill_masked_region(const torch::Tensor& image, const torch::Tensor& binary_mask) {
+  validate_inpaint_fill("fill");
+#ifdef DIFFUSE_WITH_OPENCV
+  auto rgb = image.contiguous();
+  auto m = (binary_mask.squeeze(0).squeeze(0) >= 0.5).to(torch::kUInt8).mul(255).contiguous();
+  const int h = static_cast<int>(rgb.size(0)), w = static_cast<int>(rgb.size(1));
+  cv::Mat in(h, w, CV_8UC3, rgb.data_ptr<uint8_t>());
+  cv::Mat mask(h, w, CV_8UC1, m.data_ptr<uint8_t>());
+  cv::Mat out;
+  cv::inpaint(in, mask, out, 3.0, cv::INPAINT_TELEA);
+  return torch::from_blob(out.data, {h, w, 3}, torch::kUInt8).clone();
+#else
+  return image;  // not reached: validate_inpaint_fill refused
 #endif
 }
 
