@@ -3,6 +3,7 @@
 // so the test holds on another machine's kernels too.
 #include <gtest/gtest.h>
 
+#include "bench/demo_quality.h"
 #include "diffuse/pipeline.h"
 #include "pipeline_test_util.h"
 #include "train/scene.h"
@@ -88,6 +89,25 @@ TEST(DemoModel, ImageToImageChangesTheBackgroundAndKeepsTheObjects) {
   }
   EXPECT_EQ(background_ok, 2);
   EXPECT_GE(objects_kept, 3);
+}
+
+// Inpainting on the demo world: the right half of two-object scenes masked, the prompt naming
+// another object there (bench demo-quality --inpaint; 95 % fully right on 40 cases).
+TEST(DemoModel, InpaintingRedrawsTheMaskedHalfAndKeepsTheOther) {
+  bench::DemoQualityOptions o;
+  o.model = kDemo;
+  o.prompts = 1;
+  o.seeds = 1;
+  o.img2img_cases = 0;
+  o.inpaint_cases = 12;
+  o.device = "cpu";
+  o.dtype = "fp32";
+  const auto r = bench::run_demo_quality(o);
+  ASSERT_EQ(r.inpaint.images, 12);
+  EXPECT_GE(r.inpaint_fully_right, 9) << "of 12";
+  EXPECT_GE(r.inpaint.colour_position_accuracy(), 0.85)
+      << r.inpaint.colour_position_ok << " of " << r.inpaint.objects;
+  EXPECT_LE(r.inpaint_kept_change, 4.0);
 }
 
 TEST(DemoModel, FolderIsSmallAndRecordsHowItWasTrained) {
