@@ -9,7 +9,9 @@
 #include "bench/dit_cache_bench.h"
 #include "commands.h"
 #include "diffuse/errors.h"
+#include "io/model_folder.h"
 #include "pipeline/hidream.h"
+#include "pipeline/hidream_variant.h"
 
 namespace diffuse::app {
 
@@ -65,7 +67,13 @@ std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench) {
       o.dtype = f->opts.dtype;
       if (!f->caches.empty()) {
         o.settings = {{"off", DitCacheOptions()}};
-        for (const auto& c : f->caches) o.settings.push_back({c, accel::parse_dit_cache(c)});
+        // A bare method name is the folder's measured setting, named as such.
+        const auto folder = io::ModelFolder::open(f->opts.model);
+        for (const auto& c : f->caches) {
+          const auto spec = pipeline::dit_cache_spec(folder, c);
+          o.settings.push_back(
+              {spec == c ? c : c + " (" + spec + ")", accel::parse_dit_cache(spec)});
+        }
       }
       return run_dit_cache_bench_command(o, f->json);
     }

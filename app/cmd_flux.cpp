@@ -65,7 +65,7 @@ int run_flux(const DitCliFlags& f, bool edit) {
                           "': only PNG output is supported (use a .png name)");
   refuse_hidream_flags(f);
   quant::parse_weight_type(f.weights, "--weights");  // refused before the load
-  const auto cache = accel::parse_dit_cache(f.cache);
+  const auto cache = accel::parse_dit_cache(dit_cache_flag(f));
   if (f.parallel.active() && parallel_mode(f.parallel) != ParallelMode::kUlysses)
     throw InvalidArgument(
         "--devices/--parallel cfg: FLUX's guidance is one embedding (true CFG's negative pass "

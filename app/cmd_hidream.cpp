@@ -95,6 +95,15 @@ void check_hidream_parallel_run(ParallelMode mode, int world, bool edit, double 
                           std::to_string(world));
 }
 
+std::string dit_cache_flag(const DitCliFlags& f) {
+  if (f.cache.find(':') != std::string::npos) return f.cache;
+  try {
+    return pipeline::dit_cache_spec(io::ModelFolder::open(f.model), f.cache);
+  } catch (const IoError&) {
+    return f.cache;
+  }
+}
+
 InpaintOptions dit_mask_options(const DitCliFlags& f) {
   InpaintOptions o;
   if (f.mask.empty()) {
@@ -134,7 +143,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     throw InvalidArgument("--lora-rank must be a whole number >= 1, got " + c10::str(*f.lora_rank));
   if (f.lora_alpha && !std::isfinite(*f.lora_alpha))
     throw InvalidArgument("--lora-alpha must be a finite number");
-  const auto cache = accel::parse_dit_cache(f.cache);
+  const auto cache = accel::parse_dit_cache(dit_cache_flag(f));
   quant::parse_weight_type(f.weights, "--weights");  // refused before the load
   require_shared_seed(f.parallel, f.seed.has_value());
   Image source;

@@ -21,6 +21,11 @@ std::string dit_parallel_job(const DitCliFlags& f, bool edit, uint64_t seed, int
 // bad file fails before anything loads); no mask: the defaults.
 InpaintOptions dit_mask_options(const DitCliFlags& f);
 
+// --cache with the model folder's default for a bare method name (pipeline/hidream_variant.h:
+// "fbcache" -> the folder's "fbcache:0.25"); as given when the folder cannot be read (its own
+// error comes with the load).
+std::string dit_cache_flag(const DitCliFlags& f);
+
 // InvalidArgument unless `name` is a flow-matching scheduler (the DiTs denoise by flow matching).
 void check_flow_scheduler_name(const std::string& name);
 

@@ -2,12 +2,16 @@
 // nothing are bit-identical to no cache, skipped steps add exactly what was stored, TaylorSeer's
 // forecasts are the finite-difference expansion, and bad specs are refused naming the flag.
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include <fstream>
 
 #include "accel/dit_cache.h"
 #include "hidream_test_util.h"
 #include "io/json_config.h"
+#include "io/model_folder.h"
 #include "models/hidream_transformer.h"
+#include "pipeline/hidream_variant.h"
 #include "test_util.h"
 
 namespace diffuse {
@@ -189,6 +193,29 @@ TEST(DitCache, TaylorSeerForecastsByFiniteDifferencesOfTheFullSteps) {
   square.begin_step(8, 10);
   square.begin_call(torch::zeros({2, 2, 3}));
   EXPECT_FALSE(square.forecasts());
+}
+
+// A bare method name takes the setting the model folder was measured with (issue 63, item 6);
+// a spec with values, or a folder without defaults, is left as given.
+TEST(DitCacheDefaults, ABareMethodTakesTheFoldersMeasuredSetting) {
+  const auto demo = io::ModelFolder::open(std::string(DIFFUSE_SOURCE_DIR) + "/models/demo-edit");
+  EXPECT_EQ(pipeline::dit_cache_spec(demo, "fbcache"), "fbcache:0.25");
+  EXPECT_EQ(pipeline::dit_cache_spec(demo, "taylorseer"), "taylorseer:2:1");
+  EXPECT_EQ(pipeline::dit_cache_spec(demo, "fbcache:0.1"), "fbcache:0.1");
+  EXPECT_EQ(pipeline::dit_cache_spec(demo, "ditcache"), "ditcache");
+  EXPECT_EQ(pipeline::dit_cache_spec(demo, "off"), "off");
+  test::TempDir dir;
+  const auto write = [&](const std::string& defaults) {
+    std::ofstream(dir.file("model_index.json"))
+        << R"({"_class_name": "HiDreamImagePipeline", "_diffuse_defaults": )" << defaults << "}";
+    return io::ModelFolder::open(dir.path().string());
+  };
+  EXPECT_EQ(pipeline::dit_cache_spec(write(R"({"steps": 20})"), "fbcache"), "fbcache");
+  for (const char* bad : {R"({"cache": {"fbcache": "taylorseer:2"}})",
+                          R"({"cache": {"fbcache": "fbcache:-1"}})", R"({"cache": [1]})"}) {
+    const auto folder = write(bad);
+    EXPECT_THROW(pipeline::dit_cache_defaults(folder), Error) << bad;
+  }
 }
 
 }  // namespace test_dit_cache

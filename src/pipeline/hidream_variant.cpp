@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 
+#include "accel/dit_cache.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
 
@@ -49,6 +50,34 @@ int64_t hidream_max_sequence_length(const io::ModelFolder& folder) {
   const auto n = d.get<int64_t>("max_sequence_length", 128);
   if (n < 1 || n > 4096) d.fail("max_sequence_length", "must be in [1, 4096]");
   return n;
+}
+
+std::map<std::string, std::string> dit_cache_defaults(const io::ModelFolder& folder) {
+  std::map<std::string, std::string> out;
+  const auto& index = folder.model_index();
+  if (!index.has(kFolderDefaults)) return out;
+  const auto& d = index.json().at(kFolderDefaults);
+  if (!d.is_object() || !d.contains("cache")) return out;
+  const std::string where = index.source() + " (" + kFolderDefaults + ".cache)";
+  if (!d["cache"].is_object()) throw ConfigError(where + ": expected an object of method -> spec");
+  for (const auto& [method, spec] : d["cache"].items()) {
+    if (!spec.is_string())
+      throw ConfigError(where + ": '" + method + "' must be a cache spec string");
+    const auto value = spec.get<std::string>();
+    if (value.rfind(method + ":", 0) != 0)
+      throw ConfigError(where + ": '" + method + "' must be a " + method + " spec (" + method +
+                        ":...), got \"" + value + "\"");
+    accel::parse_dit_cache(value, where + "." + method);  // refused at load, not at a run
+    out[method] = value;
+  }
+  return out;
+}
+
+std::string dit_cache_spec(const io::ModelFolder& folder, const std::string& spec) {
+  if (spec.find(':') != std::string::npos) return spec;
+  const auto defaults = dit_cache_defaults(folder);
+  const auto it = defaults.find(spec);
+  return it == defaults.end() ? spec : it->second;
 }
 
 std::vector<std::string> hidream_variant_names() {

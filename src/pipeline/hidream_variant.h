@@ -11,6 +11,7 @@
 // (UniPC or another solver) from Dev/Fast (FlashFlowMatchEuler, shift 6 / 3). E1.1 cannot be
 // told from E1 by its files: name it.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,14 @@ struct HiDreamDefaults {
 // .max_sequence_length of model_index.json, else the HiDream pipelines' 128. ConfigError for a
 // value outside [1, 4096].
 int64_t hidream_max_sequence_length(const io::ModelFolder& folder);
+
+// The DiT cache settings the folder's model is measured with, by method name:
+// "_diffuse_defaults".cache of model_index.json ({"fbcache": "fbcache:0.25", ...}), empty when
+// it has none. ConfigError naming the key for a value that is not a cache spec of that method.
+std::map<std::string, std::string> dit_cache_defaults(const io::ModelFolder& folder);
+// A --cache spec with the folder's default for a bare method name ("fbcache" ->
+// "fbcache:0.25" where the folder says so); any other spec as given.
+std::string dit_cache_spec(const io::ModelFolder& folder, const std::string& spec);
 
 // InvalidArgument naming the accepted names for an unknown variant.
 HiDreamDefaults hidream_defaults(const io::ModelFolder& folder,

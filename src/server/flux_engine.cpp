@@ -10,6 +10,7 @@
 #include "diffuse/errors.h"
 #include "io/model_folder.h"
 #include "nn/attention.h"
+#include "pipeline/hidream_variant.h"   // dit_cache_defaults
 #include "pipeline/stable_diffusion.h"  // image_to_tensor
 #include "server/dit_jobs.h"
 
@@ -32,6 +33,7 @@ FluxEngine::FluxEngine(std::string model_path, const LoadOptions& options,
       nn::attention_backend_from_flag_or_env(options.attention, device));
   auto folder = io::ModelFolder::open(this->model_path());
   const auto component = io::use_transformer_weights(folder, transformer);
+  cache_defaults_ = pipeline::dit_cache_defaults(folder);
   pipe_ = std::make_unique<pipeline::FluxPipeline>(folder, device, dtype, component);
   pipe_->set_weight_type(options.weights);
   for (const auto& l : options.loras) {
@@ -73,6 +75,7 @@ ModelDefaults FluxEngine::defaults() const {
   d.masks = pipe_->is_kontext();  // Kontext edits stay inside a mask
   d.controlnets = false;          // ControlNets steer UNets
   d.check_cache = [pipe](const DitCacheOptions& o) { pipe->check_cache(o); };
+  d.cache_defaults = cache_defaults_;
   d.prompt_syntaxes = {"plain"};  // T5 + CLIP pooled: prompts go in as written
   return d;
 }

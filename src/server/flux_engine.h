@@ -1,6 +1,7 @@
 // Runs the server's jobs on one FLUX model folder: text-to-image (FLUX.1 dev/schnell) and, on
 // a FLUX.1 Kontext folder, instruction editing. The text encoders stay loaded between jobs.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 
@@ -25,6 +26,7 @@ class FluxEngine : public Engine {
  private:
   PipelineInfo info_;
   std::unique_ptr<pipeline::FluxPipeline> pipe_;
+  std::map<std::string, std::string> cache_defaults_;  // the folder's (dit_cache_defaults)
   LatentPreview preview_;
 };
 

@@ -41,6 +41,7 @@ HiDreamEngine::HiDreamEngine(std::string model_path, const LoadOptions& options,
       nn::attention_backend_from_flag_or_env(options.attention, device));
   auto folder = io::ModelFolder::open(this->model_path());
   variant_ = pipeline::hidream_defaults(folder);
+  cache_defaults_ = pipeline::dit_cache_defaults(folder);
   const auto transformer = io::use_transformer_weights(folder, hidream.transformer);
   pipe_ = std::make_unique<pipeline::HiDreamPipeline>(
       folder, device, dtype, transformer,
@@ -97,6 +98,7 @@ ModelDefaults HiDreamEngine::defaults() const {
   d.masks = d.supports(JobKind::edit);  // E1 edits stay inside a mask
   d.controlnets = false;                // ControlNets steer UNets
   d.check_cache = [pipe](const DitCacheOptions& o) { pipe->check_cache(o); };
+  d.cache_defaults = cache_defaults_;
   d.prompt_syntaxes = {"plain"};  // four text encoders, not one CLIP: prompts go in as written
   return d;
 }

@@ -2,6 +2,7 @@
 // instruction editing (HiDream-E1, or I1 + the E1-Full LoRA). The text encoders stay loaded
 // between jobs, so that only the first job pays for loading them.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 
@@ -32,6 +33,7 @@ class HiDreamEngine : public Engine {
   std::unique_ptr<pipeline::HiDreamPipeline> pipe_;
   bool has_editing_lora_ = false;
   pipeline::HiDreamDefaults variant_;
+  std::map<std::string, std::string> cache_defaults_;  // the folder's (dit_cache_defaults)
   LatentPreview preview_;
 };
 

@@ -195,7 +195,10 @@ JobRequest parse_native_job(const nlohmann::json& body, const ModelDefaults& mod
     throw InvalidArgument("tome_policy: expected \"auto\" or \"always\", got \"" + tome_policy +
                           "\"");
   c.token_merging.always = tome_policy == "always";
-  c.dit_cache = accel::parse_dit_cache(f.string("cache", 64).value_or("off"), "cache");
+  auto cache = f.string("cache", 64).value_or("off");
+  if (const auto it = model.cache_defaults.find(cache); it != model.cache_defaults.end())
+    cache = it->second;  // the model folder's measured setting for a bare method name
+  c.dit_cache = accel::parse_dit_cache(cache, "cache");
   if (model.unet_accelerators) accel::refuse_dit_cache_on_unet(c.dit_cache, "cache");
   if (model.check_cache) model.check_cache(c.dit_cache);
   c.vae_tiling.mode = f.string("vae_tiling", 8).value_or("auto");

@@ -3,6 +3,7 @@
 // type- and range-checked against the server's limits before anything is allocated.
 #pragma once
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -53,6 +54,9 @@ struct ModelDefaults {
   bool unet_accelerators = true;
   // DiT models: InvalidArgument for a cache the model cannot run (a block range beyond it).
   std::function<void(const DitCacheOptions&)> check_cache;
+  // The folder's settings for a bare cache method name ("fbcache" -> "fbcache:0.25"):
+  // pipeline::dit_cache_defaults.
+  std::map<std::string, std::string> cache_defaults;
 
   bool supports(JobKind kind) const;
   std::string kinds_text() const;  // "txt2img, img2img"

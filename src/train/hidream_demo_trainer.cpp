@@ -443,10 +443,14 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
   }
   pipeline::write_json_file(root / "scheduler" / "scheduler_config.json",
                             hidream_demo_scheduler_config(kShift));
-  const ordered_json defaults = {{"steps", 20},
-                                 {"guidance_scale", 4.0},
-                                 {"image_guidance_scale", 1.5},
-                                 {"max_sequence_length", seq_len}};
+  // The DiT caches' settings measured on this model (docs/acceleration.md): what a bare
+  // --cache fbcache / taylorseer gets.
+  const ordered_json defaults = {
+      {"steps", 20},
+      {"guidance_scale", 4.0},
+      {"image_guidance_scale", 1.5},
+      {"max_sequence_length", seq_len},
+      {"cache", {{"fbcache", "fbcache:0.25"}, {"taylorseer", "taylorseer:2:1"}}}};
   pipeline::write_json_file(root / "model_index.json", hidream_demo_model_index(defaults));
   report.total_s = seconds_since(t_start);
   auto record = training_record(o, report, bf16, "transformer", "edit_pairs", held_out);
