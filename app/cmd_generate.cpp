@@ -219,6 +219,19 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
                "ControlNets see the conditional branch only (diffusers' guess_mode)");
 }
 
+// A per-ControlNet flag given once for all of them or once each: InvalidArgument otherwise.
+template <typename T>
+void check_one_or_each(const char* flag, const std::vector<T>& values, size_t nets) {
+  if (values.size() > 1 && values.size() != nets)
+    throw InvalidArgument(std::string(flag) + ": give one for all ControlNets or one each (" +
+                          std::to_string(nets) + "), got " + std::to_string(values.size()));
+}
+// Unit j's value of such a flag (given: not empty).
+template <typename T>
+const T& one_or_each(const std::vector<T>& values, size_t j) {
+  return values.size() == 1 ? values[0] : values[j];
+}
+
 // --controlnet/--control-image/--control-scale as the generation's ControlNet units; images
 // read here, so that a bad file fails before any weight loads.
 std::vector<ControlNetUnit> controlnet_units(const GenerateFlags& f) {
@@ -226,16 +239,8 @@ std::vector<ControlNetUnit> controlnet_units(const GenerateFlags& f) {
     throw InvalidArgument("--controlnet: " + std::to_string(f.controlnets.size()) +
                           " ControlNet(s) but " + std::to_string(f.control_images.size()) +
                           " --control-image(s): give one control image per ControlNet");
-  if (!f.control_scales.empty() && f.control_scales.size() != 1 &&
-      f.control_scales.size() != f.controlnets.size())
-    throw InvalidArgument("--control-scale: give one scale for all ControlNets or one each (" +
-                          std::to_string(f.controlnets.size()) + "), got " +
-                          std::to_string(f.control_scales.size()));
-  if (!f.control_preprocess.empty() && f.control_preprocess.size() != 1 &&
-      f.control_preprocess.size() != f.controlnets.size())
-    throw InvalidArgument("--control-preprocess: give one for all ControlNets or one each (" +
-                          std::to_string(f.controlnets.size()) + "), got " +
-                          std::to_string(f.control_preprocess.size()));
+  check_one_or_each("--control-scale", f.control_scales, f.controlnets.size());
+  check_one_or_each("--control-preprocess", f.control_preprocess, f.controlnets.size());
   if (f.controlnets.empty() && (!f.control_scales.empty() || !f.control_preprocess.empty() ||
                                 f.guess_mode || f.control_start > 0 || f.control_end < 1))
     throw InvalidArgument(
@@ -247,11 +252,8 @@ std::vector<ControlNetUnit> controlnet_units(const GenerateFlags& f) {
     u.model = f.controlnets[j];
     const auto img = read_png(f.control_images[j]);
     u.image = pipeline::image_to_tensor(img);
-    if (!f.control_scales.empty())
-      u.scale = f.control_scales.size() == 1 ? f.control_scales[0] : f.control_scales[j];
-    if (!f.control_preprocess.empty())
-      u.preprocess =
-          f.control_preprocess.size() == 1 ? f.control_preprocess[0] : f.control_preprocess[j];
+    if (!f.control_scales.empty()) u.scale = one_or_each(f.control_scales, j);
+    if (!f.control_preprocess.empty()) u.preprocess = one_or_each(f.control_preprocess, j);
     u.start = f.control_start;
     u.end = f.control_end;
     units.push_back(std::move(u));

@@ -18,6 +18,7 @@
 #include "cli_run.h"
 #include "diffuse/errors.h"
 #include "diffuse/image.h"
+#include "golden_case_check.h"
 #include "io/gguf.h"
 #include "io/model_folder.h"
 #include "io/pillow_resample.h"
@@ -38,26 +39,11 @@ bool have(const std::string& dir) {
   return fs::exists(dir + "/cases.json");
 }
 
-// Every case passes, and every output the reference recorded was compared (ids, embeddings,
-// position ids, each step's transformer input/output and latents, the image; not only the
-// final image).
+// Every case passes, and every output the reference recorded for a pipeline or transformer
+// case was compared (ids, embeddings, position ids, each step's transformer input/output and
+// latents, the image; not only the final image).
 void expect_set_passes(const std::string& dir) {
-  const auto set = verify::GoldenSet::load(dir);
-  const auto results = verify::run_all(set, verify::VerifyOptions{});
-  ASSERT_EQ(results.size(), set.cases.size());
-  for (const auto& r : results) {
-    EXPECT_TRUE(r.passed) << r.name << ": " << r.reason;
-    if (!r.passed)
-      for (const auto& d : r.details) std::cout << "  " << r.name << " " << d << "\n";
-    const auto* c = set.find(r.name);
-    ASSERT_NE(c, nullptr);
-    if (c->component != "pipeline" && c->component != "transformer") continue;
-    for (const auto& [name, spec] : c->raw.at("outputs").items()) {
-      bool compared = false;
-      for (const auto& d : r.details) compared = compared || d.rfind(name + ":", 0) == 0;
-      EXPECT_TRUE(compared) << r.name << ": " << name << " was not compared";
-    }
-  }
+  test::expect_golden_set_passes(dir, {"pipeline", "transformer"});
 }
 
 TEST(FluxGolden, EveryFluxCasePasses) {

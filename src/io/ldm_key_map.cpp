@@ -172,10 +172,6 @@ void add_to_level(const Keys& k, UnetLevel* level, int block, const std::string&
   level->blocks.push_back(block);
 }
 
-}  // namespace
-
-// ---------------------------------------------------------------------------------- UNet
-
 // The middle block's part of a UNet layout (a UNet's and a ControlNet's alike).
 UnetLayout finish_middle(const Keys& k, UnetLayout L) {
   k.need("middle_block.0.in_layers.0.weight");
@@ -188,6 +184,10 @@ UnetLayout finish_middle(const Keys& k, UnetLayout L) {
       k.need("middle_block.1.transformer_blocks.0.attn2.to_k.weight", 2).size(1);
   return L;
 }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------- UNet
 
 UnetLayout parse_unet_layout(const TensorMap& unet, const std::string& file, bool encoder_only) {
   Keys k(unet, file, encoder_only ? "control_model." : kUnetPrefix);

@@ -18,6 +18,24 @@ std::vector<T> reversed(std::vector<T> v) {
   return v;
 }
 
+// The down path and mid block, as forward() and a ControlNet's encoder run them: every skip
+// connection, and the mid block's output (the down path's without a mid block).
+UNetEncoderOutputs run_down_path(std::vector<nn::DownBlock2D>& down_list,
+                                 nn::UNetMidBlock2DCrossAttn& mid_block, torch::Tensor sample,
+                                 const torch::Tensor& emb, const torch::Tensor& ctx,
+                                 Intermediates* intermediates) {
+  nn::ResidualStack residuals{sample};
+  for (size_t i = 0; i < down_list.size(); ++i) {
+    sample = down_list[i](sample, emb, ctx, residuals);
+    capture(intermediates, "down_blocks." + std::to_string(i), sample);
+  }
+  if (mid_block) {
+    sample = mid_block(sample, emb, ctx);
+    capture(intermediates, "mid_block", sample);
+  }
+  return {std::move(residuals), sample};
+}
+
 }  // namespace
 
 UNet2DConditionModelImpl::UNet2DConditionModelImpl(UNet2DConditionConfig config)
@@ -247,17 +265,9 @@ torch::Tensor UNet2DConditionModelImpl::forward(const torch::Tensor& sample_in,
   if (config_.encoder_only)
     throw InvalidArgument("UNet2DConditionModel (" + config_.source +
                           "): a ControlNet's encoder has no up path to run forward() on");
-  auto [sample, emb, ctx] =
+  auto [prepared, emb, ctx] =
       prepare(sample_in, timestep, encoder_hidden_states, intermediates, added);
-  nn::ResidualStack residuals{sample};
-  for (size_t i = 0; i < down_list.size(); ++i) {
-    sample = down_list[i](sample, emb, ctx, residuals);
-    capture(intermediates, "down_blocks." + std::to_string(i), sample);
-  }
-  if (mid_block) {
-    sample = mid_block(sample, emb, ctx);
-    capture(intermediates, "mid_block", sample);
-  }
+  auto [residuals, sample] = run_down_path(down_list, mid_block, prepared, emb, ctx, intermediates);
   if (control) {
     const std::string who = "UNet2DConditionModel (" + config_.source + "): ControlNet ";
     if (control->down.size() != residuals.size())
@@ -294,16 +304,7 @@ UNetEncoderOutputs UNet2DConditionModelImpl::forward_encoder(
   auto [sample, emb, ctx] =
       prepare(sample_in, timestep, encoder_hidden_states, intermediates, added);
   if (hint) sample = sample + hint(sample);
-  nn::ResidualStack residuals{sample};
-  for (size_t i = 0; i < down_list.size(); ++i) {
-    sample = down_list[i](sample, emb, ctx, residuals);
-    capture(intermediates, "down_blocks." + std::to_string(i), sample);
-  }
-  if (mid_block) {
-    sample = mid_block(sample, emb, ctx);
-    capture(intermediates, "mid_block", sample);
-  }
-  return {std::move(residuals), sample};
+  return run_down_path(down_list, mid_block, sample, emb, ctx, intermediates);
 }
 
 UNet2DConditionModel load_unet(const io::ModelFolder& folder, torch::Device device,
