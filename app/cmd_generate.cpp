@@ -31,6 +31,7 @@
 #include "pipeline/memory_report.h"
 #include "pipeline/model_source.h"
 #include "pipeline/prompt_loras.h"
+#include "pipeline/qwenimage.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
 #include "run_summary.h"
@@ -404,13 +405,15 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   // --devices (CFG-parallel): checked before anything loads, by the launcher and each worker.
   // HiDream and FLUX (the DiT families) run through run_hidream's flags.
   const bool flux = pipeline::is_flux_folder(f.model);
-  const bool hidream = flux || pipeline::is_hidream_folder(f.model);
+  const bool qwen = pipeline::is_qwenimage_folder(f.model);
+  const bool hidream = flux || qwen || pipeline::is_hidream_folder(f.model);
   if (hidream) {
+    const char* family = flux ? "FLUX" : qwen ? "Qwen-Image" : "HiDream";
     if (img2img && !flux)
-      throw InvalidArgument("'" + f.model +
-                            "' is a HiDream model: it runs txt2img and instruction edits "
-                            "(diffuse edit), not img2img");
-    check_hidream_generate_flags(f, flux ? "FLUX" : "HiDream");
+      throw InvalidArgument("'" + f.model + "' is a " + family +
+                            " model: it runs txt2img and instruction edits (diffuse edit), not "
+                            "img2img");
+    check_hidream_generate_flags(f, family);
     DitCliFlags h;
     h.model = f.model;
     if (!f.transformer.empty()) h.transformer = f.transformer;

@@ -26,6 +26,7 @@
 #include "pipeline/hidream.h"
 #include "pipeline/hidream_variant.h"
 #include "pipeline/image_parameters.h"
+#include "pipeline/qwenimage.h"
 #include "pipeline/stable_diffusion.h"
 #include "progress.h"
 #include "quant/quantized_weight.h"
@@ -120,6 +121,7 @@ InpaintOptions dit_mask_options(const DitCliFlags& f) {
 
 int run_hidream(const DitCliFlags& f, bool edit) {
   if (pipeline::is_flux_folder(f.model)) return run_flux(f, edit);
+  if (pipeline::is_qwenimage_folder(f.model)) return run_qwenimage(f, edit);
   if (!f.mask.empty() && !edit)
     throw InvalidArgument("--mask: HiDream repaints a masked region in its edits (diffuse edit)");
   const auto mask_options = dit_mask_options(f);  // read before anything loads

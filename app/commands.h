@@ -77,10 +77,13 @@ struct DitCliFlags {
   int mask_crop = -1;      // FLUX img2img only
   ParallelFlags parallel;  // HiDream: --parallel ulysses over --devices or torchrun's ranks
 };
-// Text-to-image (edit = false) or editing; writes f.out. A FLUX folder goes to run_flux.
+// Text-to-image (edit = false) or editing; writes f.out. A FLUX folder goes to run_flux, a
+// Qwen-Image folder to run_qwenimage.
 int run_hidream(const DitCliFlags& f, bool edit);
 // FLUX.1 text-to-image or FLUX.1 Kontext editing; writes f.out.
 int run_flux(const DitCliFlags& f, bool edit);
+// Qwen-Image text-to-image or Qwen-Image-Edit editing; writes f.out.
+int run_qwenimage(const DitCliFlags& f, bool edit);
 // What a DiT run reports once its PNG is written.
 struct DitRunReport {
   pipeline::ImageParameters params;  // seed, size, scheduler, device, dtype

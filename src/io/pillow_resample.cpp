@@ -13,7 +13,6 @@ namespace diffuse::io {
 namespace {
 
 constexpr int kResamplePrecisionBits = 32 - 8 - 2;
-constexpr double kLanczosSupportPx = 3.0;
 
 double lanczos_sinc(double x) {
   if (x == 0.0) return 1.0;
@@ -25,19 +24,36 @@ double lanczos(double x) {
   return (-3.0 <= x && x < 3.0) ? lanczos_sinc(x) * lanczos_sinc(x / 3.0) : 0.0;
 }
 
+// Pillow's bicubic_filter (a = -0.5).
+double bicubic(double x) {
+  constexpr double a = -0.5;
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+double filter_support(PillowFilter f) {
+  return f == PillowFilter::kLanczos ? 3.0 : 2.0;
+}
+
+double filter_value(PillowFilter f, double x) {
+  return f == PillowFilter::kLanczos ? lanczos(x) : bicubic(x);
+}
+
 // Per output pixel: the first input pixel, how many follow, and their fixed-point weights.
-struct LanczosCoefficients {
+struct FilterCoefficients {
   int ksize = 0;
   std::vector<int> first, count;
   std::vector<int32_t> weights;  // [out * ksize]
 };
 
-LanczosCoefficients lanczos_coefficients(int in_size, int out_size) {
+FilterCoefficients filter_coefficients(int in_size, int out_size, PillowFilter filter) {
   // Pillow's precompute_coeffs with the whole image as the box (in0 = 0, in1 = in_size).
   const double scale = static_cast<double>(in_size) / out_size;
   const double filterscale = std::max(scale, 1.0);
-  const double support = kLanczosSupportPx * filterscale;
-  LanczosCoefficients c;
+  const double support = filter_support(filter) * filterscale;
+  FilterCoefficients c;
   c.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
   c.first.resize(out_size);
   c.count.resize(out_size);
@@ -50,7 +66,7 @@ LanczosCoefficients lanczos_coefficients(int in_size, int out_size) {
     const int xmax = std::min(static_cast<int>(center + support + 0.5), in_size) - xmin;
     double ww = 0.0;
     for (int x = 0; x < xmax; ++x) {
-      k[x] = lanczos((x + xmin - center + 0.5) * ss);
+      k[x] = filter_value(filter, (x + xmin - center + 0.5) * ss);
       ww += k[x];
     }
     for (int x = 0; x < xmax; ++x) {
@@ -73,14 +89,19 @@ uint8_t resample_clip8(int32_t v) {
 }  // namespace
 
 torch::Tensor pillow_lanczos_resize(const torch::Tensor& image, int64_t out_h, int64_t out_w) {
+  return pillow_resize(image, out_h, out_w, PillowFilter::kLanczos);
+}
+
+torch::Tensor pillow_resize(const torch::Tensor& image, int64_t out_h, int64_t out_w,
+                            PillowFilter filter) {
   constexpr int64_t kMaxSide = 65536;
   if (!image.defined() || image.scalar_type() != torch::kUInt8 || image.dim() != 3 ||
       image.size(0) < 1 || image.size(1) < 1 || image.size(2) < 1)
-    throw InvalidArgument("pillow_lanczos_resize: expected a uint8 [H, W, C] image, got " +
+    throw InvalidArgument("pillow_resize: expected a uint8 [H, W, C] image, got " +
                           (image.defined() ? c10::str(image.sizes()) : std::string("none")));
   if (out_h < 1 || out_w < 1 || out_h > kMaxSide || out_w > kMaxSide || image.size(0) > kMaxSide ||
       image.size(1) > kMaxSide)
-    throw InvalidArgument("pillow_lanczos_resize: sides must be in 1.." + std::to_string(kMaxSide) +
+    throw InvalidArgument("pillow_resize: sides must be in 1.." + std::to_string(kMaxSide) +
                           ", got " + std::to_string(image.size(1)) + "x" +
                           std::to_string(image.size(0)) + " -> " + std::to_string(out_w) + "x" +
                           std::to_string(out_h));
@@ -90,8 +111,8 @@ torch::Tensor pillow_lanczos_resize(const torch::Tensor& image, int64_t out_h, i
   const int OH = static_cast<int>(out_h), OW = static_cast<int>(out_w);
   if (OH == H && OW == W) return in.clone();  // Pillow returns a copy
 
-  const auto horiz = lanczos_coefficients(W, OW);
-  auto vert = lanczos_coefficients(H, OH);
+  const auto horiz = filter_coefficients(W, OW, filter);
+  auto vert = filter_coefficients(H, OH, filter);
   const uint8_t* src = in.data_ptr<uint8_t>();
   // Horizontal pass over the rows the vertical pass reads (all rows when it does not run).
   const bool need_h = OW != W, need_v = OH != H;

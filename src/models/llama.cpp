@@ -27,6 +27,7 @@ LlamaConfig LlamaConfig::from_json(const io::JsonConfig& j) {
   c.rms_norm_eps = read_positive_number(j, "rms_norm_eps", c.rms_norm_eps, 1.0);
   c.rope_theta = read_positive_number(j, "rope_theta", 10000.0, 1e12);
   c.attention_bias = j.get<bool>("attention_bias", false);
+  c.o_proj_bias = c.attention_bias;
   c.mlp_bias = j.get<bool>("mlp_bias", false);
   for (auto [key, v] : {std::pair{"vocab_size", c.vocab_size},
                         {"hidden_size", c.hidden_size},
@@ -104,23 +105,21 @@ torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
   return weight * h.to(x.scalar_type());
 }
 
-namespace {
-
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const auto half = x.size(-1) / 2;
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-}  // namespace
-
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c) : config(c) {
-  auto lin = [&](int64_t in, int64_t out) {
-    return nn::make_linear(torch::nn::LinearOptions(in, out).bias(c.attention_bias));
+  auto lin = [&](int64_t in, int64_t out, bool bias) {
+    return nn::make_linear(torch::nn::LinearOptions(in, out).bias(bias));
   };
-  q_proj = register_module("q_proj", lin(c.hidden_size, c.num_attention_heads * c.head_dim));
-  k_proj = register_module("k_proj", lin(c.hidden_size, c.num_key_value_heads * c.head_dim));
-  v_proj = register_module("v_proj", lin(c.hidden_size, c.num_key_value_heads * c.head_dim));
-  o_proj = register_module("o_proj", lin(c.num_attention_heads * c.head_dim, c.hidden_size));
+  const bool b = c.attention_bias;
+  q_proj = register_module("q_proj", lin(c.hidden_size, c.num_attention_heads * c.head_dim, b));
+  k_proj = register_module("k_proj", lin(c.hidden_size, c.num_key_value_heads * c.head_dim, b));
+  v_proj = register_module("v_proj", lin(c.hidden_size, c.num_key_value_heads * c.head_dim, b));
+  o_proj = register_module("o_proj",
+                           lin(c.num_attention_heads * c.head_dim, c.hidden_size, c.o_proj_bias));
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,

@@ -33,7 +33,8 @@ struct LlamaConfig {
   int64_t head_dim = 128;  // default hidden_size / num_attention_heads
   double rms_norm_eps = 1e-5;
   double rope_theta = 500000.0;
-  bool attention_bias = false;
+  bool attention_bias = false;  // q/k/v projections (and o_proj, unless o_proj_bias says not)
+  bool o_proj_bias = false;     // from_json: = attention_bias; Qwen2 has q/k/v biases only
   bool mlp_bias = false;
   // rope_scaling: "default" (none) or "llama3" with its four values.
   std::string rope_type = "default";
@@ -56,7 +57,8 @@ TORCH_MODULE(LlamaRMSNorm);
 
 struct LlamaAttentionImpl : torch::nn::Module {
   explicit LlamaAttentionImpl(const LlamaConfig& c);
-  // cos/sin [N, head_dim]; bias: additive key mask [B, 1, 1, N] or undefined.
+  // cos/sin [N, head_dim] (or [B, 1, N, head_dim]: per-sequence positions, Qwen2-VL's mRoPE);
+  // bias: additive key mask [B, 1, 1, N] or undefined.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& bias);
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -112,6 +114,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   LlamaConfig config_;
 };
 TORCH_MODULE(LlamaForCausalLM);
+
+// (x1, x2) -> (-x2, x1) over the halves of the last dimension: the rotation of half-split
+// rotary embeddings (Llama, Qwen2 and Qwen2.5-VL's vision tower).
+torch::Tensor rotate_half(const torch::Tensor& x);
 
 // RoPE inverse frequencies [head_dim / 2] (float32), with the config's rope scaling.
 torch::Tensor llama_inv_freq(const LlamaConfig& config);

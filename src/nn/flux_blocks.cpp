@@ -64,8 +64,9 @@ torch::Tensor flux_modulate(const torch::Tensor& x, const torch::Tensor& shift,
   return layer_norm(x, {}, {}, kFluxNormEps) * (1 + scale) + shift;
 }
 
-FluxModulationImpl::FluxModulationImpl(int64_t dim, int64_t chunks) : chunks(chunks) {
-  linear = register_module("linear", make_linear(dim, chunks * dim));
+FluxModulationImpl::FluxModulationImpl(int64_t dim, int64_t chunks, const char* linear_name)
+    : chunks(chunks) {
+  linear = register_module(linear_name, make_linear(dim, chunks * dim));
 }
 
 std::vector<torch::Tensor> FluxModulationImpl::forward(const torch::Tensor& temb) {
@@ -130,12 +131,14 @@ torch::Tensor FluxFeedForwardImpl::forward(const torch::Tensor& x) {
 }
 
 FluxTransformerBlockImpl::FluxTransformerBlockImpl(const FluxBlockOptions& o) {
-  norm1 = register_module("norm1", FluxModulation(o.dim, 6));
-  norm1_context = register_module("norm1_context", FluxModulation(o.dim, 6));
+  const auto& n = o.names;
+  norm1 = register_module(n.image_mod, FluxModulation(o.dim, 6, n.mod_linear));
+  norm1_context = register_module(n.text_mod, FluxModulation(o.dim, 6, n.mod_linear));
   attn = register_module("attn", FluxAttention(o.dim, o.heads, o.head_dim, /*context=*/true));
   const auto hidden = static_cast<int64_t>(o.dim * o.mlp_ratio);
-  ff = register_module("ff", FluxFeedForward(o.dim, hidden));
-  ff_context = register_module("ff_context", FluxFeedForward(o.dim, hidden));
+  ff = register_module(n.image_ff, FluxFeedForward(o.dim, hidden));
+  ff_context = register_module(n.text_ff, FluxFeedForward(o.dim, hidden));
+  clip_image_fp16 = o.clip_image_fp16;
 }
 
 std::pair<torch::Tensor, torch::Tensor> FluxTransformerBlockImpl::forward(
@@ -150,6 +153,7 @@ std::pair<torch::Tensor, torch::Tensor> FluxTransformerBlockImpl::forward(
   image = image + m[5] * ff(flux_modulate(image, m[3], m[4]));
   text = text + c[5] * ff_context(flux_modulate(text, c[3], c[4]));
   if (text.scalar_type() == torch::kFloat16) text = text.clamp(-65504, 65504);
+  if (image.scalar_type() == torch::kFloat16 && clip_image_fp16) image = image.clamp(-65504, 65504);
   return {image, text};
 }
 

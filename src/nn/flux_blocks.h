@@ -23,11 +23,27 @@ namespace diffuse::nn {
 // The epsilon of FLUX's q/k RMSNorms and of its affine-free LayerNorms (blocks and norm_out).
 constexpr double kFluxNormEps = 1e-6;
 
+// The module names of a double-stream block. Qwen-Image's QwenImageTransformerBlock computes
+// exactly what FLUX's does (adaLN-Zero per stream, joint attention, GELU-tanh MLPs) under other
+// names, so one implementation serves both with diffusers' names for each.
+struct DualBlockNames {
+  const char* image_mod = "norm1";
+  const char* text_mod = "norm1_context";
+  const char* mod_linear = "linear";  // Qwen: nn.Sequential(SiLU, Linear) -> "1"
+  const char* image_ff = "ff";
+  const char* text_ff = "ff_context";
+};
+inline DualBlockNames qwen_image_block_names() {
+  return {"img_mod", "txt_mod", "1", "img_mlp", "txt_mlp"};
+}
+
 struct FluxBlockOptions {
   int64_t dim = 0;  // heads * head_dim
   int64_t heads = 0;
   int64_t head_dim = 0;
   double mlp_ratio = 4.0;
+  DualBlockNames names;
+  bool clip_image_fp16 = false;  // Qwen-Image clips the image stream to float16's range too
 };
 
 // What every block of one forward pass shares.
@@ -41,9 +57,9 @@ struct FluxBlockInputs {
 };
 
 // AdaLayerNormZero's and AdaLayerNormZeroSingle's modulation: a Linear(dim, chunks * dim) on
-// silu(temb), registered as "<name>.linear".
+// silu(temb), registered as "<name>.<linear_name>".
 struct FluxModulationImpl : torch::nn::Module {
-  FluxModulationImpl(int64_t dim, int64_t chunks);
+  FluxModulationImpl(int64_t dim, int64_t chunks, const char* linear_name = "linear");
   // temb [B, dim] -> `chunks` tensors [B, 1, dim].
   std::vector<torch::Tensor> forward(const torch::Tensor& temb);
 
@@ -92,6 +108,7 @@ struct FluxTransformerBlockImpl : torch::nn::Module {
   FluxModulation norm1{nullptr}, norm1_context{nullptr};
   FluxAttention attn{nullptr};
   FluxFeedForward ff{nullptr}, ff_context{nullptr};
+  bool clip_image_fp16 = false;
 };
 TORCH_MODULE(FluxTransformerBlock);
 

@@ -29,56 +29,6 @@ constexpr size_t kMaxMerges = 49152 - 256 - 2;
 const char* const kSpecialKeys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
                                     "pad_token", "cls_token", "mask_token"};
 
-// Streams vocab.json ({"token": id, ...}) straight into the map: building a JSON tree of 49k
-// entries first would triple the load time.
-class VocabReader : public nlohmann::json_sax<nlohmann::json> {
- public:
-  VocabReader(std::string path, std::unordered_map<std::string, int64_t>& vocab)
-      : path_(std::move(path)), vocab_(vocab) {}
-
-  bool start_object(std::size_t) override {
-    if (depth_++ != 0) fail("expected token -> integer id pairs, found a nested object");
-    return true;
-  }
-  bool end_object() override { return --depth_, true; }
-  bool key(string_t& k) override { return key_ = k, true; }
-  bool number_integer(number_integer_t v) override { return add(v); }
-  bool number_unsigned(number_unsigned_t v) override {
-    if (v > static_cast<number_unsigned_t>(INT64_MAX)) fail("id of '" + key_ + "' is too large");
-    return add(static_cast<int64_t>(v));
-  }
-  bool null() override { return wrong_value("null"); }
-  bool boolean(bool) override { return wrong_value("a boolean"); }
-  bool number_float(number_float_t, const string_t&) override { return wrong_value("a float"); }
-  bool string(string_t&) override { return wrong_value("a string"); }
-  bool binary(binary_t&) override { return wrong_value("binary data"); }
-  bool start_array(std::size_t) override { return wrong_value("an array"); }
-  bool end_array() override { return true; }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    throw FormatError(path_ + ": invalid JSON (" + e.what() + ")");
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& problem) {
-    throw FormatError(path_ + ": " + problem + " (expected a JSON object token -> id)");
-  }
-  bool wrong_value(const std::string& what) {
-    if (depth_ == 0) fail("top level is " + what);
-    fail("token '" + key_ + "' has " + what + " as its id");
-  }
-  bool add(int64_t id) {
-    if (depth_ != 1) fail("top level is a number");
-    if (id < 0) fail("token '" + key_ + "' has a negative id");
-    vocab_[key_] = id;
-    return true;
-  }
-
-  std::string path_;
-  std::unordered_map<std::string, int64_t>& vocab_;
-  std::string key_;
-  int depth_ = 0;
-};
-
 // Python's str.split(): fields separated by runs of ASCII whitespace.
 std::vector<std::string_view> split_fields(std::string_view line) {
   std::vector<std::string_view> out;
@@ -156,10 +106,7 @@ class ClipTokenizerLoader {
 
  private:
   static void load_vocab(const fs::path& path, ClipTokenizer& t) {
-    const std::string text = read_tokenizer_file(path);
-    VocabReader reader(path.string(), t.vocab_);
-    t.vocab_.reserve(text.size() / 16);
-    nlohmann::json::sax_parse(text, &reader);  // throws FormatError through the reader
+    read_vocab_json(path, t.vocab_);
     if (t.vocab_.empty())
       throw FormatError(path.string() + ": expected a non-empty JSON object token -> id");
     // Two tokens with one id would decode ambiguously and point at one embedding row.

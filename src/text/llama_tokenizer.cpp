@@ -149,9 +149,13 @@ LlamaTokenizer LlamaTokenizer::from_folder(const std::string& dir_str) {
       t.merges_.emplace(key, std::make_pair(static_cast<int32_t>(rank), id_of(left + right, rank)));
     }
 
-    if (j.contains("normalizer") && !j["normalizer"].is_null())
-      throw ConfigError(where + ": normalizer " + j["normalizer"].value("type", std::string("?")) +
-                        " is not supported (byte-level BPE folders have none)");
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      if (j["normalizer"].value("type", std::string()) != "NFC")
+        throw ConfigError(where + ": normalizer " +
+                          j["normalizer"].value("type", std::string("?")) +
+                          " is not supported (byte-level BPE folders have none, or NFC)");
+      t.nfc_ = true;
+    }
     const std::string pattern =
         split_pattern(field(j, "pre_tokenizer", where), where + ": pre_tokenizer");
     t.regex_ = std::make_unique<PretokenizerRegex>(pattern, where + ": pre_tokenizer");
@@ -275,7 +279,8 @@ void LlamaTokenizer::bpe(std::string_view piece, std::vector<int64_t>& out) cons
 
 std::vector<int64_t> LlamaTokenizer::encode_ordinary(const std::string& text) const {
   std::vector<int64_t> ids;
-  for (const auto& piece : split_added_tokens(utf8_decode(text), added_, added_u32_)) {
+  const std::u32string decoded = nfc_ ? nfc(utf8_decode(text)) : utf8_decode(text);
+  for (const auto& piece : split_added_tokens(decoded, added_, added_u32_)) {
     if (piece.text.empty()) continue;
     if (piece.token >= 0) {
       ids.push_back(added_[static_cast<size_t>(piece.token)].id);

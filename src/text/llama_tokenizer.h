@@ -3,7 +3,8 @@
 // pre-tokenizer's regex (compiled by PCRE2 in UTF + UCP mode: \p{L}, \p{N}, \s as Unicode
 // White_Space incl. U+0085, case-insensitive groups with Unicode case folding), GPT-2 byte
 // characters, merges by rank with ignore_merges (a pre-token that is a vocabulary entry is one
-// token), the TemplateProcessing post-processor's BOS, right padding and truncation.
+// token), the TemplateProcessing post-processor's BOS, right padding and truncation. An NFC
+// normalizer (Qwen2's tokenizer.json) is applied before anything else.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -64,6 +65,13 @@ class LlamaTokenizer {
   std::vector<int64_t> prefix_, suffix_;  // post-processor specials around the sequence
   int64_t eos_id_ = -1, pad_id_ = -1;
   int64_t model_max_length_ = 131072;
+  bool nfc_ = false;  // the text is NFC-normalised first (Qwen2's tokenizers)
+
+  friend LlamaTokenizer load_qwen2_tokenizer(const std::string& dir);
 };
+
+// Qwen2Tokenizer (text/qwen2_tokenizer.cpp): the same byte-level BPE from vocab.json +
+// merges.txt.
+LlamaTokenizer load_qwen2_tokenizer(const std::string& dir);
 
 }  // namespace diffuse::text

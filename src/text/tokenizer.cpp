@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "diffuse/errors.h"
+#include "io/json_config.h"
 #include "text/clip_tokenizer.h"
 #include "text/llama_tokenizer.h"
 #include "text/t5_tokenizer.h"
@@ -47,18 +48,28 @@ class Adapter : public Tokenizer {
 
 }  // namespace
 
+bool is_qwen2_tokenizer_folder(const std::string& dir) {
+  const fs::path config = fs::path(dir) / "tokenizer_config.json";
+  if (!fs::exists(config)) return false;
+  const auto cfg = io::JsonConfig::load(config.string());
+  return cfg.get<std::string>("tokenizer_class", "").rfind("Qwen2Tokenizer", 0) == 0;
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_str) {
   const fs::path dir(dir_str);
   if (!fs::is_directory(dir)) throw IoError("tokenizer folder '" + dir_str + "' does not exist");
   if (fs::exists(dir / "spiece.model"))
     return std::make_unique<Adapter<T5Tokenizer>>("t5", T5Tokenizer::from_folder(dir_str));
+  if (is_qwen2_tokenizer_folder(dir_str) && fs::exists(dir / "vocab.json") &&
+      fs::exists(dir / "merges.txt"))
+    return std::make_unique<Adapter<LlamaTokenizer>>("qwen2", load_qwen2_tokenizer(dir_str));
   if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt"))
     return std::make_unique<Adapter<ClipTokenizer>>("clip", ClipTokenizer::from_folder(dir_str));
   if (fs::exists(dir / "tokenizer.json"))
     return std::make_unique<Adapter<LlamaTokenizer>>("llama", LlamaTokenizer::from_folder(dir_str));
-  throw IoError(
-      "tokenizer folder '" + dir_str +
-      "' has no spiece.model (T5), vocab.json + merges.txt (CLIP) or tokenizer.json (Llama-3)");
+  throw IoError("tokenizer folder '" + dir_str +
+                "' has no spiece.model (T5), vocab.json + merges.txt (CLIP, or Qwen2 when "
+                "tokenizer_config.json names Qwen2Tokenizer) or tokenizer.json (Llama-3)");
 }
 
 }  // namespace diffuse::text

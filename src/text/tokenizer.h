@@ -1,6 +1,7 @@
 // Any tokenizer folder behind one interface, recognised by its files the way the hub lays
-// them out: spiece.model -> T5 (SentencePiece), vocab.json + merges.txt -> CLIP BPE,
-// tokenizer.json -> byte-level BPE (Llama-3). Pipelines and `diffuse verify` use this when a
+// them out: spiece.model -> T5 (SentencePiece), vocab.json + merges.txt -> CLIP BPE (Qwen2's
+// byte-level BPE when tokenizer_config.json names Qwen2Tokenizer), tokenizer.json -> byte-level
+// BPE (Llama-3). Pipelines and `diffuse verify` use this when a
 // folder may hold any of them.
 #pragma once
 #include <cstdint>
@@ -15,7 +16,7 @@ namespace diffuse::text {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  // "clip", "t5", "llama".
+  // "clip", "t5", "llama", "qwen2".
   virtual std::string kind() const = 0;
   // tokenizer(text).input_ids: with the family's special tokens, no padding or truncation.
   virtual std::vector<int64_t> encode(const std::string& text) const = 0;
@@ -33,5 +34,7 @@ class Tokenizer {
 // Loads the tokenizer in `dir`. IoError if the folder is missing or has none of the files
 // above (the message lists what was looked for); loader errors of the family otherwise.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+// Whether tokenizer_config.json in `dir` names Qwen2Tokenizer(Fast).
+bool is_qwen2_tokenizer_folder(const std::string& dir);
 
 }  // namespace diffuse::text

@@ -5,12 +5,18 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace diffuse::text {
 
 // The whole file as bytes; IoError naming the file if it cannot be opened.
 std::string read_tokenizer_file(const std::filesystem::path& path);
+
+// Streams vocab.json ({"token": id, ...}) into `vocab` (building a JSON tree of the whole file
+// first would triple the load time); FormatError naming the file for anything else.
+void read_vocab_json(const std::filesystem::path& path,
+                     std::unordered_map<std::string, int64_t>& vocab);
 
 // Creates the folder a trainer saves a tokenizer to (and its parents); IoError naming it if
 // that fails.

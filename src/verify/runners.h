@@ -62,6 +62,13 @@ void compare_traced_tensors(const GoldenCase& c, const CaseTensors& t,
 // A LoRA file merged into the HiDream transformer (output out, and out_adapters_disabled).
 CaseResult verify_lora(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 
+// Every component of a Qwen-Image set (tokenizer, processor, text_encoder, vae, transformer,
+// scheduler, pipeline; verify_qwenimage.cpp); is_qwenimage_set: its model_index.json names a
+// QwenImage pipeline.
+CaseResult verify_qwenimage(const GoldenSet& set, const GoldenCase& c,
+                            const VerifyOptions& options);
+bool is_qwenimage_set(const GoldenSet& set);
+
 // Stable Diffusion txt2img / img2img replay (diffusers folder and single-file checkpoint).
 CaseResult verify_pipeline(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options);
 

@@ -29,6 +29,7 @@ const std::vector<RunnerEntry> kRunners = {
     {"pipeline", verify_pipeline},
     {"controlnet", verify_controlnet},
     {"preprocessing", verify_preprocessing},
+    {"processor", verify_qwenimage},  // Qwen2-VL's image processor
 };
 
 Runner find_runner(const std::string& component) {
@@ -48,6 +49,8 @@ std::vector<std::string> supported_components() {
 CaseResult run_case(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options) {
   CaseResult result;
   Runner run = find_runner(c.component);
+  // A family whose networks differ from every other's has one runner for all its components.
+  if (run && is_qwenimage_set(set)) run = verify_qwenimage;
   if (!run) {
     result.name = c.name;
     result.component = c.component;
