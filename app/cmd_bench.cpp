@@ -334,11 +334,12 @@ Command add_bench_command(CLI::App& app) {
   auto as_json = std::make_shared<bool>(false);
   std::string archs;
   for (const auto& n : models::builtin_arch_names()) archs += (archs.empty() ? "" : "|") + n;
-  app.add_option("--arch", o->arch,
-                 "Built-in architecture with random weights: " + archs +
-                     "|hidream-i1|flux-dev|flux-schnell (one dual- and one single-stream block "
-                     "at full size)"
-                     "|t5-xxl|llama-3.1-8b (HiDream's text encoders, one forward)")
+  app.add_option(
+         "--arch", o->arch,
+         "Built-in architecture with random weights: " + archs +
+             "|hidream-i1|flux-dev|flux-schnell|qwen-image (one dual- and one single-stream block "
+             "at full size)"
+             "|t5-xxl|llama-3.1-8b (HiDream's text encoders, one forward)")
       ->capture_default_str();
   app.add_option("-m,--model", o->model,
                  "Benchmark a real model (diffusers folder or single file) instead");

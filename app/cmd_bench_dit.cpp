@@ -1,5 +1,5 @@
-// `diffuse bench --arch hidream-i1 | flux-dev | flux-schnell | t5-xxl | llama-3.1-8b`: prints
-// the DiT block benchmark (bench/dit_block_bench.h) and the large text encoders'
+// `diffuse bench --arch hidream-i1 | flux-dev | flux-schnell | qwen-image | t5-xxl | llama-3.1-8b`:
+// prints the DiT block benchmark (bench/dit_block_bench.h) and the large text encoders'
 // (bench/text_encoder_bench.h).
 #include <cstdio>
 #include <iostream>
@@ -50,14 +50,16 @@ int run_dit_block_bench(const bench::PipelineBenchOptions& p, bool as_json) {
       r.attention.c_str(), r.threads, r.device.c_str());
   if (r.roofline) std::printf("  roofline: matmul %.1f GFLOP/s\n", r.roofline->matmul_gflops);
   print_block("dual-stream block", r.dual);
-  print_block("single-stream block", r.single);
+  if (r.num_single_layers > 0) print_block("single-stream block", r.single);
   std::printf("  one denoising step (%d dual + %d single blocks): ~%.1f s per %d-image batch\n",
               r.num_layers, r.num_single_layers, r.step_estimate_s, r.batch);
   std::printf("  whole transformer: %.2fB parameters = %.1f GiB in %s\n", r.transformer_params_b,
               r.transformer_gib, r.dtype.c_str());
-  if (r.dual_quantized && r.single_quantized) {
+  if (r.dual_quantized) {
     const std::string w = r.weights;
-    for (const auto* q : {&*r.dual_quantized, &*r.single_quantized}) {
+    std::vector<const bench::QuantizedBlockTiming*> kinds{&*r.dual_quantized};
+    if (r.single_quantized) kinds.push_back(&*r.single_quantized);
+    for (const auto* q : kinds) {
       const bool dual = q == &*r.dual_quantized;
       print_block(dual ? "dual-stream block" : "single-stream", q->timing);
       const auto& plain = dual ? r.dual : r.single;

@@ -20,6 +20,7 @@
 #include "parallel_flags.h"
 #include "pipeline/flux.h"
 #include "pipeline/hidream.h"
+#include "pipeline/qwenimage.h"
 #include "server/engine.h"
 #include "server/http_server.h"
 #include "server/rank_jobs.h"
@@ -119,11 +120,11 @@ void check_serve_parallel(const ServeFlags& f) {
   const auto mode = parallel_mode(f.parallel);
   const int world = f.parallel.world;
   const std::string flag = "--parallel " + (f.parallel.mode.empty() ? "cfg" : f.parallel.mode);
-  if (pipeline::is_flux_folder(f.model)) {
+  if (pipeline::is_flux_folder(f.model) || pipeline::is_qwenimage_folder(f.model)) {
     if (mode != ParallelMode::kUlysses)
       throw InvalidArgument(flag +
-                            ": FLUX's guidance is one embedding; FLUX shares its work over "
-                            "ranks with --parallel ulysses");
+                            ": FLUX and Qwen-Image share their work over ranks with --parallel "
+                            "ulysses");
   } else if (pipeline::is_hidream_folder(f.model)) {
     if (mode == ParallelMode::kCfg && world > 3)
       throw InvalidArgument(flag + ": " + std::to_string(world) +

@@ -35,6 +35,9 @@ inline std::string flux_golden_dir() {
 inline std::string flux_kontext_golden_dir() {
   return sibling_golden_dir("DIFFUSE_FLUX_KONTEXT_GOLDEN_DIR", "flux-kontext-tiny");
 }
+inline std::string qwen_image_golden_dir() {
+  return sibling_golden_dir("DIFFUSE_QWEN_IMAGE_GOLDEN_DIR", "qwen-image-tiny");
+}
 
 // The golden set's diffusers model folder.
 inline std::string golden_model_dir() {

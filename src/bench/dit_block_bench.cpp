@@ -13,6 +13,7 @@
 #include "models/builtin_configs.h"
 #include "models/flux_transformer.h"
 #include "models/hidream_transformer.h"
+#include "models/qwenimage_transformer.h"
 #include "nn/attention.h"
 #include "nn/flux_blocks.h"
 #include "nn/hidream_blocks.h"
@@ -218,12 +219,49 @@ DitBenchFamily flux_family(const DitBlockBenchOptions& o, int64_t pH, int64_t pW
   return f;
 }
 
+// Qwen-Image: 60 double-stream blocks only (FLUX's block under Qwen's names), one image of
+// true CFG per call; text = the prompt's embeddings (default 256).
+DitBenchFamily qwenimage_family(const DitBlockBenchOptions& o, int64_t pH, int64_t pW,
+                                const torch::Device& device, torch::Dtype dtype) {
+  const auto c = models::QwenImageTransformerConfig::from_json(
+      io::JsonConfig(models::qwenimage_transformer_config(), o.arch + " transformer/config.json"));
+  DitBenchFamily f;
+  f.num_layers = c.num_layers;
+  f.num_single_layers = 0;
+  f.pixels_per_token = c.patch_size * kVaeScale;
+  const double D = static_cast<double>(c.inner_dim());
+  const double J = static_cast<double>(c.joint_attention_dim);
+  const double out = static_cast<double>(c.patch_size * c.patch_size * c.out_channels);
+  f.non_block_params = (256 * D + D + D * D + D) + J + (J + 1) * D +
+                       (static_cast<double>(c.in_channels) + 1) * D + (2 * D * D + 2 * D) +
+                       D * out + out;
+  if (pH < 0) return f;
+  const int64_t T = o.text_tokens > 0 ? o.text_tokens : 256;
+  f.text_tokens = static_cast<int>(T);
+  const auto opts = torch::TensorOptions().device(device).dtype(dtype);
+  auto rope = std::make_shared<nn::RopeTable>(
+      models::qwenimage_rope_table({{1, pH, pW}}, T, c.axes_dims_rope, device));
+  auto in = std::make_shared<nn::FluxBlockInputs>();
+  in->temb = torch::randn({o.batch, c.inner_dim()}, opts);
+  in->rope = rope.get();
+  auto image = torch::randn({o.batch, pH * pW, c.inner_dim()}, opts);
+  auto text = torch::randn({o.batch, T, c.inner_dim()}, opts);
+  const auto bo = c.block_options();
+  f.dual = [=] {
+    auto b = random_block<nn::FluxTransformerBlock>([&] { return nn::FluxTransformerBlock(bo); },
+                                                    o.seed, device, dtype);
+    return BenchBlock{b.ptr(), [=]() mutable { return b->forward(image, text, *in).first; }};
+  };
+  return f;
+}
+
 DitBenchFamily dit_family(const DitBlockBenchOptions& o, int64_t pH, int64_t pW,
                           const torch::Device& device, torch::Dtype dtype) {
   if (models::is_hidream_arch(o.arch)) return hidream_family(o, pH, pW, device, dtype);
   if (models::is_flux_arch(o.arch)) return flux_family(o, pH, pW, device, dtype);
+  if (models::is_qwenimage_arch(o.arch)) return qwenimage_family(o, pH, pW, device, dtype);
   throw InvalidArgument("unknown DiT arch '" + o.arch +
-                        "' (expected hidream-i1, flux-dev or flux-schnell)");
+                        "' (expected hidream-i1, flux-dev, flux-schnell or qwen-image)");
 }
 
 }  // namespace
@@ -273,6 +311,7 @@ DitBlockBenchResult run_dit_block_bench(const DitBlockBenchOptions& o) {
   double overall_peak = 0;
   const auto time_kind = [&](const std::function<BenchBlock()>& make, const std::string& name,
                              BlockTiming& timing, std::optional<QuantizedBlockTiming>& quantized) {
+    if (!make) return;  // a family without blocks of this kind (Qwen-Image: no single-stream)
     auto block = make();
     torch::Tensor plain;
     timing = time_block(*block.module, device, o.repeat, roof, &overall_peak, name, o.log,
@@ -299,9 +338,10 @@ DitBlockBenchResult run_dit_block_bench(const DitBlockBenchOptions& o) {
   r.transformer_gib =
       params * static_cast<double>(c10::elementSize(dtype)) / (1024.0 * 1024.0 * 1024.0);
   r.weights = o.weights;
-  if (r.dual_quantized && r.single_quantized) {
+  if (r.dual_quantized && (r.single_quantized || f.num_single_layers == 0)) {
     const auto& dq = *r.dual_quantized;
-    const auto& sq = *r.single_quantized;
+    const QuantizedBlockTiming none;
+    const auto& sq = r.single_quantized ? *r.single_quantized : none;
     r.step_estimate_quantized_s =
         f.num_layers * dq.timing.best_s + f.num_single_layers * sq.timing.best_s;
     const double block_mb =
@@ -342,7 +382,7 @@ nlohmann::json to_json(const DitBlockBenchResult& r) {
                       {"transformer_params_b", r.transformer_params_b},
                       {"transformer_gib", r.transformer_gib}};
   if (r.roofline) j["roofline_matmul_gflops"] = r.roofline->matmul_gflops;
-  if (r.dual_quantized && r.single_quantized) {
+  if (r.dual_quantized) {
     auto quantized = [&](const QuantizedBlockTiming& q) {
       auto b = block(q.timing);
       b["linear_plain_mb"] = q.plain_mb;
@@ -356,7 +396,7 @@ nlohmann::json to_json(const DitBlockBenchResult& r) {
     };
     j["weights"] = r.weights;
     j["dual_block_quantized"] = quantized(*r.dual_quantized);
-    j["single_block_quantized"] = quantized(*r.single_quantized);
+    if (r.single_quantized) j["single_block_quantized"] = quantized(*r.single_quantized);
     j["step_estimate_quantized_s"] = r.step_estimate_quantized_s;
     j["transformer_quantized_gib"] = r.transformer_quantized_gib;
   }

@@ -1,6 +1,7 @@
-// `diffuse bench --arch hidream-i1 | flux-dev | flux-schnell`: a real DiT configuration
-// (HiDream-I1: 16 dual-stream + 32 single-stream blocks, 20 heads x 128, 4 routed experts top-2
-// + shared, 17B; FLUX.1: 19 double- + 38 single-stream blocks, 24 heads x 128, 12B) is too
+// `diffuse bench --arch hidream-i1 | flux-dev | flux-schnell | qwen-image`: a real DiT
+// configuration (HiDream-I1: 16 dual-stream + 32 single-stream blocks, 20 heads x 128, 4 routed
+// experts top-2 + shared, 17B; FLUX.1: 19 double- + 38 single-stream blocks, 24 heads x 128, 12B;
+// Qwen-Image: 60 double-stream blocks, 24 heads x 128, 20B) is too
 // large to build whole on a small machine, so the bench builds ONE block of each kind at full
 // width with random weights, runs it at the pipeline's token counts (1024x1024 -> 4096 image
 // tokens; HiDream 128 T5 + 128 + 128 Llama tokens, FLUX 512 T5 tokens, schnell 256), counts
@@ -19,7 +20,7 @@
 namespace diffuse::bench {
 
 struct DitBlockBenchOptions {
-  std::string arch = "hidream-i1";  // or flux-dev, flux-schnell
+  std::string arch = "hidream-i1";  // or flux-dev, flux-schnell, qwen-image
   std::string device = "auto", dtype = "auto", attention = "auto";
   int width = 1024, height = 1024;
   int batch = 2;        // HiDream: 2 = one image with classifier-free guidance; FLUX: 1 image

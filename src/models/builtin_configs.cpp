@@ -321,8 +321,26 @@ bool is_flux_arch(const std::string& name) {
   return name == "flux-dev" || name == "flux-schnell";
 }
 
+nlohmann::json qwenimage_transformer_config() {
+  // Qwen/Qwen-Image and Qwen-Image-Edit's transformer/config.json.
+  return {{"_class_name", "QwenImageTransformer2DModel"},
+          {"patch_size", 2},
+          {"in_channels", 64},
+          {"out_channels", 16},
+          {"num_layers", 60},
+          {"attention_head_dim", 128},
+          {"num_attention_heads", 24},
+          {"joint_attention_dim", 3584},
+          {"guidance_embeds", false},
+          {"axes_dims_rope", {16, 56, 56}}};
+}
+
+bool is_qwenimage_arch(const std::string& name) {
+  return name == "qwen-image";
+}
+
 bool is_dit_arch(const std::string& name) {
-  return is_hidream_arch(name) || is_flux_arch(name);
+  return is_hidream_arch(name) || is_flux_arch(name) || is_qwenimage_arch(name);
 }
 
 }  // namespace diffuse::models

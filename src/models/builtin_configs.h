@@ -30,6 +30,9 @@ bool is_hidream_arch(const std::string& name);  // "hidream-i1"
 // is the same without the guidance embedding.
 nlohmann::json flux_transformer_config(bool guidance_embeds);
 bool is_flux_arch(const std::string& name);  // "flux-dev", "flux-schnell"
+// Qwen-Image's 20B MMDiT (Qwen-Image-Edit has the same).
+nlohmann::json qwenimage_transformer_config();
+bool is_qwenimage_arch(const std::string& name);  // "qwen-image"
 // The DiTs the block benchmark builds one block of each kind of: HiDream and FLUX.
 bool is_dit_arch(const std::string& name);
 

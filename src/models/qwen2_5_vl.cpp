@@ -364,6 +364,14 @@ Qwen2_5_VLOutput Qwen2_5_VLForConditionalGenerationImpl::forward(
   return out;
 }
 
+bool qwen2_5_vl_has_vision(const io::ModelFolder& folder, const std::string& component) {
+  if (!folder.component_config(component).has("vision_config")) return false;
+  for (const auto& item : folder.component_weights(component))
+    if (io::starts_with(item.first, "visual.") || io::starts_with(item.first, "model.visual."))
+      return true;
+  return false;
+}
+
 Qwen2_5_VLForConditionalGeneration load_qwen2_5_vl(const io::ModelFolder& folder,
                                                    const std::string& component,
                                                    torch::Device device, torch::Dtype dtype) {

@@ -112,6 +112,10 @@ std::pair<torch::Tensor, torch::Tensor> qwen2_5_vl_rope_index(const torch::Tenso
                                                               const Qwen2_5_VLConfig& config,
                                                               const std::array<int64_t, 3>& grid);
 
+// Whether the component has a vision tower: a vision_config in config.json and visual.* (or
+// model.visual.*) weights; read from the names only, nothing loads.
+bool qwen2_5_vl_has_vision(const io::ModelFolder& folder, const std::string& component);
+
 // Builds from <folder>/<component> on `device` in `dtype`. Without a vision tower in the
 // weights (a text-only Qwen2.5 checkpoint) only t2i prompts can be encoded.
 Qwen2_5_VLForConditionalGeneration load_qwen2_5_vl(const io::ModelFolder& folder,

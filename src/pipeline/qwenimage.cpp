@@ -16,6 +16,7 @@
 #include "io/pillow_resample.h"
 #include "models/flux_transformer.h"
 #include "models/load_component.h"
+#include "models/qwen2_5_vl.h"
 #include "parallel/replicated.h"
 #include "parallel/ulysses.h"
 #include "pipeline/finite_check.h"
@@ -93,6 +94,11 @@ QwenImagePipeline::QwenImagePipeline(const io::ModelFolder& folder, torch::Devic
     throw IoError("Qwen-Image-Edit folder '" + folder.dir() +
                   "' has no processor/preprocessor_config.json: the edit pipeline shows the "
                   "source image to Qwen2.5-VL through the Qwen2-VL image processor");
+  if (edit_model_ && !models::qwen2_5_vl_has_vision(folder, "text_encoder"))
+    throw ConfigError(folder.component_dir("text_encoder") +
+                      ": the text encoder has no vision tower (no vision_config, or no visual.* "
+                      "weights): Qwen-Image-Edit needs Qwen2.5-VL's full weights to see the "
+                      "source image");
   vae_ = models::load_qwenimage_vae(folder, device_, torch::kFloat32);
   const int64_t z = vae_->config().z_dim;
   if (tconfig_.in_channels != 4 * z)
@@ -361,6 +367,7 @@ QwenImageResult QwenImagePipeline::text_to_image(const QwenImageTextToImage& r) 
     throw InvalidArgument("a Qwen-Image picture needs sides of at least " + std::to_string(m) +
                           " pixels, got " + size_text(r.width, r.height));
   torch::InferenceMode inference;
+  prepare_schedule(r.sampling.steps, 1);  // a schedule the scheduler refuses fails before loading
   QwenImageResult out;
   if (width != r.width || height != r.height)
     out.warnings.push_back(size_text(r.width, r.height) + " is not a multiple of " +
@@ -388,6 +395,7 @@ QwenImageResult QwenImagePipeline::edit(const QwenImageEdit& r) {
   check_sampling(r.sampling);
   check_source(r.image, 14);
   torch::InferenceMode inference;
+  prepare_schedule(r.sampling.steps, 1);  // a schedule the scheduler refuses fails before loading
   QwenImageResult out;
   const double start = clock_s();
   const auto [sw, sh] = edit_source_size(r.image.size(1), r.image.size(0));

@@ -49,6 +49,13 @@ FlowSchedule finish_schedule(const FlowScheduleOptions& o, std::vector<double> s
   // diffusers tests shift_terminal for truthiness: 0 means off.
   if (o.shift_terminal && *o.shift_terminal != 0.0) {
     const double scale = (1.0 - sigmas.back()) / (1.0 - *o.shift_terminal);
+    // A schedule ending at sigma 1 (one step from pure noise) cannot be stretched: diffusers
+    // divides by zero and denoises with NaN.
+    if (!(scale > 0))
+      throw InvalidArgument("shift_terminal " + std::to_string(*o.shift_terminal) +
+                            " stretches the schedule to end there, but its last sigma is " +
+                            std::to_string(sigmas.back()) +
+                            " (a single step from pure noise): use at least 2 steps");
     for (double& s : sigmas) s = 1.0 - (1.0 - s) / scale;
   }
   if (o.conversion == FlowSigmaConversion::kKarras) {

@@ -7,8 +7,10 @@
 #include "pipeline/flux.h"
 #include "pipeline/hidream.h"
 #include "pipeline/memory_report.h"
+#include "pipeline/qwenimage.h"
 #include "server/flux_engine.h"
 #include "server/hidream_engine.h"
+#include "server/qwenimage_engine.h"
 #include "server/sd_engine.h"
 
 namespace fs = std::filesystem;
@@ -59,8 +61,9 @@ nlohmann::json timings_json(const StageTimings& t) {
 
 std::unique_ptr<Engine> load_engine(const std::string& path, const LoadOptions& options,
                                     const HiDreamEngineOptions& hidream) {
+  const bool qwen = pipeline::is_qwenimage_folder(path);
   if (!options.unet_file.empty() &&
-      (pipeline::is_hidream_folder(path) || pipeline::is_flux_folder(path)))
+      (pipeline::is_hidream_folder(path) || pipeline::is_flux_folder(path) || qwen))
     throw InvalidArgument("--unet: a Stable Diffusion UNet file, and '" + path +
                           "' is a DiT model folder (give its transformer with --transformer FILE)");
   if (pipeline::is_hidream_folder(path))
@@ -69,10 +72,13 @@ std::unique_ptr<Engine> load_engine(const std::string& path, const LoadOptions& 
   if (!hidream.e1_lora.empty())
     throw InvalidArgument("--e1-lora: only for HiDream model folders, and '" + path +
                           "' is not one");
-  if (!flux && hidream.transformer != HiDreamEngineOptions{}.transformer)
-    throw InvalidArgument("--transformer: only for HiDream and FLUX model folders, and '" + path +
-                          "' is neither");
+  if (!flux && !qwen && hidream.transformer != HiDreamEngineOptions{}.transformer)
+    throw InvalidArgument(
+        "--transformer: only for HiDream, FLUX and Qwen-Image model folders, "
+        "and '" +
+        path + "' is none of them");
   if (flux) return std::make_unique<FluxEngine>(path, options, hidream.transformer);
+  if (qwen) return std::make_unique<QwenImageEngine>(path, options, hidream.transformer);
   return std::make_unique<SdEngine>(path, options);
 }
 

@@ -156,6 +156,10 @@ CaseResult run_text_encoder(const GoldenSet& set, const GoldenCase& c, const Ver
     auto kept = out.last_hidden_state[0].index({mask.to(out.last_hidden_state.device())});
     kept = kept.narrow(0, tmpl.drop, kept.size(0) - tmpl.drop).unsqueeze(0);
     r.add("prompt_embeds", compare("prompt_embeds", kept, t.get("prompt_embeds"), atol, 0));
+    if (t.has("prompt_embeds_mask"))  // whole prompts: every kept row attended
+      r.add("prompt_embeds_mask",
+            compare_exact("prompt_embeds_mask", torch::ones({1, kept.size(1)}, torch::kInt64),
+                          t.get("prompt_embeds_mask")));
   }
   return r;
 }

@@ -1,7 +1,7 @@
-// SDXL, FLUX.1 and FLUX.1 Kontext on the simulated npu: every case of their golden sets passes
-// there with the device's default (fused) attention, and SDXL's pipelines are bit-identical on
-// `cpu` and on the device with the same kernels (as SD 2.x's are: same noise from the CPU
-// generator), so the families run on the NPU path, not only on the CPU.
+// SDXL, FLUX.1, FLUX.1 Kontext and Qwen-Image(-Edit) on the simulated npu: every case of their
+// golden sets passes there with the device's default (fused) attention, and SDXL's pipelines are
+// bit-identical on `cpu` and on the device with the same kernels (as SD 2.x's are: same noise from
+// the CPU generator), so the families run on the NPU path, not only on the CPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -46,6 +46,12 @@ TEST_F(SimulatedNpuTest, EveryKontextCasePassesOnTheNpu) {
   if (!have(test::flux_kontext_golden_dir()))
     GTEST_SKIP() << "no set at " << test::flux_kontext_golden_dir();
   expect_every_case_passes_on(test::flux_kontext_golden_dir(), npu(0));
+}
+
+TEST_F(SimulatedNpuTest, EveryQwenImageCasePassesOnTheNpu) {
+  if (!have(test::qwen_image_golden_dir()))
+    GTEST_SKIP() << "no set at " << test::qwen_image_golden_dir();
+  expect_every_case_passes_on(test::qwen_image_golden_dir(), npu(0));
 }
 
 TEST_F(SimulatedNpuTest, SdxlPipelinesAreBitIdenticalOnCpuAndNpu) {
