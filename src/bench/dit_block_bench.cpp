@@ -250,6 +250,7 @@ DitBenchFamily qwenimage_family(const DitBlockBenchOptions& o, int64_t pH, int64
   f.dual = [=] {
     auto b = random_block<nn::FluxTransformerBlock>([&] { return nn::FluxTransformerBlock(bo); },
                                                     o.seed, device, dtype);
+    (void)rope;  // kept alive with the closure (in->rope points into it)
     return BenchBlock{b.ptr(), [=]() mutable { return b->forward(image, text, *in).first; }};
   };
   return f;
