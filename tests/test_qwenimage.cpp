@@ -15,9 +15,14 @@
 #include "golden_case_check.h"
 #include "io/json_config.h"
 #include "io/model_folder.h"
+#include "io/safetensors.h"
+#include "models/autoencoder_kl_qwenimage.h"
+#include "models/qwen2_5_vl.h"
+#include "models/qwenimage_transformer.h"
 #include "pipeline/qwen_vl_image_processor.h"
 #include "pipeline/qwenimage.h"
 #include "pipeline/stable_diffusion.h"
+#include "quant/ggml_blocks.h"
 #include "test_util.h"
 
 namespace diffuse {
@@ -231,6 +236,183 @@ TEST(QwenImageCli, BadInputFailsWithAMessageAndNoOutput) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--image-guidance"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out));
+}
+
+// A random model of other sizes than the golden set's: GQA with 3 heads on 1 key/value head,
+// mRoPE sections (2, 1, 1), a 3-block vision tower with 4 heads and one full-attention block, a
+// VAE with a factor of 4 and two residual blocks per stage, rotary axes (2, 2, 4): everything is
+// read from the configs, so both pipelines run end to end (tokenizer, scheduler and processor
+// are the golden set's).
+std::string random_folder(const test::TempDir& tmp) {
+  const fs::path out = tmp.path() / "other";
+  fs::create_directories(out);
+  for (const char* c : {"tokenizer", "processor", "scheduler"})
+    fs::create_directory_symlink(fs::path(model_dir()) / c, out / c);
+  auto index = io::JsonConfig::load(model_dir() + "/model_index.json").json();
+  std::ofstream(out / "model_index.json") << index.dump(2);
+  const auto save = [&](const std::string& component, const nlohmann::json& config,
+                        torch::nn::Module& m, const std::string& file, uint64_t seed) {
+    fs::create_directories(out / component);
+    std::ofstream(out / component / "config.json") << config.dump(2);
+    // Every parameter by its shape (the VAE's causal convolutions are modules of their own that
+    // a generic initialiser does not know): matrices and kernels ~ N(0, 1/fan_in) scaled by 0.5,
+    // vectors and norm scales around 1 or 0.
+    auto gen = at::detail::createCPUGenerator(seed);
+    torch::NoGradGuard no_grad;
+    for (auto& p : m.named_parameters()) {
+      auto& t = p.value();
+      const bool scale = p.key().find("norm") != std::string::npos ||
+                         p.key().find("gamma") != std::string::npos ||
+                         p.key().find("ln_q") != std::string::npos;
+      if (t.dim() >= 2 && !scale)
+        t.copy_(torch::randn(t.sizes(), gen) * (0.5 / std::sqrt(double(t.numel() / t.size(0)))));
+      else if (scale)
+        t.copy_(1 + 0.1 * torch::randn(t.sizes(), gen));
+      else
+        t.copy_(0.05 * torch::randn(t.sizes(), gen));
+    }
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
+    io::save_safetensors((out / component / file).string(), tensors);
+  };
+  const nlohmann::json te = {{"model_type", "qwen2_5_vl"},
+                             {"hidden_size", 24},
+                             {"intermediate_size", 32},
+                             {"num_hidden_layers", 3},
+                             {"num_attention_heads", 3},
+                             {"num_key_value_heads", 1},
+                             {"rms_norm_eps", 1e-6},
+                             {"rope_theta", 1000000.0},
+                             {"vocab_size", 151936},
+                             {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
+                             {"image_token_id", 151655},
+                             {"vision_start_token_id", 151652},
+                             {"vision_config",
+                              {{"depth", 3},
+                               {"hidden_size", 16},
+                               {"intermediate_size", 20},
+                               {"num_heads", 4},
+                               {"patch_size", 14},
+                               {"temporal_patch_size", 2},
+                               {"spatial_merge_size", 2},
+                               {"window_size", 56},
+                               {"fullatt_block_indexes", {2}},
+                               {"out_hidden_size", 24}}}};
+  models::Qwen2_5_VLForConditionalGeneration encoder(
+      models::Qwen2_5_VLConfig::from_json(io::JsonConfig(te, "te")));
+  save("text_encoder", te, *encoder, "model.safetensors", 1);
+  nlohmann::json tr = {{"_class_name", "QwenImageTransformer2DModel"},
+                       {"patch_size", 2},
+                       {"in_channels", 32},
+                       {"out_channels", 8},
+                       {"num_layers", 3},
+                       {"attention_head_dim", 8},
+                       {"num_attention_heads", 3},
+                       {"joint_attention_dim", 24},
+                       {"axes_dims_rope", {2, 2, 4}}};
+  models::QwenImageTransformer2DModel transformer(
+      models::QwenImageTransformerConfig::from_json(io::JsonConfig(tr, "tr")));
+  save("transformer", tr, *transformer, "diffusion_pytorch_model.safetensors", 2);
+  nlohmann::json vae = {{"_class_name", "AutoencoderKLQwenImage"},
+                        {"base_dim", 4},
+                        {"z_dim", 8},
+                        {"dim_mult", {1, 2, 2}},
+                        {"num_res_blocks", 2},
+                        {"attn_scales", nlohmann::json::array()},
+                        {"temperal_downsample", {false, true}},
+                        {"latents_mean", std::vector<double>(8, 0.1)},
+                        {"latents_std", std::vector<double>(8, 1.5)}};
+  models::AutoencoderKLQwenImage autoencoder(
+      models::AutoencoderKLQwenImageConfig::from_json(io::JsonConfig(vae, "vae")));
+  save("vae", vae, *autoencoder, "diffusion_pytorch_model.safetensors", 3);
+  return out.string();
+}
+
+TEST(QwenImageOtherShapes, RandomModelOfOtherSizesDrawsAndEdits) {
+  if (!have()) GTEST_SKIP() << "no set at " << set_dir();
+  test::TempDir tmp;
+  const auto dir = random_folder(tmp);
+  pipeline::QwenImagePipeline pipe(io::ModelFolder::open(dir), torch::kCPU, torch::kFloat32);
+  EXPECT_EQ(pipe.size_multiple(), 8);
+  pipeline::QwenImageTextToImage t;
+  t.prompt = "a small house";
+  t.negative_prompt = " ";
+  t.width = 40;
+  t.height = 24;
+  t.sampling.steps = 2;
+  const auto drawn = pipe.text_to_image(t);
+  EXPECT_EQ(drawn.image.sizes(), (std::vector<int64_t>{1, 24, 40, 3}));
+  EXPECT_TRUE(torch::isfinite(drawn.image).all().item<bool>());
+  pipeline::QwenImageEdit e;
+  e.prompt = "make it blue";
+  e.image = noise_image(30, 20);
+  e.width = 48;
+  e.height = 32;
+  e.sampling.steps = 2;
+  const auto edited = pipe.edit(e);
+  EXPECT_EQ(edited.image.sizes(), (std::vector<int64_t>{1, 32, 48, 3}));
+  EXPECT_TRUE(torch::isfinite(edited.image).all().item<bool>());
+  // The source went in at ~1 MP: 832x1248 for 2:3, 26x39 tokens of a factor-4 VAE, 2x2 packed.
+  ASSERT_EQ(edited.img_shapes.size(), 2u);
+  EXPECT_EQ(edited.img_shapes[1], (models::QwenImageGrid{1, 1248 / 8, 832 / 8}));
+}
+
+// ComfyUI's single transformer file (the diffusers names under "model.diffusion_model.") loads
+// through the prefix mapping and computes exactly what the folder's weights do; q8_0 blocks stay
+// within the stated relative error.
+TEST(QwenImageWeights, ComfyUiPrefixedFileAndQuantizedWeightsLoad) {
+  if (!have()) GTEST_SKIP() << "no set at " << set_dir();
+  test::TempDir tmp;
+  auto folder = io::ModelFolder::open(model_dir());
+  std::vector<std::pair<std::string, torch::Tensor>> renamed;
+  for (const auto& [key, value] : folder.component_weights("transformer"))
+    renamed.emplace_back("model.diffusion_model." + key, value);
+  const auto file = tmp.file("qwen_image_comfy.safetensors");
+  io::save_safetensors(file, renamed);
+  const auto x = torch::randn({1, 6, 64}), text = torch::randn({1, 5, 16});
+  const std::vector<models::QwenImageGrid> grids{{1, 2, 3}};
+  const auto t = torch::full({1}, 0.5);
+  auto plain = models::load_qwenimage_transformer(folder, torch::kCPU, torch::kFloat32);
+  const auto want = plain->forward(x, t, text, grids);
+  auto other = io::ModelFolder::open(model_dir());
+  const auto component = io::use_transformer_weights(other, file);
+  auto comfy = models::load_qwenimage_transformer(other, torch::kCPU, torch::kFloat32, component);
+  EXPECT_TRUE(torch::equal(comfy->forward(x, t, text, grids), want));
+  auto q8 = models::load_qwenimage_transformer(folder, torch::kCPU, torch::kFloat32, "transformer",
+                                               quant::GgmlType::Q8_0);
+  const auto got = q8->forward(x, t, text, grids);
+  EXPECT_LT((got - want).norm().item<double>() / want.norm().item<double>(), 0.05);
+  EXPECT_FALSE(torch::equal(got, want));
+  // Weights that do not fit the config: the error names the tensor and both shapes.
+  renamed[0].second = torch::zeros({3, 3});
+  io::save_safetensors(file, renamed);
+  auto broken = io::ModelFolder::open(model_dir());
+  const auto broken_component = io::use_transformer_weights(broken, file);
+  try {
+    models::load_qwenimage_transformer(broken, torch::kCPU, torch::kFloat32, broken_component);
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
+  }
+}
+
+// A peft LoRA on one projection of the transformer merges W + scale * B A.
+TEST(QwenImageLora, PeftPairMergesIntoTheTransformer) {
+  if (!have()) GTEST_SKIP() << "no set at " << set_dir();
+  test::TempDir tmp;
+  pipeline::QwenImagePipeline pipe(io::ModelFolder::open(model_dir()), torch::kCPU,
+                                   torch::kFloat32);
+  const std::string module = "transformer_blocks.1.img_mod.1";
+  const auto before = pipe.transformer()->named_parameters()[module + ".weight"].clone();
+  auto gen = at::detail::createCPUGenerator(3);
+  const auto down = torch::randn({2, before.size(1)}, gen);
+  const auto up = torch::randn({before.size(0), 2}, gen);
+  const auto file = tmp.file("lora.safetensors");
+  io::save_safetensors(file, {{"transformer." + module + ".lora_A.weight", down},
+                              {"transformer." + module + ".lora_B.weight", up}});
+  pipe.add_lora(file, 0.5);
+  const auto after = pipe.transformer()->named_parameters()[module + ".weight"];
+  EXPECT_TRUE(torch::allclose(after, before + 0.5 * torch::matmul(up, down), 1e-5, 1e-5));
 }
 
 }  // namespace test_qwenimage

@@ -55,10 +55,10 @@ class Engine {
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
 
-  // "stable-diffusion", "hidream" or "flux".
+  // "stable-diffusion", "hidream", "flux" or "qwen-image".
   std::string family() const;
   // True for a model that edits by instruction (HiDream: E1 folders, and I1 folders with E1's
-  // transformer; FLUX.1 Kontext folders).
+  // transformer; FLUX.1 Kontext and Qwen-Image-Edit folders).
   bool can_edit() const;
 
   JobResult txt2img(const JobRequest& request);

@@ -14,6 +14,7 @@
 #include "pipeline/flux.h"
 #include "pipeline/hidream.h"
 #include "pipeline/hidream_variant.h"
+#include "pipeline/qwenimage.h"
 #include "pipeline/stable_diffusion.h"
 #include "text/unicode.h"
 
@@ -28,7 +29,9 @@ struct Engine::Impl {
   pipeline::HiDreamDefaults hidream_defaults;
   // FLUX.1: text-to-image; FLUX.1 Kontext: also instruction edits.
   std::unique_ptr<pipeline::FluxPipeline> flux;
-  bool edits = false;  // a HiDream-E1 or FLUX.1 Kontext folder
+  // Qwen-Image: text-to-image; Qwen-Image-Edit: also instruction edits.
+  std::unique_ptr<pipeline::QwenImagePipeline> qwen;
+  bool edits = false;  // a HiDream-E1, FLUX.1 Kontext or Qwen-Image-Edit folder
 };
 
 namespace {
@@ -137,7 +140,12 @@ Engine Engine::open(const std::string& model, const std::string& device, const s
   const std::string dev = device.empty() ? "auto" : device;
   const std::string type = dtype.empty() ? "auto" : dtype;
   auto impl = std::make_unique<Impl>();
-  if (pipeline::is_flux_folder(model)) {
+  if (pipeline::is_qwenimage_folder(model)) {
+    const auto d = device::resolve_device(dev);
+    impl->qwen = std::make_unique<pipeline::QwenImagePipeline>(
+        io::ModelFolder::open(model), d, device::resolve_dtype(type, d, "transformer"));
+    impl->edits = impl->qwen->is_edit_model();
+  } else if (pipeline::is_flux_folder(model)) {
     const auto d = device::resolve_device(dev);
     impl->flux = std::make_unique<pipeline::FluxPipeline>(
         io::ModelFolder::open(model), d, device::resolve_dtype(type, d, "transformer"));
@@ -161,6 +169,7 @@ Engine Engine::open(const std::string& model, const std::string& device, const s
 
 std::string Engine::family() const {
   if (impl_->flux) return "flux";
+  if (impl_->qwen) return "qwen-image";
   return impl_->hidream ? "hidream" : "stable-diffusion";
 }
 
@@ -213,6 +222,32 @@ pipeline::FluxSampling flux_sampling(const pipeline::FluxPipeline& flux, const J
   return s;
 }
 
+// QwenImagePipeline's defaults: 50 steps, true CFG 4 on the negative prompt (" " when none is
+// given, as the CLI and the server run it).
+pipeline::QwenImageSampling qwen_sampling(const JobRequest& r, uint64_t seed,
+                                          std::optional<std::string>* negative) {
+  if (r.image_guidance_scale)
+    throw InvalidArgument("image_guidance_scale: HiDream-E1's; Qwen-Image-Edit has none");
+  if (!r.scheduler.empty())
+    throw InvalidArgument("scheduler: Qwen-Image runs its own flow-matching scheduler here");
+  pipeline::QwenImageSampling s;
+  s.steps = r.steps > 0 ? r.steps : 50;
+  s.true_cfg_scale = r.guidance_scale.value_or(4.0);
+  s.seed = seed;
+  if (!r.negative_prompt.empty())
+    *negative = r.negative_prompt;
+  else if (s.true_cfg_scale > 1)
+    *negative = " ";
+  if (r.progress) {
+    const auto fn = r.progress;
+    const int total = s.steps;
+    s.on_step = [fn, total](const pipeline::QwenImageStep& st) -> StepAction {
+      return fn(st.index + 1, total);
+    };
+  }
+  return s;
+}
+
 std::optional<std::string> negative_or_none(const std::string& negative) {
   if (negative.empty()) return std::nullopt;
   return negative;
@@ -224,6 +259,14 @@ JobResult Engine::txt2img(const JobRequest& r) {
   check_request(r);
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t seed = pick_seed(r.seed);
+  if (impl_->qwen) {
+    pipeline::QwenImageTextToImage t;
+    t.prompt = r.prompt;
+    t.width = r.width > 0 ? r.width : 1024;
+    t.height = r.height > 0 ? r.height : 1024;
+    t.sampling = qwen_sampling(r, seed, &t.negative_prompt);
+    return dit_result(impl_->qwen->text_to_image(t), seed, t0);
+  }
   if (impl_->flux) {
     pipeline::FluxTextToImage t;
     t.prompt = r.prompt;
@@ -246,7 +289,7 @@ JobResult Engine::txt2img(const JobRequest& r) {
 }
 
 JobResult Engine::img2img(const JobRequest& r, const Image& input) {
-  if (impl_->hidream || impl_->flux) return edit(r, input);
+  if (impl_->hidream || impl_->flux || impl_->qwen) return edit(r, input);
   check_request(r);
   check_input(input);
   const auto t0 = std::chrono::steady_clock::now();
@@ -255,6 +298,23 @@ JobResult Engine::img2img(const JobRequest& r, const Image& input) {
 }
 
 JobResult Engine::edit(const JobRequest& r, const Image& input) {
+  if (impl_->qwen) {
+    if (!impl_->edits)
+      throw Unsupported(
+          "edit: this is a Qwen-Image text-to-image model (a Qwen-Image-Edit folder, "
+          "model_index.json QwenImageEditPipeline, edits)");
+    check_request(r);
+    check_input(input);
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t seed = pick_seed(r.seed);
+    pipeline::QwenImageEdit e;
+    e.prompt = r.prompt;
+    e.image = pipeline::image_to_tensor(input);
+    e.width = r.width;
+    e.height = r.height;
+    e.sampling = qwen_sampling(r, seed, &e.negative_prompt);
+    return dit_result(impl_->qwen->edit(e), seed, t0);
+  }
   if (impl_->flux) {
     if (!impl_->edits)
       throw Unsupported(
