@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include "cli_run.h"
 #include "diffuse/errors.h"
@@ -23,6 +24,7 @@
 #include "pipeline/qwenimage.h"
 #include "pipeline/stable_diffusion.h"
 #include "quant/ggml_blocks.h"
+#include "rank_group_test_util.h"
 #include "test_util.h"
 
 namespace diffuse {
@@ -393,6 +395,37 @@ TEST(QwenImageWeights, ComfyUiPrefixedFileAndQuantizedWeightsLoad) {
     FAIL() << "no error";
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
+  }
+}
+
+// Ulysses over 2 ranks (the tiny model's 2 heads, one each): every rank gets the one-device
+// output, for a text-to-image sequence and an edit's two grids.
+TEST(QwenImageUlysses, TwoRanksMatchOneDevice) {
+  if (!have()) GTEST_SKIP() << "no set at " << set_dir();
+  SKIP_WITHOUT_CPU_COLLECTIVES();
+  torch::NoGradGuard no_grad;
+  auto model = models::load_qwenimage_transformer(io::ModelFolder::open(model_dir()), torch::kCPU,
+                                                  torch::kFloat32);
+  const auto text = torch::randn({1, 7, 16});
+  const auto t = torch::full({1}, 0.6);
+  for (const auto& grids : {std::vector<models::QwenImageGrid>{{1, 4, 6}},
+                            std::vector<models::QwenImageGrid>{{1, 4, 4}, {1, 3, 5}}}) {
+    int64_t tokens = 0;
+    for (const auto& g : grids) tokens += g[1] * g[2];
+    const auto x = torch::randn({1, tokens, 64});
+    const auto one = model->forward(x, t, text, grids);
+    std::mutex m;
+    std::vector<torch::Tensor> outs;
+    test::with_group(2, [&](parallel::RankGroup& g) {
+      models::QwenImageForwardOptions o;
+      o.sequence_group = &g;
+      auto out = model->forward(x, t, text, grids, o);
+      std::lock_guard<std::mutex> lock(m);
+      outs.push_back(out);
+    });
+    ASSERT_EQ(outs.size(), 2u);
+    for (const auto& out : outs)
+      EXPECT_LE((out - one).abs().max().item<double>(), 1e-5 * one.abs().max().item<double>());
   }
 }
 

@@ -197,7 +197,7 @@ TEST(LlamaTokenizer, RejectsBrokenFiles) {
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
   expect(j, "PCRE2");
   j = tiny_tokenizer_json();
-  j["normalizer"] = {{"type", "NFC"}};
+  j["normalizer"] = {{"type", "Lowercase"}};  // NFC (Qwen2's) is supported
   expect(j, "normalizer");
   // Fields of another type than expected (found by the fuzzer: an uncaught nlohmann type_error).
   j = tiny_tokenizer_json();
@@ -208,6 +208,53 @@ TEST(LlamaTokenizer, RejectsBrokenFiles) {
   expect(j, "wrong type");
   write(file, "{ not json");
   EXPECT_THROW(text::LlamaTokenizer::from_folder(tmp.path().string()), FormatError);
+}
+
+// A Qwen2 folder (vocab.json + merges.txt + tokenizer_config.json naming Qwen2Tokenizer): the
+// 256 byte tokens, one merge, two added tokens.
+void write_qwen2_folder(const fs::path& dir, const std::string& merges) {
+  fs::create_directories(dir);
+  nlohmann::json vocab = nlohmann::json::object();
+  const auto bytes = text::clip_byte_characters();
+  for (int b = 0; b < 256; ++b) vocab[bytes[static_cast<size_t>(b)]] = b;
+  vocab["ab"] = 256;
+  vocab["\u00c3\u00a9"] = 257;  // "é" as its two UTF-8 bytes' characters
+  write_json(dir / "vocab.json", vocab);
+  std::ofstream(dir / "merges.txt") << merges;
+  write_json(dir / "tokenizer_config.json",
+             {{"tokenizer_class", "Qwen2Tokenizer"},
+              {"eos_token", "<|im_end|>"},
+              {"pad_token", "<|endoftext|>"},
+              {"added_tokens_decoder",
+               {{"300", {{"content", "<|endoftext|>"}, {"special", true}}},
+                {"301", {{"content", "<|im_end|>"}, {"special", true}}}}}});
+}
+
+TEST(Qwen2Tokenizer, MergesNormalisesAndSplitsAddedTokens) {
+  test::TempDir tmp;
+  write_qwen2_folder(tmp.path(), "#version: 0.2\na b\n\u00c3 \u00a9\n");
+  const auto tok = text::load_tokenizer(tmp.path().string());
+  EXPECT_EQ(tok->kind(), "qwen2");
+  EXPECT_EQ(tok->eos_id(), 301);
+  EXPECT_EQ(tok->pad_id(), 300);
+  EXPECT_EQ(tok->encode("ab<|im_end|>"), (std::vector<int64_t>{256, 301}));
+  // NFC first: "e" + combining acute is the precomposed "é".
+  EXPECT_EQ(tok->encode("e\u0301"), tok->encode("\u00e9"));
+  EXPECT_EQ(tok->encode("\u00e9"), (std::vector<int64_t>{257}));
+}
+
+TEST(Qwen2Tokenizer, RejectsBrokenFiles) {
+  test::TempDir tmp;
+  write_qwen2_folder(tmp.path(), "#version: 0.2\na zz\n");
+  auto msg = test::expect_throw<FormatError>([&] { text::load_tokenizer(tmp.path().string()); });
+  EXPECT_NE(msg.find("merges.txt: line 2"), std::string::npos) << msg;
+  write_qwen2_folder(tmp.path(), "#version: 0.2\na b c\n");
+  msg = test::expect_throw<FormatError>([&] { text::load_tokenizer(tmp.path().string()); });
+  EXPECT_NE(msg.find("not two tokens"), std::string::npos) << msg;
+  write_qwen2_folder(tmp.path(), "a b\n");
+  write_json(tmp.path() / "vocab.json", {{"a", 0}});
+  msg = test::expect_throw<FormatError>([&] { text::load_tokenizer(tmp.path().string()); });
+  EXPECT_NE(msg.find("byte token"), std::string::npos) << msg;
 }
 
 }  // namespace test_text_tokenizers
