@@ -169,6 +169,19 @@ TEST(QwenImageBadInput, SourcesSmallerThanAPatchOrTooElongatedAreRefused) {
   }
 }
 
+TEST(QwenImageBadInput, PipelinesThatFeedTheModelsOtherwiseAreRefused) {
+  if (!have()) GTEST_SKIP() << "no set at " << set_dir();
+  test::TempDir tmp;
+  const auto dir = folder_copy(tmp, "", "QwenImageEditPlusPipeline");
+  try {
+    pipeline::QwenImagePipeline pipe(io::ModelFolder::open(dir), torch::kCPU, torch::kFloat32);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("QwenImageEditPlusPipeline"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(QwenImageBadInput, EditOnATextToImageFolderSaysWhatItNeeds) {
   if (!have()) GTEST_SKIP() << "no set at " << set_dir();
   test::TempDir tmp;

@@ -84,7 +84,15 @@ QwenImagePipeline::QwenImagePipeline(const io::ModelFolder& folder, torch::Devic
           models::component_config(folder, transformer_component, "QwenImageTransformer2DModel"))) {
   device::keep_freed_memory();
   const std::string cls = folder.model_index().get<std::string>("_class_name", "");
-  edit_model_ = cls.find("Edit") != std::string::npos;
+  // The pipelines this reproduces; the others differ in what they feed the models (EditPlus,
+  // Qwen-Image-Edit-2509/2511: several images, each shown to Qwen2.5-VL at 384x384 under its
+  // own "Picture N:" template), so they are refused rather than run the wrong way.
+  if (cls != "QwenImagePipeline" && cls != "QwenImageEditPipeline" &&
+      cls != "QwenImageImg2ImgPipeline" && cls != "QwenImageInpaintPipeline")
+    throw ConfigError(folder.dir() + "/model_index.json: pipeline " + cls +
+                      " is not supported yet (Qwen-Image runs QwenImagePipeline and "
+                      "QwenImageEditPipeline)");
+  edit_model_ = cls == "QwenImageEditPipeline";
   for (const char* component : {"text_encoder", "vae", "scheduler"})
     if (!folder.has_component(component))
       throw IoError("Qwen-Image folder '" + folder.dir() + "' has no " + component +
