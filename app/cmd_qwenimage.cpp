@@ -64,10 +64,16 @@ void refuse_other_family_flags(const DitCliFlags& f, bool edit) {
            "Qwen-Image-Edit folder");
   if (!edit && !f.mask.empty()) refuse("--mask", "repaints part of a source: `diffuse edit`");
   if (f.mask_crop >= 0) refuse("--mask-crop", "an edit sees the whole source");
-  if (f.parallel.active() && parallel_mode(f.parallel) != ParallelMode::kUlysses)
-    refuse("--devices/--parallel cfg",
-           "Qwen-Image shares its work over ranks with --parallel "
-           "ulysses");
+  if (f.parallel.active()) {
+    const auto mode = parallel_mode(f.parallel);
+    if (mode == ParallelMode::kCfgUlysses)
+      refuse("--parallel cfg,ulysses",
+             "Qwen-Image runs --parallel cfg (2 ranks: one true-CFG branch each) or --parallel "
+             "ulysses");
+    if (mode == ParallelMode::kCfg && f.parallel.world != 2)
+      refuse("--parallel cfg", "Qwen-Image's true CFG has two branches: run it on 2 ranks, not " +
+                                   std::to_string(f.parallel.world));
+  }
 }
 
 }  // namespace
@@ -117,9 +123,12 @@ int run_qwenimage(const DitCliFlags& f, bool edit) {
   if (!f.latents_file.empty()) s.latents = read_tensor_file(f.latents_file, "latents");
   s.cache = cache;
   pipe.check_cache(cache);
-  if (f.parallel.is_worker())
-    pipe.set_sequence_group(join_group(f.parallel, "Ulysses",
-                                       dit_parallel_job(f, edit, seed, s.steps, s.true_cfg_scale)));
+  if (f.parallel.is_worker()) {
+    const auto groups = join_groups(f.parallel, parallel_mode(f.parallel),
+                                    dit_parallel_job(f, edit, seed, s.steps, s.true_cfg_scale));
+    pipe.set_cfg_group(groups.cfg);
+    pipe.set_sequence_group(groups.sequence);
+  }
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (talk)

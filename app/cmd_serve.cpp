@@ -120,11 +120,16 @@ void check_serve_parallel(const ServeFlags& f) {
   const auto mode = parallel_mode(f.parallel);
   const int world = f.parallel.world;
   const std::string flag = "--parallel " + (f.parallel.mode.empty() ? "cfg" : f.parallel.mode);
-  if (pipeline::is_flux_folder(f.model) || pipeline::is_qwenimage_folder(f.model)) {
+  if (pipeline::is_qwenimage_folder(f.model)) {
+    if (mode == ParallelMode::kCfgUlysses || (mode == ParallelMode::kCfg && world != 2))
+      throw InvalidArgument(flag +
+                            ": Qwen-Image runs --parallel cfg on 2 ranks (one true-CFG branch "
+                            "each) or --parallel ulysses");
+  } else if (pipeline::is_flux_folder(f.model)) {
     if (mode != ParallelMode::kUlysses)
       throw InvalidArgument(flag +
-                            ": FLUX and Qwen-Image share their work over ranks with --parallel "
-                            "ulysses");
+                            ": FLUX's guidance is one embedding; FLUX shares its work over "
+                            "ranks with --parallel ulysses");
   } else if (pipeline::is_hidream_folder(f.model)) {
     if (mode == ParallelMode::kCfg && world > 3)
       throw InvalidArgument(flag + ": " + std::to_string(world) +

@@ -442,6 +442,41 @@ TEST(QwenImageUlysses, TwoRanksMatchOneDevice) {
   }
 }
 
+// CFG-parallel on 2 ranks (one true-CFG branch each): every rank ends with the one-device
+// picture, bit for bit (the same calls, only on different ranks).
+TEST(QwenImageCfgParallel, TwoRanksDrawTheOneDevicePicture) {
+  if (!have()) GTEST_SKIP() << "no set at " << set_dir();
+  SKIP_WITHOUT_CPU_COLLECTIVES();
+  pipeline::QwenImageTextToImage t;
+  t.prompt = "a small house";
+  t.negative_prompt = "blurry";
+  t.width = 48;
+  t.height = 32;
+  t.sampling.steps = 3;
+  t.sampling.seed = 5;
+  pipeline::QwenImagePipeline one(io::ModelFolder::open(model_dir()), torch::kCPU, torch::kFloat32);
+  const auto want = one.text_to_image(t).image;
+  std::mutex m;
+  std::vector<torch::Tensor> images;
+  test::with_group(2, [&](parallel::RankGroup& g) {
+    pipeline::QwenImagePipeline pipe(io::ModelFolder::open(model_dir()), torch::kCPU,
+                                     torch::kFloat32);
+    pipe.set_cfg_group(std::shared_ptr<parallel::RankGroup>(&g, [](parallel::RankGroup*) {}));
+    auto image = pipe.text_to_image(t).image;
+    std::lock_guard<std::mutex> lock(m);
+    images.push_back(image);
+  });
+  ASSERT_EQ(images.size(), 2u);
+  for (const auto& image : images) EXPECT_TRUE(torch::equal(image, want));
+  pipeline::QwenImagePipeline three(io::ModelFolder::open(model_dir()), torch::kCPU,
+                                    torch::kFloat32);
+  test::with_group(3, [&](parallel::RankGroup& g) {
+    EXPECT_THROW(
+        three.set_cfg_group(std::shared_ptr<parallel::RankGroup>(&g, [](parallel::RankGroup*) {})),
+        InvalidArgument);
+  });
+}
+
 // A peft LoRA on one projection of the transformer merges W + scale * B A.
 TEST(QwenImageLora, PeftPairMergesIntoTheTransformer) {
   if (!have()) GTEST_SKIP() << "no set at " << set_dir();

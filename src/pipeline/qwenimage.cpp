@@ -17,6 +17,7 @@
 #include "models/flux_transformer.h"
 #include "models/load_component.h"
 #include "models/qwen2_5_vl.h"
+#include "parallel/branch_split.h"
 #include "parallel/replicated.h"
 #include "parallel/ulysses.h"
 #include "pipeline/finite_check.h"
@@ -175,6 +176,13 @@ void QwenImagePipeline::set_sequence_group(std::shared_ptr<parallel::RankGroup> 
   sequence_group_ = std::move(group);
 }
 
+void QwenImagePipeline::set_cfg_group(std::shared_ptr<parallel::RankGroup> group) {
+  if (group && group->size() != 2)
+    throw InvalidArgument("--parallel cfg: Qwen-Image's true CFG has two branches, one per rank: " +
+                          std::to_string(group->size()) + " ranks cannot share them");
+  cfg_group_ = std::move(group);
+}
+
 void QwenImagePipeline::check_cache(const DitCacheOptions& cache) const {
   if (cache.method == DitCacheOptions::Method::kOff) return;
   const accel::DitCache check(cache, tconfig_.num_layers, 0);
@@ -296,10 +304,19 @@ torch::Tensor QwenImagePipeline::denoise(const QwenImageSampling& s, torch::Tens
       return model->forward(input, ts, text, out.img_shapes, o).to(torch::kFloat32);
     };
     // The edit's source tokens come back too: only the target's are the velocity.
-    step.transformer_out = call(pos, fwd);
+    if (true_cfg && cfg_group_) {
+      // One branch per rank; the outputs have the same shape whatever the prompts' lengths.
+      parallel::BranchShard shard(*cfg_group_, 2);
+      const bool negative = shard.range().first == 1;
+      const auto both = shard.gather(negative ? call(neg, fwd_negative) : call(pos, fwd));
+      step.transformer_out = both.narrow(0, 0, 1);
+      step.transformer_out_negative = both.narrow(0, 1, 1);
+    } else {
+      step.transformer_out = call(pos, fwd);
+      if (true_cfg) step.transformer_out_negative = call(neg, fwd_negative);
+    }
     const auto c = step.transformer_out.narrow(1, 0, S);
     if (!true_cfg) return c;
-    step.transformer_out_negative = call(neg, fwd_negative);
     const auto u = step.transformer_out_negative.narrow(1, 0, S);
     auto comb = u + s.true_cfg_scale * (c - u);
     // Rescaled per token to the conditional prediction's norm (torch.norm over channels).
@@ -316,10 +333,11 @@ torch::Tensor QwenImagePipeline::denoise(const QwenImageSampling& s, torch::Tens
       if (cache_negative) cache_negative->begin_step(step, total);
     };
   std::function<StepAction(const QwenImageStep&)> on_step = s.on_step;
-  if (sequence_group_)
+  if (sequence_group_ || cfg_group_)
     on_step = [&](const QwenImageStep& st) -> StepAction {
-      parallel::check_replicated(*sequence_group_, st.latents,
-                                 "latents after step " + std::to_string(st.index + 1));
+      const std::string what = "latents after step " + std::to_string(st.index + 1);
+      for (auto* g : {sequence_group_.get(), cfg_group_.get()})
+        if (g) parallel::check_replicated(*g, st.latents, what);
       return s.on_step ? s.on_step(st) : StepAction(true);
     };
   auto run =

@@ -128,6 +128,10 @@ class QwenImagePipeline {
   void check_cache(const DitCacheOptions& cache) const;
   // Ulysses sequence parallelism over `group` (every rank runs the same generation).
   void set_sequence_group(std::shared_ptr<parallel::RankGroup> group);
+  // CFG-parallel over a group of two: with true CFG, rank 0 runs the prompt's call and rank 1
+  // the negative prompt's, and they trade outputs (each keeps its branch's DiT cache). Every rank
+  // runs the same generation. InvalidArgument for another group size.
+  void set_cfg_group(std::shared_ptr<parallel::RankGroup> group);
 
   QwenImageTextEncoder& text_encoder() { return *text_; }
   models::QwenImageTransformer2DModel& transformer();
@@ -167,7 +171,7 @@ class QwenImagePipeline {
   nn::QuantizedLayers quantized_;
   std::unique_ptr<QwenImageTextEncoder> text_;
   models::QwenImageTransformer2DModel transformer_{nullptr};
-  std::shared_ptr<parallel::RankGroup> sequence_group_;
+  std::shared_ptr<parallel::RankGroup> sequence_group_, cfg_group_;
   models::AutoencoderKLQwenImage vae_{nullptr};
   std::unique_ptr<schedulers::Scheduler> scheduler_;
   std::unique_ptr<adapters::LoraMerger> lora_;

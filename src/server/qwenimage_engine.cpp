@@ -88,8 +88,10 @@ ModelDefaults QwenImageEngine::defaults() const {
 }
 
 void QwenImageEngine::join_parallel(const parallel::ParallelGroups& groups) {
-  if (groups.cfg || !groups.sequence)
-    throw InvalidArgument("Qwen-Image shares its work over ranks with --parallel ulysses only");
+  if (groups.cfg && groups.sequence)
+    throw InvalidArgument(
+        "Qwen-Image runs --parallel cfg (2 ranks) or --parallel ulysses, not both at once");
+  pipe_->set_cfg_group(groups.cfg);
   pipe_->set_sequence_group(groups.sequence);
 }
 

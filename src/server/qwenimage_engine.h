@@ -21,7 +21,7 @@ class QwenImageEngine : public Engine {
   const PipelineInfo& info() const override { return info_; }
   ModelDefaults defaults() const override;
   JobOutput run(const JobRequest& request, JobContext& context) override;
-  // Ulysses only: the two true-CFG calls have prompts of different lengths.
+  // --parallel cfg (2 ranks: one true-CFG branch each) or ulysses.
   void join_parallel(const parallel::ParallelGroups& groups) override;
 
  private:
