@@ -214,37 +214,43 @@ LlamaTokenizer LlamaTokenizer::from_folder(const std::string& dir_str) {
       }
     }
 
-    // eos / pad / model_max_length from the transformers configs (special_tokens_map.json wins).
-    std::string eos, pad;
-    for (const char* file : {"tokenizer_config.json", "special_tokens_map.json"}) {
-      if (!fs::exists(dir / file)) continue;
-      const auto cfg = io::JsonConfig::load((dir / file).string());
-      AddedToken tok;
-      if (cfg.has("eos_token") &&
-          parse_added_token_json(cfg.json()["eos_token"], cfg.source() + ": eos_token", tok))
-        eos = tok.content;
-      if (cfg.has("pad_token") &&
-          parse_added_token_json(cfg.json()["pad_token"], cfg.source() + ": pad_token", tok))
-        pad = tok.content;
-      if (cfg.has("model_max_length")) {
-        const double n = cfg.get<double>("model_max_length", 0);
-        if (n >= 1 && n <= 1e9) t.model_max_length_ = static_cast<int64_t>(n);
-      }
-    }
-    auto special_id = [&](const std::string& content, const char* what) -> int64_t {
-      if (content.empty()) return -1;
-      auto it = t.vocab_.find(content);
-      if (it == t.vocab_.end())
-        throw ConfigError(dir_str + ": " + what + " '" + content +
-                          "' is not a token of tokenizer.json");
-      return it->second;
-    };
-    t.eos_id_ = special_id(eos, "eos_token");
-    t.pad_id_ = pad.empty() ? t.eos_id_ : special_id(pad, "pad_token");
+    t.read_special_tokens(dir_str, "tokenizer.json");
     return t;
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(where + ": a field has the wrong type (" + e.what() + ")");
   }
+}
+
+void LlamaTokenizer::read_special_tokens(const std::string& dir_str,
+                                         const std::string& vocab_source) {
+  const fs::path dir(dir_str);
+  // eos / pad / model_max_length from the transformers configs (special_tokens_map.json wins).
+  std::string eos, pad;
+  for (const char* file : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    if (!fs::exists(dir / file)) continue;
+    const auto cfg = io::JsonConfig::load((dir / file).string());
+    AddedToken tok;
+    if (cfg.has("eos_token") &&
+        parse_added_token_json(cfg.json()["eos_token"], cfg.source() + ": eos_token", tok))
+      eos = tok.content;
+    if (cfg.has("pad_token") &&
+        parse_added_token_json(cfg.json()["pad_token"], cfg.source() + ": pad_token", tok))
+      pad = tok.content;
+    if (cfg.has("model_max_length")) {
+      const double n = cfg.get<double>("model_max_length", 0);
+      if (n >= 1 && n <= 1e9) model_max_length_ = static_cast<int64_t>(n);
+    }
+  }
+  auto special_id = [&](const std::string& content, const char* what) -> int64_t {
+    if (content.empty()) return -1;
+    auto it = vocab_.find(content);
+    if (it == vocab_.end())
+      throw ConfigError(dir_str + ": " + what + " '" + content + "' is not a token of " +
+                        vocab_source);
+    return it->second;
+  };
+  eos_id_ = special_id(eos, "eos_token");
+  pad_id_ = pad.empty() ? eos_id_ : special_id(pad, "pad_token");
 }
 
 void LlamaTokenizer::bpe(std::string_view piece, std::vector<int64_t>& out) const {

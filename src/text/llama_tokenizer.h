@@ -52,6 +52,10 @@ class LlamaTokenizer {
  private:
   LlamaTokenizer();
   void bpe(std::string_view piece, std::vector<int64_t>& out) const;
+  // eos / pad / model_max_length from the folder's tokenizer_config.json and
+  // special_tokens_map.json (the latter wins); ConfigError when a token is not in the
+  // vocabulary (`vocab_source` names where it was read).
+  void read_special_tokens(const std::string& dir, const std::string& vocab_source);
 
   std::unordered_map<std::string, int64_t> vocab_;
   // (left id << 32 | right id) -> (rank, merged id)

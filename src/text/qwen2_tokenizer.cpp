@@ -122,34 +122,13 @@ LlamaTokenizer load_qwen2_tokenizer(const std::string& dir_str) {
   }
   for (const auto& tok : t.added_) t.added_u32_.push_back(utf8_decode(tok.content));
 
-  // eos / pad / model_max_length (special_tokens_map.json wins over tokenizer_config.json).
-  std::string eos, pad;
   for (const char* file : {"tokenizer_config.json", "special_tokens_map.json"}) {
     if (!fs::exists(dir / file)) continue;
     const auto cfg = io::JsonConfig::load((dir / file).string());
-    AddedToken tok;
-    if (cfg.has("eos_token") &&
-        parse_added_token_json(cfg.json()["eos_token"], cfg.source() + ": eos_token", tok))
-      eos = tok.content;
-    if (cfg.has("pad_token") &&
-        parse_added_token_json(cfg.json()["pad_token"], cfg.source() + ": pad_token", tok))
-      pad = tok.content;
-    if (cfg.has("model_max_length")) {
-      const double n = cfg.get<double>("model_max_length", 0);
-      if (n >= 1 && n <= 1e9) t.model_max_length_ = static_cast<int64_t>(n);
-    }
     if (cfg.has("add_bos_token") && cfg.get<bool>("add_bos_token", false))
       cfg.fail("add_bos_token", "Qwen2 tokenizers add no BOS (expected false)");
   }
-  auto special_id = [&](const std::string& content, const char* what) -> int64_t {
-    if (content.empty()) return -1;
-    auto it = t.vocab_.find(content);
-    if (it == t.vocab_.end())
-      throw ConfigError(dir_str + ": " + what + " '" + content + "' is not a token of the folder");
-    return it->second;
-  };
-  t.eos_id_ = special_id(eos, "eos_token");
-  t.pad_id_ = pad.empty() ? t.eos_id_ : special_id(pad, "pad_token");
+  t.read_special_tokens(dir_str, "the folder");
   return t;
 }
 
