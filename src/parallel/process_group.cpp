@@ -266,6 +266,14 @@ std::string backend_for(const torch::Device& device) {
 
 namespace {
 
+// A barrier on the store: each rank counts itself in under `key` and waits until all `world`
+// have. The last one in raises the flag (`key` + "/all") that the others wait for.
+void all_arrive(c10d::Store& store, const std::string& key, int world,
+                std::chrono::milliseconds timeout) {
+  if (store.add(key, 1) == world) store.set(key + "/all", std::vector<uint8_t>{'1'});
+  store.wait({key + "/all"}, timeout);
+}
+
 c10::intrusive_ptr<c10d::Store> open_store(const GroupOptions& o) {
   if (!o.store_file.empty()) return c10::make_intrusive<c10d::FileStore>(o.store_file, o.world);
   c10d::TCPStoreOptions t;
@@ -284,7 +292,12 @@ std::shared_ptr<RankGroup> start_group(const c10::intrusive_ptr<c10d::Store>& st
                                        const GroupOptions& o) {
   const std::string name = backend_for(o.device);
   try {
-    return std::make_shared<ProcessGroupRanks>(make_backend(name, store, o), store, name, o);
+    auto group = std::make_shared<ProcessGroupRanks>(make_backend(name, store, o), store, name, o);
+    // No rank goes on until every rank's backend has connected: one that finished early and
+    // dropped its group would close its half of a pair another rank is still handshaking
+    // ("Connection closed by peer" on rank 0).
+    all_arrive(*store, "diffuse/started", o.world, o.timeout);
+    return group;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -330,12 +343,10 @@ void meet(c10d::Store& store, const GroupOptions& o) {
     const std::string why = "ranks disagree on the group's size: " + my_world + " on rank " +
                             std::to_string(o.rank) + ", " + zero_world + " on rank 0";
     store.set("diffuse/abort", std::vector<uint8_t>(why.begin(), why.end()));
-    store.set("diffuse/all_loaded", std::vector<uint8_t>{'1'});
+    store.set("diffuse/loaded/all", std::vector<uint8_t>{'1'});  // wakes every rank
     throw InvalidArgument(why);
   }
-  if (store.add("diffuse/loaded", 1) == o.world)
-    store.set("diffuse/all_loaded", std::vector<uint8_t>{'1'});
-  store.wait({"diffuse/all_loaded"}, o.startup_timeout);
+  all_arrive(store, "diffuse/loaded", o.world, o.startup_timeout);
   if (store.check({"diffuse/abort"})) throw InvalidArgument(as_string(store.get("diffuse/abort")));
   std::string refusal;
   for (int r = 0; r < o.world && refusal.empty(); ++r) {
@@ -348,9 +359,7 @@ void meet(c10d::Store& store, const GroupOptions& o) {
   }
   // Everyone has read every job before anyone leaves: rank 0 may serve the store, and its exit
   // would cut the others off before they can say why.
-  if (store.add("diffuse/checked", 1) == o.world)
-    store.set("diffuse/all_checked", std::vector<uint8_t>{'1'});
-  store.wait({"diffuse/all_checked"}, o.startup_timeout);
+  all_arrive(store, "diffuse/checked", o.world, o.startup_timeout);
   if (!refusal.empty()) throw InvalidArgument(refusal);
 }
 
