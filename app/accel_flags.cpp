@@ -43,8 +43,9 @@ void add_accel_flags(CLI::App& app, AccelFlags& f) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "always"}));
   app.add_flag("--graph", f.graph,
-               "CUDA: record the UNet step once as a CUDA graph and replay it (bit-identical, "
-               "less host work per step; not with --deepcache or --tome)");
+               "CUDA / Ascend npu: record the UNet step once as a device graph (CUDA graph, "
+               "torch_npu's NPUGraph) and replay it (bit-identical, less host work per step; not "
+               "with --deepcache or --tome)");
   app.add_option("--cache", f.cache,
                  "DiT models (HiDream): skip part of the transformer on some steps: off, "
                  "fbcache[:THRESHOLD] (0.1), taylorseer[:INTERVAL[:ORDER]] (3:1), "

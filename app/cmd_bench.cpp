@@ -229,7 +229,7 @@ int run_pipeline(const bench::PipelineBenchOptions& opts_in, bool as_json,
               << f("%.1f GFLOP/s", step > 0 ? r.unet_flops.total() / 1e9 / step : 0)
               << spread(r.unet.step_s) << load_text(r.unet.cpu) << ")\n";
   if (o.unet && r.unet.graph)
-    std::cout << "  unet step as CUDA graph  replayed; output "
+    std::cout << "  unet step as graph      replayed; output "
               << (r.unet.graph_identical ? "bit-identical to the eager step"
                                          : "differs from the eager step by up to " +
                                                f("%.3g", r.unet.graph_max_abs_diff))
@@ -382,7 +382,8 @@ Command add_bench_command(CLI::App& app) {
   app.add_flag("--profile", o->profile,
                "Also run one UNet step under an operator profile: its time by operator kind");
   app.add_flag("--graph", o->graph,
-               "CUDA: time the UNet step replayed from a CUDA graph (checked bit for bit against "
+               "CUDA / Ascend npu: time the UNet step replayed from a device graph (checked bit "
+               "for bit against "
                "the eager step first); with --whole-image, generate with txt2img --graph");
   app.add_option("--whole-image-runs", o->whole_image_runs,
                  "Generations for --whole-image: the first is reported apart (one-time costs), "

@@ -51,6 +51,30 @@ if(TORCH_CXX_FLAGS)
   target_compile_options(diffuse_core PUBLIC ${_torch_cxx_flags})
 endif()
 
+# The pip wheel keeps CANN's ACL/HCCL headers that torch_npu ships under include/third_party.
+foreach(_dir IN LISTS TORCH_NPU_INCLUDE_DIRS)
+  foreach(_sub third_party/acl/inc third_party/hccl/inc)
+    if(EXISTS "${_dir}/${_sub}")
+      list(APPEND TORCH_NPU_INCLUDE_DIRS "${_dir}/${_sub}")
+    endif()
+  endforeach()
+endforeach()
+# torch_npu's HCCL process group (multi-card --devices) includes <c10d/...> (torch's c10d folder
+# as an include root) and, through torch_npu/csrc/npu/Event.h, <Python.h>. Without Python's
+# headers diffuse builds without HCCL and says so (scripts/check_torch_npu.sh compiles both).
+foreach(_dir IN LISTS TORCH_INCLUDE_DIRS)
+  if(EXISTS "${_dir}/torch/csrc/distributed/c10d")
+    list(APPEND TORCH_NPU_INCLUDE_DIRS "${_dir}/torch/csrc/distributed")
+  endif()
+endforeach()
+find_package(Python3 COMPONENTS Development.Module QUIET)
+if(Python3_Development.Module_FOUND)
+  list(APPEND TORCH_NPU_INCLUDE_DIRS ${Python3_INCLUDE_DIRS})
+else()
+  target_compile_definitions(diffuse_core PUBLIC DIFFUSE_WITHOUT_HCCL=1)
+  message(WARNING "diffuse: Python's headers not found: no HCCL process group (multi-npu "
+                  "--devices) in this build (torch_npu's ProcessGroupHCCL.hpp includes Python.h)")
+endif()
 target_include_directories(diffuse_core PUBLIC ${TORCH_NPU_INCLUDE_DIRS})
 target_link_libraries(diffuse_core PUBLIC ${TORCH_NPU_LIBRARIES} ${ASCENDCL_LIBRARY})
 target_compile_definitions(diffuse_core PUBLIC DIFFUSE_WITH_TORCH_NPU=1)

@@ -381,8 +381,8 @@ TEST(Accel, BadParametersAreRefusedNamingThem) {
 }
 
 // --graph replays one recorded whole-UNet call: refused with DeepCache and token merging, and
-// on a device that has no CUDA graphs, saying so; a refused generation leaves the pipeline
-// generating as before.
+// on a device that cannot record graphs (the CPU), saying so; a refused generation leaves the
+// pipeline generating as before.
 TEST(Accel, CudaGraphIsRefusedWhereItCannotReplay) {
   auto& pipe = demo_pipe();
   auto expect_error = [&](const GenerationConfig& cfg, std::vector<std::string> words) {
@@ -397,7 +397,7 @@ TEST(Accel, CudaGraphIsRefusedWhereItCannotReplay) {
   cfg.token_merging.ratio = 0.3;
   expect_error(cfg, {"--graph", "token merging"});
   cfg.token_merging.ratio = 0;
-  expect_error(cfg, {"--graph", "CUDA device", "cpu"});
+  expect_error(cfg, {"--graph", "CUDA device", "this runs on cpu"});
   const auto plain = pipe.generate(demo_config());
   EXPECT_TRUE(torch::equal(plain.latents, pipe.generate(demo_config()).latents));
 }

@@ -450,7 +450,7 @@ TEST(BenchCli, WholeImageRunsThePipelineAgainstTheStageLimits) {
 }
 
 // Several whole-image runs: the first reported apart, the stage times the median later run's;
-// --graph refused before anything is built where there are no CUDA graphs.
+// --graph refused before anything is built where there are no device graphs.
 TEST(BenchCli, WholeImageRunsReportTheFirstApartAndGraphNeedsCuda) {
   test::TempDir dir;
   const std::string model = verify::GoldenSet::load(test::golden_dir()).model_dir();
@@ -468,7 +468,8 @@ TEST(BenchCli, WholeImageRunsReportTheFirstApartAndGraphNeedsCuda) {
   EXPECT_TRUE(is_a_later_run);
   auto bad = test::run_cli({"bench", "--arch", "tiny", "--graph", "--device", "cpu"}, dir);
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.err.find("--graph: CUDA graphs replay CUDA kernels; this runs on cpu"),
+  EXPECT_NE(bad.err.find("--graph: graph replay records accelerator kernels (CUDA graphs, "
+                         "torch_npu's NPUGraph); this runs on cpu"),
             std::string::npos)
       << bad.err;
   EXPECT_EQ(bad.err.find("built"), std::string::npos) << "refused only after building: " << bad.err;

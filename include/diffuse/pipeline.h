@@ -226,8 +226,9 @@ struct GenerationConfig {
   // `latents` (no init image, no noise added); strength is then unused.
   double denoising_start = 0.0;
   double denoising_end = 1.0;
-  // CUDA graph replay of the UNet call (UNet models on a CUDA device): recorded at the first
-  // step, replayed after; bit-identical to the eager call, with less host work per step.
+  // Graph replay of the UNet call (UNet models on a CUDA device: CUDA graphs; on an Ascend
+  // npu: torch_npu's NPUGraph): recorded at the first step, replayed after; bit-identical to
+  // the eager call, with less host work per step. (Named for CUDA, where it came first.)
   bool cuda_graph = false;
   // DiT models (HiDream): refused by UNet models.
   DitCacheOptions dit_cache;

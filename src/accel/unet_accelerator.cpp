@@ -88,7 +88,7 @@ torch::Tensor UNetAccelerator::forward(models::UNet2DConditionModelImpl& unet, i
   if (control && (graph_ || deep_cache_))
     throw InvalidArgument(
         "ControlNet residuals change every step's UNet input: they cannot run with " +
-        std::string(graph_ ? "a replayed CUDA graph (--graph)" : "DeepCache's shallow steps") +
+        std::string(graph_ ? "a replayed device graph (--graph)" : "DeepCache's shallow steps") +
         "; run without it");
   if (graph_) return graph_->forward(unet, sample, timestep, context, added);
   nn::ScopedTokenMergeHook hook(tome_.get());

@@ -58,9 +58,11 @@ torch::Tensor UNetGraph::forward(models::UNet2DConditionModelImpl& unet,
                                  const torch::Tensor& context,
                                  const models::UNetAddedConditions* added) {
   const auto on = sample.device();
-  if (!device::CudaGraph::available(on))
-    throw InvalidArgument("--graph (CUDA graph replay of the UNet step) needs a CUDA device: " +
-                          device::CudaGraph::unavailable_reason(on));
+  if (!device::DeviceGraph::available(on))
+    throw InvalidArgument(
+        "--graph (graph replay of the UNet step) needs a CUDA device or an npu whose backend "
+        "captures graphs: " +
+        device::DeviceGraph::unavailable_reason(on));
   if (!fits(unet, sample, timestep, context, added)) {
     graph_.reset();
     unet_ = &unet;
@@ -74,8 +76,9 @@ torch::Tensor UNetGraph::forward(models::UNet2DConditionModelImpl& unet,
       added_->text_embeds = static_copy(added->text_embeds, on);
       added_->time_ids = static_copy(added->time_ids, on);
     }
-    graph_.capture(on, [&] {
-      out_ = unet.forward(sample_, timestep_, context_, nullptr, added_ ? &*added_ : nullptr);
+    // Holds the network, not this frame: a backend may keep the call for its replays.
+    graph_.capture(on, [this, u = &unet] {
+      out_ = u->forward(sample_, timestep_, context_, nullptr, added_ ? &*added_ : nullptr);
     });
     ++captures_;
   }

@@ -1,14 +1,15 @@
-// The UNet call of a denoising loop replayed from a CUDA graph (GenerationConfig::cuda_graph,
-// --graph). The shapes of a generation do not change between steps, so the call is recorded
-// once on static input tensors; each step copies its inputs in, replays, and copies the output
-// out. The kernels are the eager call's, so the result is bit-identical to it.
+// The UNet call of a denoising loop replayed from a device graph: a CUDA graph, or torch_npu's
+// NPUGraph on Ascend (GenerationConfig::cuda_graph, --graph). The shapes of a generation do not
+// change between steps, so the call is recorded once on static input tensors; each step copies its
+// inputs in, replays, and copies the output out. The kernels are the eager call's, so the result is
+// bit-identical to it.
 #pragma once
 #include <torch/types.h>
 
 #include <optional>
 #include <vector>
 
-#include "device/cuda_graph.h"
+#include "device/device_graph.h"
 #include "models/unet2d_condition.h"
 
 namespace diffuse::accel {
@@ -33,7 +34,7 @@ class UNetGraph {
   // (offload, a LoRA bound by replacement) records again.
   std::vector<const void*> weights_;
   const void* unet_ = nullptr;
-  device::CudaGraph graph_;
+  device::DeviceGraph graph_;
   torch::Tensor sample_, timestep_, context_, out_;
   std::optional<models::UNetAddedConditions> added_;
   int captures_ = 0;

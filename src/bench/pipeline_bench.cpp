@@ -14,8 +14,8 @@
 #include "device/cpu_allocator.h"
 #include "device/cpu_load.h"
 #include "device/cpu_threads.h"
-#include "device/cuda_graph.h"
 #include "device/device.h"
+#include "device/device_graph.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
 #include "models/autoencoder_kl.h"
@@ -114,7 +114,7 @@ UNetRun time_unet(models::UNet2DConditionModel& unet, const torch::Device& devic
     if (o.log) o.log("unet warm-up step: " + fmt("%.3f s", now_s() - t0));
   }
   // A replayed graph dispatches no operators, so the FLOPs are counted on an eager call here.
-  device::CudaGraph graph;
+  device::DeviceGraph graph;
   torch::Tensor graph_out;
   if (o.graph) {
     torch::Tensor reference;
@@ -205,8 +205,8 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
   r.model = o.model;
   const torch::Device device = device::resolve_device(o.load.device);
   const torch::Dtype dtype = device::resolve_dtype(o.load.dtype, device, "unet");
-  if (o.graph && !device::CudaGraph::available(device))
-    throw InvalidArgument("--graph: " + device::CudaGraph::unavailable_reason(device));
+  if (o.graph && !device::DeviceGraph::available(device))
+    throw InvalidArgument("--graph: " + device::DeviceGraph::unavailable_reason(device));
   const torch::Dtype text_dtype = device::resolve_dtype(o.load.dtype, device, "text_encoder");
   const torch::Dtype vae_dtype = device::resolve_dtype(o.load.vae_dtype, device, "vae");
   const auto backend = nn::attention_backend_from_flag_or_env(o.load.attention, device);

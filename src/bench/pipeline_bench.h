@@ -35,7 +35,7 @@ struct PipelineBenchOptions {
   bool baseline = false;
   // Also run one more UNet step under an OpProfile and report its time by operator kind.
   bool profile = false;
-  // Time the UNet step as a replayed CUDA graph (after checking it against the eager call).
+  // Time the UNet step as a replayed device graph (after checking it against the eager call).
   bool graph = false;
   // Whole-image runs: the first is reported apart (one-time costs: kernels loading, cuDNN
   // plans), the median of the others is the image's time. 1 = that one run.
@@ -54,7 +54,7 @@ struct UNetRun {
   double step_min_s = 0;
   double step_median_s = 0;
   CpuShare cpu;                  // the timed steps' threads and what other processes took meanwhile
-  bool graph = false;            // the timed steps replayed a CUDA graph
+  bool graph = false;            // the timed steps replayed a device graph
   bool graph_identical = false;  // its output equalled the eager call's, bit for bit
   double graph_max_abs_diff = 0;
 };

@@ -1,43 +1,20 @@
-// CUDA graph replay of one fixed-shape call (a UNet step). A 512x512 SD UNet step launches
-// about a thousand kernels; on a fast GPU the host's launches, not the kernels, set its pace
-// (the H200 ran the fp16 step at 2.3x its roofline). A graph records the launches once and
-// replays them with one call. Needs a CUDA build (DIFFUSE_CUDA_GRAPHS); elsewhere available()
-// is false and capture() throws Unsupported, saying why.
+// CUDA graphs, for DeviceGraph (device_graph.h) only. Compiled with the graph API only in a
+// CUDA build with DIFFUSE_CUDA_GRAPHS (CMakeLists.txt), so a LibTorch whose graph API differs
+// builds without it by recompiling this one file.
 #pragma once
 #include <torch/types.h>
 
 #include <functional>
-#include <memory>
+#include <string>
 
 namespace diffuse::device {
 
-class CudaGraph {
- public:
-  CudaGraph();
-  ~CudaGraph();
-  CudaGraph(const CudaGraph&) = delete;
-  CudaGraph& operator=(const CudaGraph&) = delete;
+// Why `device` (a CUDA device) cannot capture here, in words; "" when it can.
+std::string cuda_graph_unavailable_reason(const torch::Device& device);
 
-  // Whether this build can capture graphs on `device` (a CUDA build and a CUDA device).
-  static bool available(const torch::Device& device);
-  // Why not, in words ("" when available).
-  static std::string unavailable_reason(const torch::Device& device);
-
-  // Runs `fn` `warmup` times on a side stream (cuBLAS handles, cuDNN plans and the allocator's
-  // blocks are made outside the capture), then records one call of it. `fn` reads its inputs
-  // from and writes its outputs to tensors that outlive the graph: replay() re-runs the
-  // recorded kernels on the same addresses. It must not wait for the host (no .item(), no copy
-  // from host memory). Throws what the capture threw; the graph is then empty.
-  void capture(const torch::Device& device, const std::function<void()>& fn, int warmup = 2);
-  // Re-runs the recorded kernels on the current stream.
-  void replay();
-  bool captured() const;
-  // Drops the recording (and the memory pool its tensors came from).
-  void reset();
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
+// Runs `fn` `warmup` times on a side stream, records one call of it in an at::cuda::CUDAGraph
+// and returns what replays the recording (and owns it). See DeviceGraph::capture.
+std::function<void()> capture_cuda_graph(const torch::Device& device,
+                                         const std::function<void()>& fn, int warmup);
 
 }  // namespace diffuse::device

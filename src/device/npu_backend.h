@@ -35,6 +35,12 @@ struct NpuBackend {
   std::function<void()> empty_cache;
   // Seeds the device's default generator (ops that sample on the device).
   std::function<void(c10::DeviceIndex, uint64_t)> manual_seed;
+  // Graph capture (DeviceGraph, --graph): runs `fn` `warmup` times on a side stream, records
+  // one call of it and returns what replays the recording (owning it). Empty when the backend
+  // cannot capture.
+  std::function<std::function<void()>(c10::DeviceIndex, const std::function<void()>& fn,
+                                      int warmup)>
+      capture_graph;
 };
 
 // Installs `backend` as the npu device (replacing any earlier one) and, unless the backend

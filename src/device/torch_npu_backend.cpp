@@ -14,7 +14,19 @@
 #include "torch_npu/csrc/aten/NPUGeneratorImpl.h"
 #include "torch_npu/csrc/core/npu/NPUCachingAllocator.h"
 #include "torch_npu/csrc/core/npu/NPUFunctions.h"
-#include "torch_npu/torch_npu.h"
+// init_npu.h rather than torch_npu/torch_npu.h: the latter exists only in the C++-only
+// libtorch_npu package (not in the pip wheel's include/) and pulls in generated headers.
+#include "torch_npu/csrc/libs/init_npu.h"
+// NPUGraph (aclgraph capture through CANN's aclmdlRICapture*) came with torch_npu 2.1's 7.x
+// releases; older ones build without --graph on the npu.
+#if __has_include("torch_npu/csrc/core/npu/NPUGraph.h")
+#include <memory>
+
+#include "torch_npu/csrc/core/npu/NPUGraph.h"
+#include "torch_npu/csrc/core/npu/NPUGuard.h"
+#include "torch_npu/csrc/core/npu/NPUStream.h"
+#define DIFFUSE_NPU_GRAPHS 1
+#endif
 #endif
 
 namespace diffuse::device {
@@ -81,6 +93,37 @@ void seed(c10::DeviceIndex index, uint64_t value) {
   gen.set_current_seed(value);
 }
 
+#ifdef DIFFUSE_NPU_GRAPHS
+// As CUDA graphs are captured (device_graph.h): the warm-up and the capture run on a side
+// stream so that nothing else queued lands in the recording; the device is synchronised
+// before (the inputs' copies) and after.
+std::function<void()> capture_graph(c10::DeviceIndex index, const std::function<void()>& fn,
+                                    int warmup) {
+  c10_npu::NPUGuard device_guard(index);
+  c10_npu::npuSynchronizeDevice();
+  auto side = c10_npu::getStreamFromPool(false, index);
+  auto graph = std::make_shared<c10_npu::NPUGraph>();
+  {
+    c10_npu::NPUStreamGuard stream_guard(side);
+    for (int i = 0; i < warmup; ++i) fn();
+    side.synchronize();
+    graph->capture_begin();
+    try {
+      fn();
+    } catch (...) {
+      try {
+        graph->capture_end();
+      } catch (...) {  // the capture was already broken by what fn threw
+      }
+      throw;
+    }
+    graph->capture_end();
+  }
+  c10_npu::npuSynchronizeDevice();
+  return [graph] { graph->replay(); };
+}
+#endif
+
 }  // namespace
 
 void register_builtin_npu_backend() {
@@ -97,6 +140,9 @@ void register_builtin_npu_backend() {
   };
   b.empty_cache = [] { c10_npu::NPUCachingAllocator::emptyCache(); };
   b.manual_seed = seed;
+#ifdef DIFFUSE_NPU_GRAPHS
+  b.capture_graph = capture_graph;
+#endif
   register_npu_backend(std::move(b));
 }
 

@@ -32,7 +32,8 @@
 #define DIFFUSE_HAVE_NCCL 1
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
-#if defined(DIFFUSE_WITH_TORCH_NPU) && __has_include(<torch_npu/csrc/distributed/ProcessGroupHCCL.hpp>)
+#if defined(DIFFUSE_WITH_TORCH_NPU) && !defined(DIFFUSE_WITHOUT_HCCL) && \
+    __has_include(<torch_npu/csrc/distributed/ProcessGroupHCCL.hpp>)
 #include <torch_npu/csrc/distributed/ProcessGroupHCCL.hpp>
 #define DIFFUSE_HAVE_HCCL 1
 #endif

@@ -1,6 +1,6 @@
 // The loaded state of a Stable Diffusion (1.x/2.x, SDXL) pipeline: devices and dtypes, its
 // networks (built and loaded on first use, freed after their stage with offload), the text
-// encoders with their tokenizers, LoRA bindings and the CUDA graph of the UNet call. Private
+// encoders with their tokenizers, LoRA bindings and the device graph of the UNet call. Private
 // to the pipeline's files (stable_diffusion.cpp, sd_prompt_encoding.cpp).
 #pragma once
 #include <torch/torch.h>

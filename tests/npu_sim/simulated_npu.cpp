@@ -47,6 +47,8 @@ struct State {
   std::array<DeviceCounters, kMaxDevices> counters;
   std::atomic<int64_t> count{0};
   std::atomic<int64_t> empty_cache_calls{0};
+  std::atomic<int64_t> graph_captures{0};
+  std::atomic<int64_t> graph_replays{0};
   NpuCapabilities capabilities;
   bool kernels_registered = false;
   std::vector<std::unique_ptr<torch::Library>> libraries;
@@ -326,6 +328,18 @@ NpuBackend make_backend() {
     c.peak = c.allocated.load();
   };
   b.empty_cache = [] { state().empty_cache_calls++; };
+  // There are no kernels to record: a simulated "replay" runs the call again (what a replay
+  // computes, not how), so that the engine's graph path (static inputs copied in and out, one
+  // capture per shape) runs on an npu device. It proves nothing about NPUGraph itself.
+  b.capture_graph = [](c10::DeviceIndex index, const std::function<void()>& fn, int warmup) {
+    checked_index(index);
+    for (int i = 0; i <= warmup; ++i) fn();  // the warm-up, then the "captured" call
+    state().graph_captures++;
+    return std::function<void()>([fn] {
+      state().graph_replays++;
+      fn();
+    });
+  };
   b.manual_seed = [](c10::DeviceIndex index, uint64_t seed) {
     auto& c = state().counters.at(static_cast<size_t>(checked_index(index)));
     c.seed = seed;
@@ -366,6 +380,8 @@ SimulatedDeviceState simulated_device_state(c10::DeviceIndex index) {
   s.allocations = c.allocations.load();
   s.init_calls = c.init_calls.load();
   s.empty_cache_calls = state().empty_cache_calls.load();
+  s.graph_captures = state().graph_captures.load();
+  s.graph_replays = state().graph_replays.load();
   s.seeded = c.seeded.load();
   s.seed = c.seed.load();
   return s;

@@ -56,6 +56,8 @@ struct SimulatedDeviceState {
   int64_t allocations = 0;  // allocator calls
   int64_t init_calls = 0;   // backend init (torch_npu::init_npu stand-in)
   int64_t empty_cache_calls = 0;
+  int64_t graph_captures = 0;  // capture_graph calls (every device)
+  int64_t graph_replays = 0;
   bool seeded = false;
   uint64_t seed = 0;  // last manual_seed
 };
