@@ -15,7 +15,8 @@ Command add_export_command(CLI::App& app) {
   auto list = std::make_shared<bool>(false);
   onnx->add_option("-m,--model", r->model_dir, "A diffusers folder")->required();
   onnx->add_option("--component", r->component,
-                   "text_encoder, text_encoder_2, unet, vae_decoder or vae_encoder");
+                   "text_encoder, text_encoder_2, unet, controlnet, vae_decoder, vae_encoder or "
+                   "transformer (--list: what this folder has)");
   onnx->add_flag("--list", *list, "Print the components this folder exports and exit");
   onnx->add_option("-o,--out", r->output,
                    "The .onnx file to write (weights past 2 GiB go to "
@@ -36,6 +37,9 @@ Command add_export_command(CLI::App& app) {
                    "config's; HiDream-E1's side-by-side input: its own token count)");
   onnx->add_flag("--dynamic", r->dynamic,
                  "Symbolic batch, sizes and sequence instead of static shapes");
+  onnx->add_flag("--control-residuals", r->control_residuals,
+                 "unet: also take a ControlNet's residuals as inputs "
+                 "(down_block_additional_residuals.N, mid_block_additional_residual)");
   onnx->add_flag("--external-data", r->external_data,
                  "Weights in FILE.onnx.data even when the file would hold them");
   onnx->add_flag("--overwrite", r->overwrite, "Replace existing output files");

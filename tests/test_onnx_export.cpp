@@ -15,8 +15,11 @@
 #include "io/safetensors.h"
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
+#include "models/controlnet.h"
 #include "models/flux_transformer.h"
 #include "models/hidream_transformer.h"
+#include "models/llama.h"
+#include "models/t5_encoder.h"
 #include "models/unet2d_condition.h"
 #include "pipeline/demo_model.h"
 #include "test_util.h"
@@ -60,6 +63,10 @@ Tensors make_inputs(const ExportResult& r, int64_t vocab, std::vector<int64_t> s
     for (auto d : in.dims) dims.push_back(d >= 0 ? d : symbolic.at(next++));
     if (in.name == "input_ids") {
       inputs[in.name] = torch::randint(0, vocab, dims, torch::kInt64);
+    } else if (in.name == "attention_mask") {  // T5: the last tokens of the second row padding
+      auto mask = torch::ones(dims, torch::kInt64);
+      if (dims[0] > 1 && dims[1] > 2) mask[1].narrow(0, dims[1] - 3, 3).zero_();
+      inputs[in.name] = mask;
     } else if (in.name == "timesteps") {  // HiDream: t * 1000
       inputs[in.name] = torch::rand(dims) * 999;
     } else if (in.name == "timestep") {
@@ -111,6 +118,19 @@ Tensors engine_outputs(const io::ModelFolder& folder, const std::string& compone
                         in.at("pooled_projections"), in.at("img_ids"), in.at("txt_ids"),
                         in.count("guidance") ? in.at("guidance") : torch::Tensor())}};
   }
+  if (folder.component_class(component) == "LlamaForCausalLM") {
+    auto llama = models::load_llama(folder, component, torch::kCPU, torch::kFloat32);
+    const auto o = llama->forward(in.at("input_ids"), in.at("attention_mask"));
+    Tensors out;
+    for (size_t i = 0; i < o.hidden_states.size(); ++i)
+      out["hidden_states." + std::to_string(i)] = o.hidden_states[i];
+    return out;
+  }
+  if (folder.component_class(component) == "T5EncoderModel") {
+    auto t5 = models::load_t5_encoder(folder, component, torch::kCPU, torch::kFloat32);
+    return {{"last_hidden_state",
+             t5->forward(in.at("input_ids"), in.at("attention_mask")).last_hidden_state}};
+  }
   auto te = models::load_clip_text_model(folder, torch::kCPU, torch::kFloat32, component);
   const auto o = te->forward(in.at("input_ids"), true);
   Tensors out = {{"last_hidden_state", o.last_hidden_state}, {"pooler_output", o.pooler_output}};
@@ -141,6 +161,10 @@ void expect_close(const Tensors& ort, const Tensors& engine, const std::string& 
 
 int64_t vocab_of(const io::ModelFolder& folder, const std::string& component) {
   if (component.rfind("text_encoder", 0) != 0) return 0;
+  if (folder.component_class(component) == "T5EncoderModel")
+    return models::T5Config::from_json(folder.component_config(component)).vocab_size;
+  if (folder.component_class(component) == "LlamaForCausalLM")
+    return models::LlamaConfig::from_json(folder.component_config(component)).vocab_size;
   return models::clip_text_config(folder, component).vocab_size;
 }
 
@@ -194,6 +218,17 @@ TEST(OnnxExport, SdxlEveryComponentMatchesTheEngine) {
 // the 16-channel VAE; Kontext's transformer over a sequence that holds the source tokens too.
 TEST(OnnxExport, FluxEveryComponentMatchesTheEngine) {
   check_set(flux_golden_dir());
+  // T5 with a symbolic batch and length (the position buckets are computed in the graph), at
+  // a length past the exact buckets, the second row padded.
+  const auto model = verify::GoldenSet::load(flux_golden_dir()).model_dir();
+  const auto folder = io::ModelFolder::open(model);
+  TempDir dir;
+  ExportRequest dynamic;
+  dynamic.dynamic = true;
+  const auto r = export_to(model, "text_encoder_2", dir.file("t5.onnx"), dynamic);
+  const auto in = make_inputs(r, vocab_of(folder, "text_encoder_2"), {3, 41, 3, 41});
+  expect_close(run_onnx_runtime(dir.file("t5.onnx"), in, dir),
+               engine_outputs(folder, "text_encoder_2", in), "flux-tiny T5 (dynamic, 41 tokens)");
 }
 
 // HiDream-I1: CLIP-L/G, the 16-channel VAE, and the transformer (MoE routing, Llama layers per
@@ -241,6 +276,71 @@ TEST(OnnxExport, InpaintingAndControlNetFoldersExportTheirSdComponents) {
     const auto in = make_inputs(r, 0);
     expect_close(run_onnx_runtime(onnx, in, tmp), engine_outputs(folder, "unet", in), name);
   }
+}
+
+// The ControlNet of sd2-controlnet-tiny (conditioning embedding, encoder half, zero
+// convolutions) with a plain and with guess mode's per-residual scales, and the UNet taking
+// residuals as inputs: each against the engine's own forward on the same inputs.
+TEST(OnnxExport, ControlNetAndTheUnetTakingItsResidualsMatchTheEngine) {
+  const auto dir = sibling_golden_dir("DIFFUSE_SD2_CONTROLNET_GOLDEN_DIR", "sd2-controlnet-tiny");
+  ASSERT_TRUE(fs::exists(dir)) << dir;
+  const auto model = verify::GoldenSet::load(dir).model_dir();
+  const auto folder = io::ModelFolder::open(model);
+  const auto components = onnx_export::exportable_components(model);
+  ASSERT_NE(std::find(components.begin(), components.end(), "controlnet"), components.end());
+  torch::NoGradGuard no_grad;
+  const auto unet_config =
+      models::UNet2DConditionConfig::from_json(folder.component_config("unet"));
+  auto net = models::load_controlnet(folder.component_dir("controlnet"), torch::kCPU,
+                                     torch::kFloat32, &unet_config);
+  TempDir tmp;
+  const auto onnx = tmp.file("controlnet.onnx");
+  const auto r = export_to(model, "controlnet", onnx, small_shapes(folder));
+  const int64_t n = static_cast<int64_t>(net->num_down_residuals());
+  ASSERT_EQ(r.outputs.size(), static_cast<size_t>(n + 1));
+  auto in = make_inputs(r, 0);
+  in["controlnet_cond"] = torch::rand(in.at("controlnet_cond").sizes());
+  for (const bool guess : {false, true}) {
+    const double scale = guess ? 0.9 : 0.7;
+    in["conditioning_scale"] =
+        guess ? models::guess_mode_scales(n, scale) : torch::full({n + 1}, scale, torch::kFloat32);
+    const auto res =
+        net->forward(in.at("sample"), in.at("timestep"), in.at("encoder_hidden_states"),
+                     in.at("controlnet_cond"), scale, guess);
+    Tensors engine{{"mid_block_res_sample", res.mid}};
+    for (int64_t i = 0; i < n; ++i)
+      engine["down_block_res_samples." + std::to_string(i)] = res.down[static_cast<size_t>(i)];
+    expect_close(run_onnx_runtime(onnx, in, tmp), engine,
+                 guess ? "controlnet (guess mode)" : "controlnet");
+  }
+
+  // The UNet with the residuals as inputs; the ControlNet's shapes are the UNet's inputs.
+  ExportRequest with_residuals = small_shapes(folder);
+  with_residuals.control_residuals = true;
+  const auto unet_onnx = tmp.file("unet.onnx");
+  const auto u = export_to(model, "unet", unet_onnx, with_residuals);
+  ASSERT_EQ(u.inputs.size(), 3 + static_cast<size_t>(n + 1));
+  auto unet_in = make_inputs(u, 0);
+  models::UNetControlResiduals control;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto name = "down_block_additional_residuals." + std::to_string(i);
+    EXPECT_EQ(unet_in.at(name).sizes(), r.outputs[static_cast<size_t>(i)].dims) << name;
+    control.down.push_back(unet_in.at(name));
+  }
+  control.mid = unet_in.at("mid_block_additional_residual");
+  auto unet = models::load_unet(folder, torch::kCPU, torch::kFloat32);
+  expect_close(run_onnx_runtime(unet_onnx, unet_in, tmp),
+               {{"out_sample",
+                 unet->forward(unet_in.at("sample"), unet_in.at("timestep"),
+                               unet_in.at("encoder_hidden_states"), nullptr, nullptr, &control)}},
+               "unet with control residuals");
+  // Only the UNet takes residuals.
+  ExportRequest wrong = small_shapes(folder);
+  wrong.control_residuals = true;
+  const auto msg = expect_throw<InvalidArgument>(
+      [&] { export_to(model, "vae_decoder", tmp.file("vae.onnx"), wrong); });
+  EXPECT_NE(msg.find("--control-residuals"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(tmp.file("vae.onnx")));
 }
 
 TEST(OnnxExport, DynamicShapesRunAtOtherSizes) {
@@ -368,12 +468,21 @@ TEST(OnnxExport, BadRequestsAreRefusedAndLeaveNothing) {
               export_to(hidream, "transformer", out, r);
             }).find("static shapes"),
             std::string::npos);
+  // T5 overflows float16: refused, saying so.
+  r = {};
+  r.precision = "fp16";
+  EXPECT_NE(expect_throw<InvalidArgument>([&] {
+              export_to(verify::GoldenSet::load(flux_golden_dir()).model_dir(), "text_encoder_2",
+                        out, r);
+            }).find("overflow float16"),
+            std::string::npos);
   const auto qwen = sibling_golden_dir("DIFFUSE_QWEN_IMAGE_GOLDEN_DIR", "qwen-image-tiny");
-  if (fs::exists(qwen + "/cases.json"))
+  if (fs::exists(qwen + "/cases.json")) {
     EXPECT_NE(expect_throw<InvalidArgument>([&] {
                 export_to(verify::GoldenSet::load(qwen).model_dir(), "transformer", out);
               }).find("ONNX export covers"),
               std::string::npos);
+  }
 
   // An existing file is kept unless --overwrite.
   { std::ofstream(out) << "keep"; }

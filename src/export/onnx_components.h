@@ -62,8 +62,18 @@ void write_unet(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph
                 ExportResult& result);
 void write_vae(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
                ExportResult& result, bool decoder);
+// A pipeline folder's ControlNetModel (controlnet/), configured with the folder's UNet.
+void write_controlnet(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
+                      ExportResult& result);
 void write_text_encoder(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
                         ExportResult& result);
+// T5EncoderModel (FLUX.1's text_encoder_2, HiDream's text_encoder_3; onnx_t5_encoder.cpp):
+// fp32 only.
+void write_t5_encoder(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
+                      ExportResult& result);
+// LlamaForCausalLM as HiDream's text encoder (onnx_llama_encoder.cpp): every hidden state.
+void write_llama_encoder(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
+                         ExportResult& result);
 // FLUX.1 and Kontext (onnx_flux_transformer.cpp).
 void write_flux_transformer(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
                             ExportResult& result);

@@ -53,10 +53,15 @@ std::vector<std::string> exportable_components(const std::string& model_dir) {
   const auto folder = io::ModelFolder::open(model_dir);
   std::vector<std::string> out;
   if (!family_refusal(folder).empty()) return out;
-  for (const char* te : {"text_encoder", "text_encoder_2"})
-    if (folder.has_component(te) && folder.component_class(te).rfind("CLIPTextModel", 0) == 0)
+  for (const char* te : {"text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"})
+    if (folder.has_component(te) && (folder.component_class(te).rfind("CLIPTextModel", 0) == 0 ||
+                                     folder.component_class(te) == "T5EncoderModel" ||
+                                     folder.component_class(te) == "LlamaForCausalLM"))
       out.push_back(te);
   if (folder.has_component("unet")) out.push_back("unet");
+  if (folder.has_component("unet") && folder.has_component("controlnet") &&
+      folder.component_class("controlnet") == "ControlNetModel")
+    out.push_back("controlnet");
   // FLUX folders may hold more than one transformer (dev and schnell in one folder).
   for (const char* t : {"transformer", "transformer_schnell"})
     if (folder.has_component(t) && (folder.component_class(t) == "FluxTransformer2DModel" ||
@@ -92,14 +97,23 @@ ExportResult export_onnx(const ExportRequest& r) {
   torch::NoGradGuard no_grad;
   OnnxGraph g(r.opset, dtype, r.component);
   ExportResult result;
+  if (r.control_residuals && r.component != "unet")
+    throw InvalidArgument(
+        "--control-residuals: only the unet takes a ControlNet's residuals, not " + r.component);
   if (r.component == "unet")
     write_unet(r, folder, g, result);
+  else if (r.component == "controlnet")
+    write_controlnet(r, folder, g, result);
   else if (r.component.rfind("transformer", 0) == 0 && is_hidream(folder))
     write_hidream_transformer(r, folder, g, result);
   else if (r.component.rfind("transformer", 0) == 0)
     write_flux_transformer(r, folder, g, result);
   else if (r.component == "vae_decoder" || r.component == "vae_encoder")
     write_vae(r, folder, g, result, r.component == "vae_decoder");
+  else if (folder.component_class(r.component) == "T5EncoderModel")
+    write_t5_encoder(r, folder, g, result);
+  else if (folder.component_class(r.component) == "LlamaForCausalLM")
+    write_llama_encoder(r, folder, g, result);
   else
     write_text_encoder(r, folder, g, result);
   OnnxGraph::SaveOptions options;

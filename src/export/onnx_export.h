@@ -2,9 +2,18 @@
 // from the engine's own modules (onnx_modules.h), for ONNX Runtime, TensorRT or Ascend's ATC
 // (docs/ascend.md). Inputs and outputs carry the names diffusers' and Optimum's exports use:
 //   text_encoder[_2]  input_ids [B, S] int64 -> last_hidden_state [B, S, C], pooler_output
-//                     [B, C], text_embeds [B, P] (with a projection), hidden_states.0..L
+//                     [B, C], text_embeds [B, P] (with a projection), hidden_states.0..L;
+//                     T5 (FLUX's text_encoder_2, HiDream's _3): input_ids, attention_mask
+//                     [B, S] int64 -> last_hidden_state (fp32 only); Llama (HiDream's
+//                     text_encoder_4): input_ids, attention_mask -> hidden_states.0..L
 //   unet              sample [B, c, h, w], timestep [B] float32, encoder_hidden_states
-//                     [B, S, D] (+ text_embeds, time_ids for SDXL) -> out_sample
+//                     [B, S, D] (+ text_embeds, time_ids for SDXL) -> out_sample; with
+//                     control_residuals also down_block_additional_residuals.0..n-1 and
+//                     mid_block_additional_residual (a ControlNet's outputs, added)
+//   controlnet        the unet's inputs + controlnet_cond [B, 3, H, W] in [0, 1] and
+//                     conditioning_scale float32 [n + 1] (one factor per residual, guess mode's
+//                     logspace or the scale repeated) -> down_block_res_samples.0..n-1,
+//                     mid_block_res_sample
 //   vae_decoder       latent_sample [B, c, h, w] -> sample [B, 3, H, W] (post_quant_conv
 //                     included; scaling_factor is the pipeline's, as in the engine)
 //   vae_encoder       sample [B, 3, H, W] -> latent_parameters [B, 2c, h, w] (mean | logvar)
@@ -26,7 +35,7 @@ namespace diffuse::onnx_export {
 
 struct ExportRequest {
   std::string model_dir;
-  // text_encoder | text_encoder_2 | unet | vae_decoder | vae_encoder | transformer (FLUX)
+  // text_encoder | text_encoder_2 | unet | controlnet | vae_decoder | vae_encoder | transformer
   std::string component;
   std::string output;  // FILE.onnx
   int opset = 17;
@@ -37,9 +46,10 @@ struct ExportRequest {
   // HiDream: image tokens a non-square latent is padded to (0: the config's max_seq). HiDream-E1
   // runs its side-by-side input unpadded: its token count.
   int64_t max_seq = 0;
-  bool dynamic = false;        // symbolic batch/height/width/sequence instead
-  bool external_data = false;  // weights in FILE.onnx.data even below 2 GiB
-  bool overwrite = false;      // replace existing files instead of refusing
+  bool dynamic = false;            // symbolic batch/height/width/sequence instead
+  bool control_residuals = false;  // unet: take a ControlNet's residuals as inputs
+  bool external_data = false;      // weights in FILE.onnx.data even below 2 GiB
+  bool overwrite = false;          // replace existing files instead of refusing
 };
 
 // A graph input or output as written: dims of -1 are symbolic (--dynamic).

@@ -5,7 +5,6 @@
 // [text | image] attention as MatMul/Softmax, and the output head.
 #include <torch/torch.h>
 
-
 #include "diffuse/errors.h"
 #include "export/onnx_components.h"
 #include "export/onnx_modules.h"

@@ -138,6 +138,15 @@ int op_since(const std::string& type) {
       {"Neg", 6},
       {"TopK", 11},
       {"ScatterElements", 11},
+      // T5's position buckets, Llama's masks and grouped heads.
+      {"Greater", 9},
+      {"Less", 9},
+      {"Abs", 6},
+      {"Log", 6},
+      {"Where", 9},
+      {"Max", 12},
+      {"Min", 12},
+      {"Expand", 8},
   };
   const auto it = since.find(type);
   return it == since.end() ? 0 : it->second;

@@ -11,6 +11,7 @@
 #include "io/model_folder.h"
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
+#include "models/controlnet.h"
 #include "models/unet2d_condition.h"
 
 namespace diffuse::onnx_export {
@@ -51,59 +52,73 @@ Value write_vae_mid_and_blocks(ModuleWriter& w, nn::UNetMidBlock2DImpl& mid,
   return x;
 }
 
-}  // namespace
+// The inputs every UNet-shaped graph takes (the UNet's and a ControlNet's): sample,
+// timestep, encoder_hidden_states, and SDXL's text_embeds and time_ids.
+struct UNetInputs {
+  std::vector<Dim> sample_dims;
+  Value sample, timestep, context, text_embeds, time_ids;
+  int64_t time_id_count = 0;
+};
 
-void write_unet(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
-                ExportResult& result) {
-  const auto dtype = g.compute_dtype();
-  const int64_t factor = vae_factor(folder);
-  const auto [height, width] = image_size(r, folder, factor);
-  auto unet = models::load_unet(folder, torch::kCPU, torch::kFloat32);
-  auto& m = *unet;
-  const auto& c = m.config();
-  const int64_t tokens = r.tokens > 0 ? r.tokens : 77;
+UNetInputs unet_inputs(const ExportRequest& r, const io::ModelFolder& folder,
+                       const models::UNet2DConditionConfig& c, int64_t height, int64_t width,
+                       int64_t factor, Io& io, torch::Dtype dtype) {
   const Shapes s{r.dynamic};
   const auto B = s.dim(r.batch, "batch");
-  Io io{g, result};
-  ModuleWriter w(g);
-
-  const std::vector<Dim> sample_dims = {B, c.in_channels, s.dim(height / factor, "height"),
-                                        s.dim(width / factor, "width")};
-  auto x = io.in("sample", dtype, sample_dims);
-  const auto timestep = io.in("timestep", torch::kFloat32, {B});
-  const auto context = io.in("encoder_hidden_states", dtype,
-                             {B, s.dim(tokens, "sequence"), c.cross_attention_dim[0]});
-  Value text_embeds, time_ids;
-  int64_t time_id_count = 0;
+  const int64_t tokens = r.tokens > 0 ? r.tokens : 77;
+  UNetInputs in;
+  in.sample_dims = {B, c.in_channels, s.dim(height / factor, "height"),
+                    s.dim(width / factor, "width")};
+  in.sample = io.in("sample", dtype, in.sample_dims);
+  in.timestep = io.in("timestep", torch::kFloat32, {B});
+  in.context = io.in("encoder_hidden_states", dtype,
+                     {B, s.dim(tokens, "sequence"), c.cross_attention_dim[0]});
   if (c.text_time) {
     int64_t pooled = 0;
-    std::tie(pooled, time_id_count) = sdxl_added_sizes(folder, c);
-    text_embeds = io.in("text_embeds", dtype, {B, pooled});
-    time_ids = io.in("time_ids", dtype, {B, time_id_count});
+    std::tie(pooled, in.time_id_count) = sdxl_added_sizes(folder, c);
+    in.text_embeds = io.in("text_embeds", dtype, {B, pooled});
+    in.time_ids = io.in("time_ids", dtype, {B, in.time_id_count});
   }
+  return in;
+}
 
-  const auto act = nn::parse_activation(c.act_fn, c.source);
+// The time embedding (SDXL's added conditioning included), as UNet2DConditionModel::prepare.
+Value unet_time_embedding(ModuleWriter& w, models::UNet2DConditionModelImpl& m,
+                          const UNetInputs& in, torch::Dtype dtype) {
+  auto& g = w.graph();
+  const auto& c = m.config();
   g.set_scope("time_embedding");
   auto emb = w.timestep_embedding(*m.time_embedding, "time_embedding",
-                                  g.cast(w.timesteps(*m.time_proj, timestep), dtype));
+                                  g.cast(w.timesteps(*m.time_proj, in.timestep), dtype));
   if (c.text_time) {
     g.set_scope("add_embedding");
-    const auto flat = g.op("Reshape", {g.cast(time_ids, torch::kFloat32), g.ints({-1}, "flat")});
+    const auto flat = g.op("Reshape", {g.cast(in.time_ids, torch::kFloat32), g.ints({-1}, "flat")});
     const auto time_embeds =
         g.op("Reshape", {w.timesteps(*m.add_time_proj, flat),
-                         g.ints({-1, time_id_count * c.addition_time_embed_dim}, "rows")});
-    const auto add = g.op("Concat", {g.cast(text_embeds, torch::kFloat32), time_embeds},
+                         g.ints({-1, in.time_id_count * c.addition_time_embed_dim}, "rows")});
+    const auto add = g.op("Concat", {g.cast(in.text_embeds, torch::kFloat32), time_embeds},
                           {{"axis", int64_t{-1}}});
     emb = g.op("Add",
                {emb, w.timestep_embedding(*m.add_embedding, "add_embedding", g.cast(add, dtype))});
   }
   if (c.time_embedding_act_fn)
     emb = w.activation(nn::parse_activation(*c.time_embedding_act_fn, c.source), emb);
+  return emb;
+}
 
+Value unet_conv_in(ModuleWriter& w, models::UNet2DConditionModelImpl& m, Value x) {
+  auto& g = w.graph();
   g.set_scope("conv_in");
-  if (c.center_input_sample)
+  if (m.config().center_input_sample)
     x = g.op("Sub", {g.op("Mul", {x, g.scalar(2.0, "two")}), g.scalar(1.0, "one")});
-  x = w.conv(*m.conv_in, "conv_in", x);
+  return w.conv(*m.conv_in, "conv_in", x);
+}
+
+// The down path and the mid block, as UNet2DConditionModel's run_down_path: every skip
+// connection in order, and the mid block's output (the down path's when there is none).
+std::pair<std::vector<Value>, Value> unet_down_path(ModuleWriter& w,
+                                                    models::UNet2DConditionModelImpl& m, Value x,
+                                                    const Value& emb, const Value& context) {
   std::vector<Value> residuals{x};
   for (size_t i = 0; i < m.down_list.size(); ++i) {
     auto& block = *m.down_list[i];
@@ -129,6 +144,76 @@ void write_unet(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph
       x = w.resnet(*mid.resnet_list[j + 1], "mid_block.resnets." + std::to_string(j + 1), x, emb);
     }
   }
+  return {residuals, x};
+}
+
+// The shapes of the skip connections (and, last, the mid block's output) of a UNet-shaped
+// network at `sample_dims`: channels from its blocks, each stride-2 downsampler taking the
+// latent to ceil(size / 2); symbols "height_dN" / "width_dN" for level N under --dynamic.
+std::vector<std::vector<Dim>> skip_shapes(models::UNet2DConditionModelImpl& m,
+                                          const std::vector<Dim>& sample_dims, bool dynamic) {
+  const auto& c = m.config();
+  const auto level_dims = [&](int64_t channels, int level) {
+    std::vector<Dim> d{sample_dims[0], channels};
+    for (size_t axis = 2; axis < 4; ++axis) {
+      if (dynamic) {
+        d.push_back(level == 0 ? sample_dims[axis]
+                               : Dim((axis == 2 ? "height_d" : "width_d") + std::to_string(level)));
+      } else {
+        int64_t size = std::get<int64_t>(sample_dims[axis]);
+        for (int l = 0; l < level; ++l) size = (size + 1) / 2;
+        d.push_back(size);
+      }
+    }
+    return d;
+  };
+  std::vector<std::vector<Dim>> out{level_dims(c.block_out_channels[0], 0)};
+  int level = 0;
+  for (size_t i = 0; i < m.down_list.size(); ++i) {
+    const int64_t ch = c.block_out_channels[i];
+    for (size_t j = 0; j < m.down_list[i]->resnet_list.size(); ++j)
+      out.push_back(level_dims(ch, level));
+    if (m.down_list[i]->downsampler) out.push_back(level_dims(ch, ++level));
+  }
+  out.push_back(level_dims(c.block_out_channels.back(), level));
+  return out;
+}
+
+}  // namespace
+
+void write_unet(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
+                ExportResult& result) {
+  const auto dtype = g.compute_dtype();
+  const int64_t factor = vae_factor(folder);
+  const auto [height, width] = image_size(r, folder, factor);
+  auto unet = models::load_unet(folder, torch::kCPU, torch::kFloat32);
+  auto& m = *unet;
+  const auto& c = m.config();
+  Io io{g, result};
+  ModuleWriter w(g);
+  const auto in = unet_inputs(r, folder, c, height, width, factor, io, dtype);
+  const auto& sample_dims = in.sample_dims;
+  const auto& context = in.context;
+  // A ControlNet's residuals as inputs (--control-residuals), added to the skips and the mid
+  // block's output as UNet2DConditionModel::forward does with UNetControlResiduals.
+  std::vector<Value> control;
+  if (r.control_residuals) {
+    const auto shapes = skip_shapes(m, sample_dims, r.dynamic);
+    for (size_t i = 0; i + 1 < shapes.size(); ++i)
+      control.push_back(
+          io.in("down_block_additional_residuals." + std::to_string(i), dtype, shapes[i]));
+    control.push_back(io.in("mid_block_additional_residual", dtype, shapes.back()));
+  }
+
+  const auto act = nn::parse_activation(c.act_fn, c.source);
+  const auto emb = unet_time_embedding(w, m, in, dtype);
+  auto [residuals, x] = unet_down_path(w, m, unet_conv_in(w, m, in.sample), emb, context);
+  if (!control.empty()) {
+    g.set_scope("control_residuals");
+    for (size_t i = 0; i < residuals.size(); ++i)
+      residuals[i] = g.op("Add", {residuals[i], control[i]});
+    x = g.op("Add", {x, control.back()});
+  }
   for (size_t i = 0; i < m.up_list.size(); ++i) {
     auto& block = *m.up_list[i];
     const auto name = "up_blocks." + std::to_string(i);
@@ -152,6 +237,79 @@ void write_unet(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph
   x = w.conv(*m.conv_out, "conv_out", x);
   io.out("out_sample", x, dtype, {sample_dims[0], c.out_channels, sample_dims[2], sample_dims[3]});
   check_all_exported(m, g, "", "unet");
+}
+
+void write_controlnet(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
+                      ExportResult& result) {
+  const auto dtype = g.compute_dtype();
+  const int64_t factor = vae_factor(folder);
+  const auto [height, width] = image_size(r, folder, factor);
+  const auto unet_config =
+      models::UNet2DConditionConfig::from_json(folder.component_config("unet"));
+  auto net = models::load_controlnet(folder.component_dir("controlnet"), torch::kCPU,
+                                     torch::kFloat32, &unet_config);
+  auto& m = *net;
+  const auto& cc = m.controlnet_config();
+  const auto& c = m.config();
+  if (cc.condition_factor() != factor)
+    throw InvalidArgument("ONNX export of the controlnet: its conditioning embedding scales by " +
+                          std::to_string(cc.condition_factor()) + ", the VAE by " +
+                          std::to_string(factor));
+  Io io{g, result};
+  ModuleWriter w(g);
+  const Shapes s{r.dynamic};
+  const auto in = unet_inputs(r, folder, c, height, width, factor, io, dtype);
+  const auto cond = io.in("controlnet_cond", dtype,
+                          {in.sample_dims[0], cc.conditioning_channels,
+                           s.dim(height, "image_height"), s.dim(width, "image_width")});
+  const auto shapes = skip_shapes(m, in.sample_dims, r.dynamic);
+  const int64_t n = static_cast<int64_t>(shapes.size()) - 1;
+  // One factor per residual, the mid one last: conditioning_scale everywhere, or guess mode's
+  // logspace(-1, 0, n + 1) x conditioning_scale (models::guess_mode_scales): the caller's
+  // choice, as in the pipeline.
+  const auto scales = io.in("conditioning_scale", torch::kFloat32, {n + 1});
+
+  const auto emb = unet_time_embedding(w, m, in, dtype);
+  auto x = unet_conv_in(w, m, in.sample);
+  g.set_scope("controlnet_cond_embedding");
+  auto& e = *m.controlnet_cond_embedding;
+  auto h = cond;
+  if (cc.bgr) h = g.op("Gather", {h, g.ints({2, 1, 0}, "bgr")}, {{"axis", int64_t{1}}});
+  h = w.silu(w.conv(*e.conv_in, "controlnet_cond_embedding.conv_in", h));
+  for (size_t i = 0; i < e.block_list.size(); ++i)
+    h = w.silu(
+        w.conv(*e.block_list[i], "controlnet_cond_embedding.blocks." + std::to_string(i), h));
+  h = w.conv(*e.conv_out, "controlnet_cond_embedding.conv_out", h);
+  x = g.op("Add", {x, h});
+  auto [skips, mid] = unet_down_path(w, m, x, emb, in.context);
+  if (static_cast<int64_t>(skips.size()) != n)
+    throw Error("ONNX export of the controlnet: " + std::to_string(skips.size()) +
+                " skip connections, expected " + std::to_string(n));
+  const auto residual = [&](nn::Conv2dImpl& zero_conv, const std::string& name, const Value& v,
+                            int64_t index) {
+    g.set_scope(name);
+    auto out = w.conv(zero_conv, name, v);
+    const auto factor_i = g.op("Gather", {scales, g.ints({index}, name + ".index")});
+    out = g.op("Mul", {out, g.cast(factor_i, dtype)});
+    if (cc.global_pool_conditions)
+      out = g.op("ReduceMean", {out},
+                 {{"axes", std::vector<int64_t>{2, 3}}, {"keepdims", int64_t{1}}});
+    return out;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    auto shape = shapes[static_cast<size_t>(i)];
+    if (cc.global_pool_conditions) shape[2] = shape[3] = int64_t{1};
+    io.out(
+        "down_block_res_samples." + std::to_string(i),
+        residual(*m.controlnet_down_list[static_cast<size_t>(i)],
+                 "controlnet_down_blocks." + std::to_string(i), skips[static_cast<size_t>(i)], i),
+        dtype, shape);
+  }
+  auto mid_shape = shapes.back();
+  if (cc.global_pool_conditions) mid_shape[2] = mid_shape[3] = int64_t{1};
+  io.out("mid_block_res_sample", residual(*m.controlnet_mid_block, "controlnet_mid_block", mid, n),
+         dtype, mid_shape);
+  check_all_exported(m, g, "", "controlnet");
 }
 
 void write_vae(const ExportRequest& r, const io::ModelFolder& folder, OnnxGraph& g,
