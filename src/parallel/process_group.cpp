@@ -267,11 +267,16 @@ std::string backend_for(const torch::Device& device) {
 namespace {
 
 // A barrier on the store: each rank counts itself in under `key` and waits until all `world`
-// have. The last one in raises the flag (`key` + "/all") that the others wait for.
-void all_arrive(c10d::Store& store, const std::string& key, int world,
+// have (the last one in raises the flag `key` + "/all"). Rank 0 may serve the store and leave
+// right after (a refusal): it returns only once every rank has counted itself out too, so that
+// no other rank is still waiting on a store that has gone ("Connection reset by peer").
+void all_arrive(c10d::Store& store, const std::string& key, int world, int rank,
                 std::chrono::milliseconds timeout) {
-  if (store.add(key, 1) == world) store.set(key + "/all", std::vector<uint8_t>{'1'});
+  const std::vector<uint8_t> one{'1'};
+  if (store.add(key, 1) == world) store.set(key + "/all", one);
   store.wait({key + "/all"}, timeout);
+  if (store.add(key + "/out", 1) == world) store.set(key + "/out/all", one);
+  if (rank == 0) store.wait({key + "/out/all"}, timeout);
 }
 
 c10::intrusive_ptr<c10d::Store> open_store(const GroupOptions& o) {
@@ -296,7 +301,7 @@ std::shared_ptr<RankGroup> start_group(const c10::intrusive_ptr<c10d::Store>& st
     // No rank goes on until every rank's backend has connected: one that finished early and
     // dropped its group would close its half of a pair another rank is still handshaking
     // ("Connection closed by peer" on rank 0).
-    all_arrive(*store, "diffuse/started", o.world, o.timeout);
+    all_arrive(*store, "diffuse/started", o.world, o.rank, o.timeout);
     return group;
   } catch (const Error&) {
     throw;
@@ -330,25 +335,29 @@ std::string first_difference(const std::string& mine, const std::string& theirs,
 }
 
 // The rendezvous: every rank publishes its job, counts itself in, and waits for the count to
-// reach the group's size; then all compare their jobs. A rank that finds rank 0 has another
-// group size says so in the store and wakes the others, so that all fail at once rather than
-// at the timeout.
+// reach the group's size as rank 0 has it; then all compare their jobs. A rank that finds rank 0
+// has another group size says so in the store before counting in, so that all fail at once,
+// naming it, rather than at the timeout. Nobody leaves before everyone has read what it needs.
 void meet(c10d::Store& store, const GroupOptions& o) {
   const std::string job = "world=" + std::to_string(o.world) + "\n" + o.job;
   store.set("diffuse/job/" + std::to_string(o.rank), std::vector<uint8_t>(job.begin(), job.end()));
   const std::string first_of_zero = as_string(store.get("diffuse/job/0"));
   const std::string zero_world = first_of_zero.substr(0, first_of_zero.find('\n'));
   const std::string my_world = "world=" + std::to_string(o.world);
+  int group_size = o.world;  // rank 0's, which every rank's barriers count to
   if (zero_world != my_world) {
     const std::string why = "ranks disagree on the group's size: " + my_world + " on rank " +
                             std::to_string(o.rank) + ", " + zero_world + " on rank 0";
     store.set("diffuse/abort", std::vector<uint8_t>(why.begin(), why.end()));
-    store.set("diffuse/loaded/all", std::vector<uint8_t>{'1'});  // wakes every rank
-    throw InvalidArgument(why);
+    try {
+      group_size = std::stoi(zero_world.substr(std::string("world=").size()));
+    } catch (const std::exception&) {
+      throw InvalidArgument(why);  // not a diffuse rank 0: nothing to wait for
+    }
   }
-  all_arrive(store, "diffuse/loaded", o.world, o.startup_timeout);
-  if (store.check({"diffuse/abort"})) throw InvalidArgument(as_string(store.get("diffuse/abort")));
+  all_arrive(store, "diffuse/loaded", group_size, o.rank, o.startup_timeout);
   std::string refusal;
+  if (store.check({"diffuse/abort"})) refusal = as_string(store.get("diffuse/abort"));
   for (int r = 0; r < o.world && refusal.empty(); ++r) {
     if (r == o.rank) continue;
     const auto diff =
@@ -359,7 +368,7 @@ void meet(c10d::Store& store, const GroupOptions& o) {
   }
   // Everyone has read every job before anyone leaves: rank 0 may serve the store, and its exit
   // would cut the others off before they can say why.
-  all_arrive(store, "diffuse/checked", o.world, o.startup_timeout);
+  all_arrive(store, "diffuse/checked", group_size, o.rank, o.startup_timeout);
   if (!refusal.empty()) throw InvalidArgument(refusal);
 }
 
