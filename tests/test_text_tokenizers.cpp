@@ -163,6 +163,27 @@ TEST(LlamaTokenizer, ByteLevelBpeWithTemplateAndPadding) {
   EXPECT_EQ(text::load_tokenizer(tmp.path().string())->kind(), "llama");
 }
 
+// shared_tokenizer parses a folder once and hands the same tokenizer to every caller; a file
+// written again (another size) is read again; a missing folder is load_tokenizer's error.
+TEST(TokenizerFolder, SharedTokenizerLoadsAFolderOnceUntilItChanges) {
+  test::TempDir tmp;
+  write_json(tmp.path() / "tokenizer.json", tiny_tokenizer_json());
+  const auto first = text::shared_tokenizer(tmp.path().string());
+  EXPECT_EQ(first->kind(), "llama");
+  EXPECT_EQ(text::shared_tokenizer(tmp.path().string()), first);
+  EXPECT_EQ(text::shared_tokenizer((tmp.path() / ".").string()), first) << "the same folder";
+  auto changed = tiny_tokenizer_json();
+  changed["model"]["vocab"]["ba"] = 259;
+  changed["model"]["merges"].push_back("b a");
+  write_json(tmp.path() / "tokenizer.json", changed);
+  const auto second = text::shared_tokenizer(tmp.path().string());
+  EXPECT_NE(second, first);
+  EXPECT_EQ(second->encode("ba"), (std::vector<int64_t>{300, 259}));
+  EXPECT_EQ(first->encode("ba"), (std::vector<int64_t>{300, 98, 97}))
+      << "the old one stays as it was";
+  EXPECT_THROW(text::shared_tokenizer((tmp.path() / "missing").string()), IoError);
+}
+
 // An empty match splits the text around it but is no piece, and no character is lost (as in
 // tokenizers' Split; Llama-3's own regex never matches empty).
 TEST(PretokenizerRegex, EmptyMatchesSplitWithoutLosingText) {

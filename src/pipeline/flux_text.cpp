@@ -9,11 +9,11 @@ namespace {
 
 constexpr int64_t kMaxT5Tokens = 512;
 
-std::unique_ptr<text::Tokenizer> flux_tokenizer(const io::ModelFolder& folder,
-                                                const std::string& name, const char* what) {
+std::shared_ptr<const text::Tokenizer> flux_tokenizer(const io::ModelFolder& folder,
+                                                      const std::string& name, const char* what) {
   if (!folder.has_component(name))
     throw IoError(folder.dir() + ": a FLUX model needs a '" + name + "' folder (" + what + ")");
-  return text::load_tokenizer(folder.component_dir(name));
+  return text::shared_tokenizer(folder.component_dir(name));
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ class FluxTextEncoders {
 
  private:
   torch::Device device_;
-  std::unique_ptr<text::Tokenizer> clip_tok_, t5_tok_;
+  std::shared_ptr<const text::Tokenizer> clip_tok_, t5_tok_;
   models::ClipTextModel clip_{nullptr};
   models::T5EncoderModel t5_{nullptr};
 };

@@ -12,10 +12,11 @@ namespace {
 // CLIP in HiDream runs on Long-CLIP-length ids (position embeddings of 248).
 constexpr int64_t kClipMaxLength = 218;
 
-std::unique_ptr<text::Tokenizer> tokenizer(const io::ModelFolder& folder, const std::string& name) {
+std::shared_ptr<const text::Tokenizer> tokenizer(const io::ModelFolder& folder,
+                                                 const std::string& name) {
   if (!folder.has_component(name))
     throw IoError(folder.dir() + ": a HiDream model needs a '" + name + "' folder");
-  return text::load_tokenizer(folder.component_dir(name));
+  return text::shared_tokenizer(folder.component_dir(name));
 }
 
 text::TokenBatch concat(const std::vector<const text::TokenBatch*>& parts) {

@@ -42,7 +42,7 @@ class HiDreamTextEncoders {
   // Encoders and tokenizers built elsewhere (the demo trainer, whose encoders learn through
   // this same encode()).
   struct Parts {
-    std::unique_ptr<text::Tokenizer> clip_l_tok, clip_g_tok, t5_tok, llama_tok;
+    std::shared_ptr<const text::Tokenizer> clip_l_tok, clip_g_tok, t5_tok, llama_tok;
     models::ClipTextModel clip_l{nullptr}, clip_g{nullptr};
     models::T5EncoderModel t5{nullptr};
     models::LlamaForCausalLM llama{nullptr};
@@ -54,7 +54,7 @@ class HiDreamTextEncoders {
 
  private:
   torch::Device device_;
-  std::unique_ptr<text::Tokenizer> clip_l_tok_, clip_g_tok_, t5_tok_, llama_tok_;
+  std::shared_ptr<const text::Tokenizer> clip_l_tok_, clip_g_tok_, t5_tok_, llama_tok_;
   models::ClipTextModel clip_l_{nullptr}, clip_g_{nullptr};
   models::T5EncoderModel t5_{nullptr};
   models::LlamaForCausalLM llama_{nullptr};

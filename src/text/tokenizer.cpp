@@ -1,6 +1,11 @@
 #include "text/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <list>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "diffuse/errors.h"
 #include "io/json_config.h"
@@ -70,6 +75,37 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_str) {
   throw IoError("tokenizer folder '" + dir_str +
                 "' has no spiece.model (T5), vocab.json + merges.txt (CLIP, or Qwen2 when "
                 "tokenizer_config.json names Qwen2Tokenizer) or tokenizer.json (Llama-3)");
+}
+
+std::shared_ptr<const Tokenizer> shared_tokenizer(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return load_tokenizer(dir);  // its error, naming the folder
+  // The folder and what is in it now: a file replaced in place reloads.
+  std::string key = fs::weakly_canonical(dir, ec).string();
+  std::vector<std::string> entries;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    entries.push_back(e.path().filename().string() + ":" + std::to_string(e.file_size(ec)) + ":" +
+                      std::to_string(e.last_write_time(ec).time_since_epoch().count()));
+  }
+  std::sort(entries.begin(), entries.end());
+  for (const auto& e : entries) key += "\n" + e;
+
+  constexpr size_t kKept = 6;  // a HiDream folder's four, with room for a second model
+  static std::mutex mu;
+  static std::list<std::pair<std::string, std::shared_ptr<const Tokenizer>>> recent;
+  // Loading under the lock: ranks of one process asking for the same folder wait for the one
+  // parse instead of each doing it.
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = recent.begin(); it != recent.end(); ++it)
+    if (it->first == key) {
+      recent.splice(recent.begin(), recent, it);
+      return recent.front().second;
+    }
+  std::shared_ptr<const Tokenizer> loaded = load_tokenizer(dir);
+  recent.emplace_front(std::move(key), loaded);
+  if (recent.size() > kKept) recent.pop_back();
+  return loaded;
 }
 
 }  // namespace diffuse::text

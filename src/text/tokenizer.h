@@ -34,6 +34,12 @@ class Tokenizer {
 // Loads the tokenizer in `dir`. IoError if the folder is missing or has none of the files
 // above (the message lists what was looked for); loader errors of the family otherwise.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+// load_tokenizer through a small process-wide cache (the last few folders, keyed by the folder
+// and the size and modification time of every file in it): pipelines built again on the same
+// folder (verify's cases, a server's reloads, ranks that share a process) parse a Llama-3
+// tokenizer.json (9 MB, 280k merges: a third of a tiny HiDream pipeline's run) once. A
+// tokenizer never changes once loaded, so the copies are shared. Thread-safe.
+std::shared_ptr<const Tokenizer> shared_tokenizer(const std::string& dir);
 // Whether tokenizer_config.json in `dir` names Qwen2Tokenizer(Fast).
 bool is_qwen2_tokenizer_folder(const std::string& dir);
 
