@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "diffuse/errors.h"
+#include "text/tokenizer.h"
 
 namespace diffuse::pipeline {
 namespace {
@@ -60,7 +61,7 @@ QwenImageTextEncoder::QwenImageTextEncoder(const io::ModelFolder& folder, torch:
   if (tok_dir.empty())
     throw IoError("Qwen-Image folder '" + folder.dir() +
                   "' has no tokenizer/ (or processor/) with vocab.json and merges.txt");
-  tokenizer_ = std::make_unique<text::LlamaTokenizer>(text::load_qwen2_tokenizer(tok_dir));
+  tokenizer_ = text::shared_qwen2_tokenizer(tok_dir);
   if (folder.has_component("processor") &&
       fs::exists(fs::path(folder.component_dir("processor")) / "preprocessor_config.json"))
     processor_ = QwenVLImageProcessorConfig::from_folder(folder.component_dir("processor"));

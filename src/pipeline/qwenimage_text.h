@@ -64,7 +64,7 @@ class QwenImageTextEncoder {
   io::ModelFolder folder_;
   torch::Device device_;
   torch::Dtype dtype_;
-  std::unique_ptr<text::LlamaTokenizer> tokenizer_;
+  std::shared_ptr<const text::LlamaTokenizer> tokenizer_;
   std::optional<QwenVLImageProcessorConfig> processor_;
   models::Qwen2_5_VLForConditionalGeneration model_{nullptr};
   models::Qwen2_5_VLOutput last_;

@@ -77,10 +77,11 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_str) {
                 "tokenizer_config.json names Qwen2Tokenizer) or tokenizer.json (Llama-3)");
 }
 
-std::shared_ptr<const Tokenizer> shared_tokenizer(const std::string& dir) {
+namespace {
+
+// The folder and what is in it now: a file replaced in place is read again.
+std::string folder_key(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return load_tokenizer(dir);  // its error, naming the folder
-  // The folder and what is in it now: a file replaced in place reloads.
   std::string key = fs::weakly_canonical(dir, ec).string();
   std::vector<std::string> entries;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -90,22 +91,41 @@ std::shared_ptr<const Tokenizer> shared_tokenizer(const std::string& dir) {
   }
   std::sort(entries.begin(), entries.end());
   for (const auto& e : entries) key += "\n" + e;
+  return key;
+}
 
+// The last few tokenizers of type T that `load` made, by folder_key. Loading happens under the
+// lock: ranks of one process asking for the same folder wait for the one parse.
+template <typename T, typename Load>
+std::shared_ptr<const T> cached(const std::string& dir, Load load) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return load(dir);  // its error, naming the folder
+  auto key = folder_key(dir);
   constexpr size_t kKept = 6;  // a HiDream folder's four, with room for a second model
   static std::mutex mu;
-  static std::list<std::pair<std::string, std::shared_ptr<const Tokenizer>>> recent;
-  // Loading under the lock: ranks of one process asking for the same folder wait for the one
-  // parse instead of each doing it.
+  static std::list<std::pair<std::string, std::shared_ptr<const T>>> recent;
   std::lock_guard<std::mutex> lock(mu);
   for (auto it = recent.begin(); it != recent.end(); ++it)
     if (it->first == key) {
       recent.splice(recent.begin(), recent, it);
       return recent.front().second;
     }
-  std::shared_ptr<const Tokenizer> loaded = load_tokenizer(dir);
+  std::shared_ptr<const T> loaded = load(dir);
   recent.emplace_front(std::move(key), loaded);
   if (recent.size() > kKept) recent.pop_back();
   return loaded;
+}
+
+}  // namespace
+
+std::shared_ptr<const Tokenizer> shared_tokenizer(const std::string& dir) {
+  return cached<Tokenizer>(dir, [](const std::string& d) { return load_tokenizer(d); });
+}
+
+std::shared_ptr<const LlamaTokenizer> shared_qwen2_tokenizer(const std::string& dir) {
+  return cached<LlamaTokenizer>(dir, [](const std::string& d) {
+    return std::make_shared<const LlamaTokenizer>(load_qwen2_tokenizer(d));
+  });
 }
 
 }  // namespace diffuse::text

@@ -13,6 +13,8 @@
 
 namespace diffuse::text {
 
+class LlamaTokenizer;
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -40,6 +42,9 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
 // tokenizer.json (9 MB, 280k merges: a third of a tiny HiDream pipeline's run) once. A
 // tokenizer never changes once loaded, so the copies are shared. Thread-safe.
 std::shared_ptr<const Tokenizer> shared_tokenizer(const std::string& dir);
+// load_qwen2_tokenizer through the same kind of cache (Qwen-Image's text stack needs the
+// LlamaTokenizer itself: its templates are encoded without special tokens).
+std::shared_ptr<const LlamaTokenizer> shared_qwen2_tokenizer(const std::string& dir);
 // Whether tokenizer_config.json in `dir` names Qwen2Tokenizer(Fast).
 bool is_qwen2_tokenizer_folder(const std::string& dir);
 
