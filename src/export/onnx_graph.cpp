@@ -226,6 +226,10 @@ Value OnnxGraph::tensor_const(const torch::Tensor& t, const std::string& hint) {
   return name;
 }
 
+Value OnnxGraph::scalar_int(int64_t value, const std::string& hint) {
+  return tensor_const(torch::scalar_tensor(value, torch::kInt64), hint);
+}
+
 Value OnnxGraph::ints(const std::vector<int64_t>& values, const std::string& hint) {
   return tensor_const(torch::tensor(values, torch::kInt64), hint);
 }

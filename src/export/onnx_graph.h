@@ -60,6 +60,7 @@ class OnnxGraph {
   Value ints(const std::vector<int64_t>& values, const std::string& hint = "const");
   Value scalar(double value, const std::string& hint = "const");  // compute dtype, shape []
   Value scalar_f32(double value, const std::string& hint = "const");
+  Value scalar_int(int64_t value, const std::string& hint = "const");  // int64, shape []
   Value tensor_const(const torch::Tensor& t, const std::string& hint = "const");
 
   // A node with one output; `type` must exist at this opset (see op_since).

@@ -18,17 +18,6 @@
 namespace diffuse::onnx_export {
 namespace {
 
-// LlamaRMSNorm: weight * (x / sqrt(mean(x^2) + eps)), statistics in float32.
-Value llama_rms_norm(OnnxGraph& g, models::LlamaRMSNormImpl& norm, const std::string& name,
-                     const Value& x) {
-  const Attrs last = {{"axes", std::vector<int64_t>{-1}}, {"keepdims", int64_t{1}}};
-  const auto h = g.cast(x, torch::kFloat32);
-  const auto mean_square = g.op("ReduceMean", {g.op("Mul", {h, h})}, last);
-  const auto rms = g.op("Sqrt", {g.op("Add", {mean_square, g.scalar_f32(norm.eps, "eps")})});
-  const auto normed = g.cast(g.op("Div", {h, rms}), g.compute_dtype());
-  return g.op("Mul", {g.weight(name + ".weight", norm.weight), normed});
-}
-
 // x * cos + rotate_half(x) * sin over [B, H, N, D], halves (x1, x2) -> (-x2, x1).
 Value rotate(OnnxGraph& g, const Value& x, const Value& cos, const Value& sin, int64_t head_dim) {
   const auto halves = g.op_n("Split", {x, g.ints({head_dim / 2, head_dim / 2}, "halves")}, 2,
@@ -68,11 +57,8 @@ void write_llama_encoder(const ExportRequest& r, const io::ModelFolder& folder, 
   const auto mask = io.in("attention_mask", torch::kInt64, {B, S});
 
   g.set_scope("model.rotary_emb");
-  const auto scalar_int = [&](int64_t v, const std::string& hint) {
-    return g.tensor_const(torch::scalar_tensor(v, torch::kInt64), hint);
-  };
   const auto n = g.op("Squeeze", {g.dims_of(ids, {1}), g.ints({0}, "axis0")});
-  const auto positions = g.op("Range", {scalar_int(0, "start"), n, scalar_int(1, "step")});
+  const auto positions = g.op("Range", {g.scalar_int(0, "start"), n, g.scalar_int(1, "step")});
   // cos/sin in float32 (transformers disables autocast for them), then the compute dtype.
   const auto freqs =
       g.op("Mul", {g.op("Unsqueeze", {g.cast(positions, torch::kFloat32), g.ints({1}, "axis1")}),
@@ -109,7 +95,8 @@ void write_llama_encoder(const ExportRequest& r, const io::ModelFolder& folder, 
     auto layer = m.model->layers[static_cast<size_t>(i)]->as<models::LlamaDecoderLayer>();
     auto& a = *layer->self_attn;
     g.set_scope(name + ".self_attn");
-    const auto x = llama_rms_norm(g, *layer->input_layernorm, name + ".input_layernorm", h);
+    const auto x = w.rms_norm_f32(layer->input_layernorm->weight, layer->input_layernorm->eps,
+                                  name + ".input_layernorm", h);
     auto q = w.split_heads(w.linear(*a.q_proj, name + ".self_attn.q_proj", x), H, D);
     auto k = w.split_heads(w.linear(*a.k_proj, name + ".self_attn.k_proj", x), Hkv, D);
     auto v = w.split_heads(w.linear(*a.v_proj, name + ".self_attn.v_proj", x), Hkv, D);
@@ -122,7 +109,8 @@ void write_llama_encoder(const ExportRequest& r, const io::ModelFolder& folder, 
     g.set_scope(name + ".mlp");
     auto& mlp = *layer->mlp;
     const auto y =
-        llama_rms_norm(g, *layer->post_attention_layernorm, name + ".post_attention_layernorm", h);
+        w.rms_norm_f32(layer->post_attention_layernorm->weight,
+                       layer->post_attention_layernorm->eps, name + ".post_attention_layernorm", h);
     const auto gated = g.op("Mul", {w.silu(w.linear(*mlp.gate_proj, name + ".mlp.gate_proj", y)),
                                     w.linear(*mlp.up_proj, name + ".mlp.up_proj", y)});
     h = g.op("Add", {h, w.linear(*mlp.down_proj, name + ".mlp.down_proj", gated)});
@@ -130,7 +118,7 @@ void write_llama_encoder(const ExportRequest& r, const io::ModelFolder& folder, 
     auto state = h;
     if (i + 1 == layers) {
       g.set_scope("model.norm");
-      state = llama_rms_norm(g, *m.model->norm, "model.norm", h);
+      state = w.rms_norm_f32(m.model->norm->weight, m.model->norm->eps, "model.norm", h);
     }
     io.out("hidden_states." + std::to_string(i + 1), state, dtype, state_dims);
   }

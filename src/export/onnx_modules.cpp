@@ -117,6 +117,16 @@ Value ModuleWriter::rms_norm(nn::RMSNormImpl& norm, const std::string& name, con
   return g_.op("Mul", {g_.op("Div", {x, rms}), g_.weight(name + ".weight", norm.weight)});
 }
 
+Value ModuleWriter::rms_norm_f32(const torch::Tensor& weight, double eps, const std::string& name,
+                                 const Value& x) {
+  const Attrs last = {{"axes", std::vector<int64_t>{-1}}, {"keepdims", int64_t{1}}};
+  const auto h = g_.cast(x, torch::kFloat32);
+  const auto mean_square = g_.op("ReduceMean", {g_.op("Mul", {h, h})}, last);
+  const auto rms = g_.op("Sqrt", {g_.op("Add", {mean_square, g_.scalar_f32(eps, "eps")})});
+  const auto normed = g_.cast(g_.op("Div", {h, rms}), g_.compute_dtype());
+  return g_.op("Mul", {g_.weight(name + ".weight", weight), normed});
+}
+
 std::pair<Value, Value> ModuleWriter::rope_angles(const Value& ids,
                                                   const std::vector<int64_t>& axes_dims,
                                                   double theta) {

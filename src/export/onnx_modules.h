@@ -38,6 +38,10 @@ class ModuleWriter {
   // Over the last axis without affine parameters (FLUX's adaLN), and RMSNorm with its weight.
   Value plain_layer_norm(const Value& x, int64_t width, double eps);
   Value rms_norm(nn::RMSNormImpl& norm, const std::string& name, const Value& x);
+  // weight * x / sqrt(mean(x^2) + eps) with the statistics in float32 (T5LayerNorm,
+  // LlamaRMSNorm), the weight named `name`.weight.
+  Value rms_norm_f32(const torch::Tensor& weight, double eps, const std::string& name,
+                     const Value& x);
   // Rotary embedding of x [B, N, H, D] over its first 2R channels, pairs (2i, 2i+1) adjacent
   // (nn::apply_rope), with cos/sin [N, R] float32 (rope_angles).
   Value apply_rope(const Value& x, const Value& cos, const Value& sin, int64_t heads,

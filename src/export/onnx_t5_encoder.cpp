@@ -16,27 +16,13 @@
 namespace diffuse::onnx_export {
 namespace {
 
-// T5LayerNorm: weight * x / sqrt(mean(x^2) + eps), statistics in float32.
-Value t5_layer_norm(OnnxGraph& g, models::T5LayerNormImpl& norm, const std::string& name,
-                    const Value& x) {
-  const Attrs last = {{"axes", std::vector<int64_t>{-1}}, {"keepdims", int64_t{1}}};
-  const auto h = g.cast(x, torch::kFloat32);
-  const auto mean_square = g.op("ReduceMean", {g.op("Mul", {h, h})}, last);
-  const auto rms = g.op("Sqrt", {g.op("Add", {mean_square, g.scalar_f32(norm.eps, "eps")})});
-  const auto normed = g.cast(g.op("Div", {h, rms}), g.compute_dtype());
-  return g.op("Mul", {g.weight(name + ".weight", norm.weight), normed});
-}
-
 // transformers' bidirectional _relative_position_bucket on the (key - query) offsets of a
 // sequence of `n` tokens ([] int64), as models::T5AttentionImpl::compute_bias: half the
 // buckets per sign, exact buckets below max_exact, log-spaced (float32) up to max_distance.
 Value relative_buckets(OnnxGraph& g, const models::T5Config& c, const Value& n) {
   const int64_t half = c.relative_attention_num_buckets / 2;
   const int64_t max_exact = half / 2;
-  const auto scalar_int = [&](int64_t v, const std::string& hint) {
-    return g.tensor_const(torch::scalar_tensor(v, torch::kInt64), hint);
-  };
-  const auto positions = g.op("Range", {scalar_int(0, "start"), n, scalar_int(1, "step")});
+  const auto positions = g.op("Range", {g.scalar_int(0, "start"), n, g.scalar_int(1, "step")});
   const auto keys = g.op("Unsqueeze", {positions, g.ints({0}, "axis0")});
   const auto queries = g.op("Unsqueeze", {positions, g.ints({1}, "axis1")});
   const auto rel = g.op("Sub", {keys, queries});  // [N, N]
@@ -121,7 +107,8 @@ void write_t5_encoder(const ExportRequest& r, const io::ModelFolder& folder, Onn
     g.set_scope(name + ".layer.0");
     const auto an = name + ".layer.0.SelfAttention";
     auto& sa = *attn->SelfAttention;
-    const auto x = t5_layer_norm(g, *attn->layer_norm, name + ".layer.0.layer_norm", h);
+    const auto x = w.rms_norm_f32(attn->layer_norm->weight, attn->layer_norm->eps,
+                                  name + ".layer.0.layer_norm", h);
     const auto q = w.split_heads(w.linear(*sa.q, an + ".q", x), c.num_heads, c.d_kv);
     const auto k = w.split_heads(w.linear(*sa.k, an + ".k", x), c.num_heads, c.d_kv);
     const auto v = w.split_heads(w.linear(*sa.v, an + ".v", x), c.num_heads, c.d_kv);
@@ -132,7 +119,8 @@ void write_t5_encoder(const ExportRequest& r, const io::ModelFolder& folder, Onn
     g.set_scope(name + ".layer.1");
     const auto fn = name + ".layer.1.DenseReluDense";
     auto& d = *ff->DenseReluDense;
-    const auto y = t5_layer_norm(g, *ff->layer_norm, name + ".layer.1.layer_norm", h);
+    const auto y = w.rms_norm_f32(ff->layer_norm->weight, ff->layer_norm->eps,
+                                  name + ".layer.1.layer_norm", h);
     const auto activate = [&](const Value& v) {
       return d.act == "relu" ? g.op("Relu", {v}) : w.gelu(v, /*tanh_approximation=*/true);
     };
@@ -142,7 +130,8 @@ void write_t5_encoder(const ExportRequest& r, const io::ModelFolder& folder, Onn
     h = g.op("Add", {h, w.linear(*d.wo, fn + ".wo", hidden)});
   }
   g.set_scope("encoder.final_layer_norm");
-  h = t5_layer_norm(g, *m.encoder->final_layer_norm, "encoder.final_layer_norm", h);
+  h = w.rms_norm_f32(m.encoder->final_layer_norm->weight, m.encoder->final_layer_norm->eps,
+                     "encoder.final_layer_norm", h);
   io.out("last_hidden_state", h, dtype, {B, S, c.d_model});
   check_all_exported(m, g, "", r.component);
 }
