@@ -352,8 +352,9 @@ void meet(c10d::Store& store, const GroupOptions& o) {
     try {
       group_size = std::stoi(zero_world.substr(std::string("world=").size()));
     } catch (const std::exception&) {
-      throw InvalidArgument(why);  // not a diffuse rank 0: nothing to wait for
+      group_size = 0;
     }
+    if (group_size < 1) throw InvalidArgument(why);  // not a diffuse rank 0: nothing to wait for
   }
   all_arrive(store, "diffuse/loaded", group_size, o.rank, o.startup_timeout);
   std::string refusal;
