@@ -19,6 +19,7 @@
 #include "flag_checks.h"
 #include "io/atomic_file.h"
 #include "io/model_folder.h"
+#include "memory_flags.h"
 #include "nn/attention.h"
 #include "pipeline/flux.h"
 #include "pipeline/image_parameters.h"
@@ -100,6 +101,7 @@ int run_flux(const DitCliFlags& f, bool edit) {
   pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
   pipe.set_weight_type(f.weights);
   pipe.set_weight_streaming(f.stream_weights);
+  pipe.set_max_memory(max_memory_bytes(f.max_memory));
   const auto lora_lines = apply_dit_flags(pipe, folder, f, talk);
   // The references' defaults: FLUX.1-dev 28 steps at guidance 3.5 (Kontext 2.5), schnell
   // (no guidance embedding) 4 steps and 256 T5 tokens.

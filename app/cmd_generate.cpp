@@ -438,6 +438,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     // blocks does for HiDream (the text encoders are freed before it loads either way).
     if (f.load.offload) h.stream_weights = "on";
     h.weights = f.load.weights;
+    h.max_memory = f.load.max_memory;
     h.scheduler = f.scheduler;
     for (const auto& l : f.load.loras) h.loras.push_back(parse_lora_flag(l));
     h.lora_lenient = f.load.lora_lenient;

@@ -20,6 +20,7 @@
 #include "io/atomic_file.h"
 #include "io/model_folder.h"
 #include "load_flags.h"
+#include "memory_flags.h"
 #include "nn/attention.h"
 #include "pipeline/cpu_report.h"
 #include "pipeline/flux.h"
@@ -192,6 +193,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
   pipe.set_keep_text_encoders(false);  // one prompt per run: free them before the transformer
   pipe.set_weight_streaming(f.stream_weights);
   pipe.set_weight_type(f.weights);
+  pipe.set_max_memory(max_memory_bytes(f.max_memory));
   if (!f.e1_lora.empty()) {
     adapters::LoraOptions lo;
     lo.alpha = f.lora_alpha;
@@ -353,6 +355,7 @@ void add_flags(CLI::App& app, DitCliFlags& f, bool edit) {
                  "transformer does not fit in memory), on, off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  add_max_memory_flag(app, f.max_memory);
   app.add_option("--weights", f.weights,
                  "Keep the transformer's linear weights quantized in memory: none, q8_0 (~53 % "
                  "of bf16's bytes), q4_0 (~28 %), dequantized per layer as it runs; int8 (~50 %), "

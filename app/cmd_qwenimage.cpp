@@ -17,6 +17,7 @@
 #include "flag_checks.h"
 #include "io/atomic_file.h"
 #include "io/model_folder.h"
+#include "memory_flags.h"
 #include "nn/attention.h"
 #include "pipeline/image_parameters.h"
 #include "pipeline/qwenimage.h"
@@ -112,6 +113,7 @@ int run_qwenimage(const DitCliFlags& f, bool edit) {
   pipe.set_keep_text_encoders(false);  // one prompt per run: free it before the transformer
   pipe.set_weight_type(f.weights);
   pipe.set_weight_streaming(f.stream_weights);
+  pipe.set_max_memory(max_memory_bytes(f.max_memory));
   const auto lora_lines = apply_dit_flags(pipe, folder, f, talk);
   // QwenImagePipeline's defaults: 50 steps, true CFG 4 (on a " " negative prompt when none is
   // given, as the model cards run it: without one the reference skips guidance altogether).

@@ -56,6 +56,7 @@ struct DitCliFlags {
   std::string text_encoder_device, vae_device;  // empty: --device
   std::string stream_weights = "auto";          // transformer weight streaming: auto|on|off
   std::string weights = "none";                 // the transformer's linear weights: none|q8_0|q4_0
+  std::string max_memory;  // --max-memory: the memory plan's budget ("24G"); empty: what is free
   VaeTilingOptions vae_tiling;
   std::string cache = "off";    // --cache: a DiT cache spec (accel/dit_cache.h)
   std::string scheduler;        // a flow-matching scheduler by name; empty: the folder's

@@ -21,6 +21,7 @@ struct LoadFlags {
   bool lora_lenient = false;
   std::string lora_mode = "merged";
   std::string weights = "none";
+  std::string max_memory;  // the memory plan's budget ("24G"); empty: what the device has free
   std::string unet_file;
 };
 

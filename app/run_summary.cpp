@@ -64,6 +64,7 @@ nlohmann::json RunSummary::json() const {
           {"peak_rss_mb", static_cast<double>(last.peak_rss_bytes) / (1024.0 * 1024.0)},
           {"memory", pipeline::memory_json(last.memory)},
           {"cpu", device::cpu_share_json(last.cpu)},
+          {"plan", last.plan},
           {"loras", loras}};
 }
 
@@ -78,6 +79,7 @@ void RunSummary::print(bool vae_encode) const {
             << format_seconds(t.decode) << ", total " << format_seconds(t.total) << "; peak memory "
             << format_bytes(last.peak_rss_bytes) << " (seed " << seed << ")\n";
   std::cerr << "memory: " << memory_text(last.memory) << "\n";
+  if (!last.plan.empty()) std::cerr << last.plan << "\n";
   for (const auto& r : runs)
     if (auto note = pipeline::cpu_share_note(r.cpu); !note.empty()) {
       std::cerr << note << "\n";

@@ -35,6 +35,9 @@ struct StageTimings {
   std::vector<StageMemory> memory;  // one entry per stage that ran, in order
   // The CPU threads of the denoising loop and what other processes took meanwhile.
   CpuShare cpu;
+  // The memory plan the run followed ("plan: text encoders one at a time ..."); empty for
+  // pipelines that do not plan.
+  std::string plan;
 };
 
 }  // namespace diffuse

@@ -25,6 +25,7 @@
 #include "pipeline/flow_decode.h"
 #include "pipeline/flow_denoise.h"
 #include "pipeline/initial_noise.h"
+#include "pipeline/memory_plan_folder.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/transformer_streaming.h"
 #include "pipeline/vae_tiling_policy.h"
@@ -96,6 +97,24 @@ FluxPipeline::FluxPipeline(const io::ModelFolder& folder, torch::Device device, 
       schedulers::make_scheduler(folder.component_config("scheduler", "scheduler_config.json"));
 }
 
+FolderPlanOptions FluxPipeline::plan_options() const {
+  return pipeline_plan_options(device_, dtype_, transformer_component_, weight_streaming_,
+                               weight_type_, keep_text_encoders_, max_memory_);
+}
+
+void FluxPipeline::follow_plan(int64_t width, int64_t height, int64_t reference_images,
+                               const VaeTilingOptions& vae_tiling, StageTimings& timings) {
+  auto p = plan_generation(folder_, plan_options(), width, height, reference_images, vae_tiling,
+                           &timings);
+  // A transformer with merged adapters stays (reloading would lose them).
+  if (p.free_denoiser_for_text && transformer_ && !lora_) {
+    transformer_ = nullptr;
+    quantized_ = {};
+    device::empty_cache(device_);
+  }
+  plan_ = std::move(p);
+}
+
 FluxTextEncoders& FluxPipeline::text_encoders() {
   if (text_) return *text_;
   text_encoder_lora_.reset();
@@ -129,9 +148,10 @@ models::FluxTransformer2DModel& FluxPipeline::transformer() {
   if (transformer_) return transformer_;
   bool stream = weight_streaming_ == "on";
   if (weight_streaming_ == "auto" && !weight_type_ &&
-      flux_names_in_files(folder_, transformer_component_))
-    stream =
-        streaming_pays(models::component_weight_bytes(folder_, transformer_component_), device_);
+      flux_names_in_files(folder_, transformer_component_)) {
+    if (!plan_) plan_ = plan_folder(folder_, plan_options());  // an adapter loads it first
+    stream = plan_->stream_denoiser;
+  }
   transformer_ = models::load_flux_transformer(folder_, device_, dtype_, transformer_component_,
                                                weight_type_, &quantized_, stream);
   return transformer_;
@@ -304,7 +324,7 @@ bool FluxPipeline::encode_prompts(const std::string& prompt,
     out.warnings.push_back("the prompt is longer than " + std::to_string(s.max_sequence_length) +
                            " T5 tokens (max_sequence_length): the rest was cut off");
   if (true_cfg) out.negative_embeddings = encode_prompt(*negative, s.max_sequence_length);
-  if (!keep_text_encoders_) {
+  if (!keep_text_encoders_ || (plan_ && !plan_->keep_text_encoders)) {
     text_encoder_lora_.reset();  // it points into the encoders
     text_.reset();
   }
@@ -420,6 +440,7 @@ FluxResult FluxPipeline::text_to_image(const FluxTextToImage& r) {
                            std::to_string(size_multiple()) + " a side; the image is " +
                            flux_size_text(width, height));
   const double start = flux_clock_s();
+  follow_plan(width, height, 0, r.sampling.vae_tiling, out.timings);
   const bool true_cfg = encode_prompts(r.prompt, r.negative_prompt, r.sampling, out);
   const int64_t h = height / vae_scale_factor(), w = width / vae_scale_factor();
   auto latents = models::flux_pack(initial_latents(r.sampling, h, w));
@@ -488,6 +509,7 @@ FluxResult FluxPipeline::image_to_image(const FluxImageToImage& r) {
   if (r.inpaint.mask.defined()) masked = prepare_inpaint(r.inpaint, r.image, height, width);
   FluxResult out;
   const double start = flux_clock_s();
+  follow_plan(width, height, 0, r.sampling.vae_tiling, out.timings);
   const int64_t h = height / vae_scale_factor(), w = width / vae_scale_factor();
   const int64_t C = tconfig_.in_channels / 4;
   // FluxImg2ImgPipeline draws from one CPU generator: the posterior sample, then the noise.
@@ -563,6 +585,7 @@ FluxResult FluxPipeline::edit(const FluxEdit& r) {
   const auto [width, height] =
       edit_output_size(r.width > 0 ? r.width : static_cast<int>(sw),
                        r.height > 0 ? r.height : static_cast<int>(sh), r.max_area);
+  follow_plan(width, height, 1, r.sampling.vae_tiling, out.timings);  // the source's tokens join
   const bool true_cfg = encode_prompts(r.prompt, r.negative_prompt, r.sampling, out);
   const int64_t h = height / vae_scale_factor(), w = width / vae_scale_factor();
   auto latents = models::flux_pack(initial_latents(r.sampling, h, w));

@@ -28,6 +28,7 @@
 #include "pipeline/denoise_extras.h"
 #include "pipeline/flux_text.h"
 #include "pipeline/inpaint_mask.h"
+#include "pipeline/memory_plan_folder.h"
 #include "schedulers/scheduler.h"
 
 namespace diffuse::pipeline {
@@ -168,7 +169,11 @@ class FluxPipeline {
   // "off", or "auto" (default): on when its weight files need more than 80 % of the memory
   // available on the device and they are diffusers-named safetensors (a BFL single file or a
   // GGUF loads whole). Not with quantized weights or a LoRA (it merges into the weights).
+  // "auto" follows the generation's memory plan (pipeline/memory_plan.h).
   void set_weight_streaming(const std::string& mode);
+  // What the memory plan may hold (bytes, --max-memory); 0: what the device has free. Each
+  // generation plans first and refuses to start when nothing fits.
+  void set_max_memory(int64_t bytes) { max_memory_ = bytes; }
   // Whether the loaded transformer streams its blocks.
   bool streams_weights() const { return transformer_ && transformer_->stream != nullptr; }
   const nn::QuantizedLayers& quantized_layers() const { return quantized_; }
@@ -190,6 +195,11 @@ class FluxPipeline {
   int64_t size_multiple() const { return 2 * vae_scale_factor(); }
 
  private:
+  FolderPlanOptions plan_options() const;
+  // The generation's plan: refuses one that does not fit, records its line in `timings`, frees
+  // the transformer if the encoders need its memory.
+  void follow_plan(int64_t width, int64_t height, int64_t reference_images,
+                   const VaeTilingOptions& vae_tiling, StageTimings& timings);
   FluxEmbeddings encode_prompt(const std::string& prompt, int64_t max_sequence_length);
   // Encodes the prompt (and the negative one when true CFG runs) into `out`; returns whether
   // true CFG runs.
@@ -221,6 +231,8 @@ class FluxPipeline {
   models::FluxTransformerConfig tconfig_;
   bool kontext_ = false;
   bool keep_text_encoders_ = true;
+  int64_t max_memory_ = 0;
+  std::optional<MemoryPlan> plan_;  // the running generation's
   std::optional<quant::GgmlType> weight_type_;
   std::string weight_streaming_ = "auto";
   nn::QuantizedLayers quantized_;

@@ -24,6 +24,7 @@
 #include "pipeline/hidream_variant.h"
 #include "pipeline/initial_noise.h"
 #include "pipeline/inpaint_mask.h"
+#include "pipeline/memory_plan_folder.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/transformer_streaming.h"
 #include "pipeline/vae_tiling_policy.h"
@@ -94,8 +95,37 @@ HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device de
 }
 
 HiDreamTextEncoders& HiDreamPipeline::text_encoders() {
-  if (!text_) text_ = std::make_unique<HiDreamTextEncoders>(folder_, text_device_, text_dtype_);
+  if (!text_)
+    text_ = std::make_unique<HiDreamTextEncoders>(folder_, text_device_, text_dtype_,
+                                                  plan_ && plan_->text_one_at_a_time);
   return *text_;
+}
+
+MemoryPlan HiDreamPipeline::plan(int64_t width, int64_t height, int64_t reference_images,
+                                 const VaeTilingOptions& vae_tiling) const {
+  return plan_generation(folder_, plan_options(), width, height, reference_images, vae_tiling,
+                         nullptr);
+}
+
+FolderPlanOptions HiDreamPipeline::plan_options() const {
+  auto o = pipeline_plan_options(device_, dtype_, transformer_component_, weight_streaming_,
+                                 weight_type_, keep_text_encoders_, max_memory_);
+  o.text_device = text_device_;
+  o.vae_device = vae_device_;
+  return o;
+}
+
+void HiDreamPipeline::follow_plan(int64_t width, int64_t height, int64_t reference_images,
+                                  const VaeTilingOptions& vae_tiling, StageTimings& timings) {
+  auto p = plan_generation(folder_, plan_options(), width, height, reference_images, vae_tiling,
+                           &timings);
+  // A transformer with merged adapters stays (reloading would lose them).
+  if (p.free_denoiser_for_text && transformer_ && !lora_) {
+    transformer_ = nullptr;
+    quantized_ = {};
+    device::empty_cache(device_);
+  }
+  plan_ = std::move(p);
 }
 
 void HiDreamPipeline::set_weight_streaming(const std::string& mode) {
@@ -116,9 +146,12 @@ models::HiDreamImageTransformer2DModel& HiDreamPipeline::transformer() {
   // Streaming reads plain safetensors weights: not for quantized ones (--weights, a GGUF).
   const bool quantized = weight_type_ || models::component_is_gguf(folder_, transformer_component_);
   bool stream = weight_streaming_ == "on";
-  if (weight_streaming_ == "auto" && !quantized)
-    stream =
-        streaming_pays(models::component_weight_bytes(folder_, transformer_component_), device_);
+  // "auto": the plan's choice (made for a generation, or for the default size when an adapter
+  // loads the transformer before any).
+  if (weight_streaming_ == "auto" && !quantized) {
+    if (!plan_) plan_ = plan_folder(folder_, plan_options());
+    stream = plan_->stream_denoiser;
+  }
   transformer_ = models::load_hidream_transformer(folder_, device_, dtype_, transformer_component_,
                                                   stream, weight_type_, &quantized_);
   return transformer_;
@@ -129,15 +162,18 @@ void HiDreamPipeline::check_text_stage(const HiDreamEmbeddings& e) const {
     check_stage_finite(*t, "text encoder", text_device_, text_dtype_);
 }
 
-HiDreamEmbeddings HiDreamPipeline::encode_prompt(const std::string& prompt,
-                                                 int64_t max_sequence_length) {
-  auto e = text_encoders().encode({prompt}, max_sequence_length);
-  check_text_stage(e);
-  return e.to(device_);
+std::vector<HiDreamEmbeddings> HiDreamPipeline::encode_prompts(
+    const std::vector<std::string>& prompts, int64_t max_sequence_length) {
+  auto all = text_encoders().encode_each(prompts, max_sequence_length);
+  for (auto& e : all) {
+    check_text_stage(e);
+    e = e.to(device_);
+  }
+  return all;
 }
 
 void HiDreamPipeline::end_text_stage(double start, StageTimings& timings) {
-  if (!keep_text_encoders_) text_.reset();
+  if (!keep_text_encoders_ || (plan_ && !plan_->keep_text_encoders)) text_.reset();
   timings.text_encode_s = now_s() - start;
   record_stage_memory(&timings, "text_encode", text_device_);
 }
@@ -274,11 +310,14 @@ HiDreamResult HiDreamPipeline::text_to_image(const HiDreamTextToImage& r) {
   const bool cfg = r.sampling.guidance_scale > 1.0;
   HiDreamResult out;
   const double start = now_s();
+  follow_plan(width, height, 0, r.sampling.vae_tiling, out.timings);
   device::reset_peak_memory(text_device_);
-  out.prompt_embeddings = encode_prompt(r.prompt, sequence_length(r.sampling));
+  auto prompts = cfg ? encode_prompts({r.prompt, r.negative_prompt}, sequence_length(r.sampling))
+                     : encode_prompts({r.prompt}, sequence_length(r.sampling));
+  out.prompt_embeddings = prompts[0];
   HiDreamEmbeddings cond = out.prompt_embeddings;
   if (cfg) {
-    out.negative_embeddings = encode_prompt(r.negative_prompt, sequence_length(r.sampling));
+    out.negative_embeddings = prompts[1];
     cond = HiDreamEmbeddings::cat({&out.negative_embeddings, &out.prompt_embeddings});
   }
   end_text_stage(start, out.timings);
@@ -324,6 +363,8 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
   std::optional<PreparedInpaint> masked;
   if (r.inpaint.mask.defined())
     masked = prepare_inpaint(r.inpaint, r.image, pixels.size(2), pixels.size(3));
+  // E1 puts the source's tokens beside the target's.
+  follow_plan(pixels.size(3), pixels.size(2), 1, r.sampling.vae_tiling, out.timings);
   const auto& vc = vae_->config();
   const auto tiling = choose_vae_tiling(r.sampling.vae_tiling, vc, 1, pixels.size(2),
                                         pixels.size(3), vae_device_, torch::kFloat32);
@@ -337,15 +378,18 @@ HiDreamResult HiDreamPipeline::edit(const HiDreamEdit& r) {
 
   const double text_start = now_s();
   device::reset_peak_memory(text_device_);
-  out.prompt_embeddings = encode_prompt(r.prompt, sequence_length(r.sampling));
-  out.negative_embeddings = encode_prompt(r.negative_prompt, sequence_length(r.sampling));
+  std::vector<std::string> texts{r.prompt, r.negative_prompt};
+  if (refine) texts.push_back(target_description(r));
+  auto encoded = encode_prompts(texts, sequence_length(r.sampling));
+  out.prompt_embeddings = encoded[0];
+  out.negative_embeddings = encoded[1];
   const auto& pos = out.prompt_embeddings;
   const auto& neg = out.negative_embeddings;
   auto text = r.clip_cfg_norm ? HiDreamEmbeddings::cat({&pos, &neg, &pos})
                               : HiDreamEmbeddings::cat({&neg, &neg, &pos});
   HiDreamEmbeddings target_text;
   if (refine) {
-    out.target_embeddings = encode_prompt(target_description(r), sequence_length(r.sampling));
+    out.target_embeddings = encoded[2];
     target_text = HiDreamEmbeddings::cat({&neg, &out.target_embeddings});
   }
   end_text_stage(text_start, out.timings);

@@ -26,6 +26,7 @@
 #include "parallel/rank_group.h"
 #include "pipeline/denoise_extras.h"
 #include "pipeline/hidream_text.h"
+#include "pipeline/memory_plan_folder.h"
 #include "schedulers/scheduler.h"
 
 namespace diffuse::pipeline {
@@ -174,6 +175,16 @@ class HiDreamPipeline {
   // plain model) and dequantized per call into the compute dtype. Streaming is then off (the
   // point is a model that fits), and LoRAs are refused (they merge into plain weights).
   void set_weight_type(const std::string& type);
+  // What the memory plan may hold (pipeline/memory_plan.h): bytes, as --max-memory sets it for
+  // a smaller card than the one present; 0 (default) plans against what the device has free.
+  void set_max_memory(int64_t bytes) { max_memory_ = bytes; }
+  // The plan of a width x height generation (with `reference_images` source images beside it),
+  // from the folder's configs and this pipeline's settings; nothing loads. Each generation
+  // makes one first, refuses to start when it does not fit, and follows it: the text encoders
+  // one at a time when the four do not fit together, the transformer streamed ("auto") when it
+  // does not fit resident, the transformer freed before the encoders when both do not fit.
+  MemoryPlan plan(int64_t width, int64_t height, int64_t reference_images,
+                  const VaeTilingOptions& vae_tiling = {}) const;
   // What set_weight_type's quantization kept: layers, bytes before and after.
   const nn::QuantizedLayers& quantized_layers() const { return quantized_; }
   HiDreamTextEncoders& text_encoders();
@@ -224,8 +235,15 @@ class HiDreamPipeline {
   void decode(const torch::Tensor& latents, const VaeTilingOptions& tiling, HiDreamResult& out);
   // NumericalError if the text encoders' outputs went NaN/Inf.
   void check_text_stage(const HiDreamEmbeddings& e) const;
-  // One prompt through the four encoders, checked where they ran, on the transformer's device.
-  HiDreamEmbeddings encode_prompt(const std::string& prompt, int64_t max_sequence_length);
+  // Each prompt through the four encoders (a batch of one each), checked where they ran, on the
+  // transformer's device.
+  std::vector<HiDreamEmbeddings> encode_prompts(const std::vector<std::string>& prompts,
+                                                int64_t max_sequence_length);
+  FolderPlanOptions plan_options() const;
+  // Makes the generation's plan (plan()), refuses one that does not fit, records its line in
+  // `timings`, and frees the transformer if the plan says the encoders need its memory.
+  void follow_plan(int64_t width, int64_t height, int64_t reference_images,
+                   const VaeTilingOptions& vae_tiling, StageTimings& timings);
   // Ends the text stage that began at `start`: frees the encoders if asked, records the stage.
   void end_text_stage(double start, StageTimings& timings);
   // The source image as the VAE takes it ([1, 3, h, w] in [-1, 1]), resized if needed.
@@ -244,6 +262,8 @@ class HiDreamPipeline {
     return s.max_sequence_length > 0 ? s.max_sequence_length : max_sequence_length_;
   }
   bool keep_text_encoders_ = true;
+  int64_t max_memory_ = 0;
+  std::optional<MemoryPlan> plan_;  // the running generation's
   std::string weight_streaming_ = "auto";
   std::optional<quant::GgmlType> weight_type_;  // set_weight_type; none: plain weights
   nn::QuantizedLayers quantized_;

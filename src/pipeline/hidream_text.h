@@ -37,8 +37,11 @@ struct HiDreamEmbeddings {
 class HiDreamTextEncoders {
  public:
   // Loads the four tokenizers and encoders from `folder`. IoError/ConfigError/FormatError
-  // naming the component when one is missing or broken.
-  HiDreamTextEncoders(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype);
+  // naming the component when one is missing or broken. `one_at_a_time` (the memory plan's
+  // choice when the four do not fit together: Llama-3.1-8B and T5-XXL are 25 GB in bf16): each
+  // encoder is loaded when its turn comes, runs over every prompt, and is freed before the next.
+  HiDreamTextEncoders(const io::ModelFolder& folder, torch::Device device, torch::Dtype dtype,
+                      bool one_at_a_time = false);
   // Encoders and tokenizers built elsewhere (the demo trainer, whose encoders learn through
   // this same encode()).
   struct Parts {
@@ -48,12 +51,26 @@ class HiDreamTextEncoders {
     models::LlamaForCausalLM llama{nullptr};
   };
   HiDreamTextEncoders(Parts parts, torch::Device device);
+  ~HiDreamTextEncoders();
 
+  // All prompts as one batch.
   HiDreamEmbeddings encode(const std::vector<std::string>& prompts,
                            int64_t max_sequence_length = 128);
+  // Each prompt on its own (a batch of one, as the pipelines encode them), every encoder over
+  // all prompts before the next encoder runs.
+  std::vector<HiDreamEmbeddings> encode_each(const std::vector<std::string>& prompts,
+                                             int64_t max_sequence_length);
+  bool one_at_a_time() const { return one_at_a_time_; }
 
  private:
+  std::vector<HiDreamEmbeddings> run(const std::vector<std::string>& prompts,
+                                     int64_t max_sequence_length, bool each);
+  void load(int encoder);     // 0 CLIP-L, 1 CLIP-G, 2 T5, 3 Llama: from folder_, if not loaded
+  void release(int encoder);  // one at a time: frees it again
   torch::Device device_;
+  torch::Dtype dtype_ = torch::kFloat32;
+  bool one_at_a_time_ = false;
+  std::unique_ptr<io::ModelFolder> folder_;  // null for encoders given as Parts
   std::shared_ptr<const text::Tokenizer> clip_l_tok_, clip_g_tok_, t5_tok_, llama_tok_;
   models::ClipTextModel clip_l_{nullptr}, clip_g_{nullptr};
   models::T5EncoderModel t5_{nullptr};

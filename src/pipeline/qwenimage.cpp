@@ -118,13 +118,31 @@ QwenImagePipeline::QwenImagePipeline(const io::ModelFolder& folder, torch::Devic
       schedulers::make_scheduler(folder.component_config("scheduler", "scheduler_config.json"));
 }
 
+FolderPlanOptions QwenImagePipeline::plan_options() const {
+  return pipeline_plan_options(device_, dtype_, transformer_component_, weight_streaming_,
+                               weight_type_, keep_text_encoder_, max_memory_);
+}
+
+void QwenImagePipeline::follow_plan(int64_t width, int64_t height, int64_t reference_images,
+                                    StageTimings& timings) {
+  auto p = plan_generation(folder_, plan_options(), width, height, reference_images, {}, &timings);
+  // A transformer with merged adapters stays (reloading would lose them).
+  if (p.free_denoiser_for_text && transformer_ && !lora_) {
+    transformer_ = nullptr;
+    quantized_ = {};
+    device::empty_cache(device_);
+  }
+  plan_ = std::move(p);
+}
+
 models::QwenImageTransformer2DModel& QwenImagePipeline::transformer() {
   if (transformer_) return transformer_;
   bool stream = weight_streaming_ == "on";
   if (weight_streaming_ == "auto" && !weight_type_ &&
-      !models::component_is_gguf(folder_, transformer_component_))
-    stream =
-        streaming_pays(models::component_weight_bytes(folder_, transformer_component_), device_);
+      !models::component_is_gguf(folder_, transformer_component_)) {
+    if (!plan_) plan_ = plan_folder(folder_, plan_options());  // an adapter loads it first
+    stream = plan_->stream_denoiser;
+  }
   transformer_ = models::load_qwenimage_transformer(
       folder_, device_, dtype_, transformer_component_, weight_type_, &quantized_, stream);
   return transformer_;
@@ -236,7 +254,7 @@ bool QwenImagePipeline::encode_prompts(const std::string& prompt,
   };
   out.prompt_embeds = run(prompt, out.input_ids);
   if (true_cfg) out.negative_prompt_embeds = run(*negative, out.negative_input_ids);
-  if (!keep_text_encoder_) text_->release();
+  if (!keep_text_encoder_ || (plan_ && !plan_->keep_text_encoders)) text_->release();
   out.timings.text_encode_s = clock_s() - start;
   record_stage_memory(&out.timings, "text_encode", device_);
   return true_cfg;
@@ -399,6 +417,7 @@ QwenImageResult QwenImagePipeline::text_to_image(const QwenImageTextToImage& r) 
     out.warnings.push_back(size_text(r.width, r.height) + " is not a multiple of " +
                            std::to_string(m) + " a side; the image is " + size_text(width, height));
   const double start = clock_s();
+  follow_plan(width, height, 0, out.timings);
   const bool true_cfg = encode_prompts(r.prompt, r.negative_prompt, r.sampling, {}, out);
   const int64_t h = height / vae_scale_factor(), w = width / vae_scale_factor();
   out.img_shapes = {{1, h / 2, w / 2}};
@@ -437,6 +456,7 @@ QwenImageResult QwenImagePipeline::edit(const QwenImageEdit& r) {
     throw InvalidArgument("the output must be " + std::to_string(m) + ".." +
                           std::to_string(kMaxSide) + " pixels a side, got " +
                           size_text(r.width, r.height));
+  follow_plan(width, height, 1, out.timings);  // the source's tokens join the sequence
   // VaeImageProcessor.resize: Pillow's Lanczos to the ~1 MP size, for Qwen2.5-VL and the VAE.
   out.source_resized = io::pillow_lanczos_resize(r.image, sh, sw);
   const bool true_cfg =

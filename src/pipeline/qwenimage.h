@@ -28,6 +28,7 @@
 #include "parallel/rank_group.h"
 #include "pipeline/denoise_extras.h"
 #include "pipeline/inpaint_mask.h"
+#include "pipeline/memory_plan_folder.h"
 #include "pipeline/qwenimage_text.h"
 #include "schedulers/scheduler.h"
 
@@ -123,6 +124,10 @@ class QwenImagePipeline {
   void set_keep_text_encoders(bool keep) { keep_text_encoder_ = keep; }
   void set_weight_type(const std::string& type);
   void set_weight_streaming(const std::string& mode);
+  // What the memory plan may hold (bytes, --max-memory); 0: what the device has free. Each
+  // generation plans first (pipeline/memory_plan.h) and refuses to start when nothing fits;
+  // streaming "auto" follows the plan.
+  void set_max_memory(int64_t bytes) { max_memory_ = bytes; }
   bool streams_weights() const { return transformer_ && transformer_->stream != nullptr; }
   const nn::QuantizedLayers& quantized_layers() const { return quantized_; }
   void check_cache(const DitCacheOptions& cache) const;
@@ -147,6 +152,10 @@ class QwenImagePipeline {
   // true CFG runs. `image`: the resized source for an edit, else undefined.
   bool encode_prompts(const std::string& prompt, const std::optional<std::string>& negative,
                       const QwenImageSampling& s, const torch::Tensor& image, QwenImageResult& out);
+  FolderPlanOptions plan_options() const;
+  // The generation's plan: refuses one that does not fit, records its line in `timings`, frees
+  // the transformer if the encoder needs its memory.
+  void follow_plan(int64_t width, int64_t height, int64_t reference_images, StageTimings& timings);
   torch::Tensor initial_latents(const QwenImageSampling& s, int64_t h, int64_t w) const;
   void prepare_schedule(int steps, int64_t image_tokens);
   // Denoises packed latents of an h x w latent with `source_tokens` (edit: the source's packed
@@ -166,6 +175,8 @@ class QwenImagePipeline {
   models::QwenImageTransformerConfig tconfig_;
   bool edit_model_ = false;
   bool keep_text_encoder_ = true;
+  int64_t max_memory_ = 0;
+  std::optional<MemoryPlan> plan_;  // the running generation's
   std::optional<quant::GgmlType> weight_type_;
   std::string weight_streaming_ = "auto";
   nn::QuantizedLayers quantized_;

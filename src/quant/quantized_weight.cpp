@@ -23,6 +23,10 @@ std::optional<GgmlType> parse_weight_type(const std::string& value, const std::s
   throw InvalidArgument(flag + " '" + value + "': expected none, q8_0, q4_0 or int8" + why);
 }
 
+std::string weight_type_name(GgmlType type) {
+  return type == GgmlType::I8_ROWS ? "int8" : ggml_type_traits(type).name;
+}
+
 bool dequantizes_on_device(GgmlType type) {
   return type == GgmlType::Q8_0 || type == GgmlType::Q4_0 || type == GgmlType::I8_ROWS;
 }

@@ -53,6 +53,8 @@ at::Tensor dequantize_weight(const QuantizedWeight& w, at::ScalarType dtype);
 // are stored).
 // InvalidArgument naming `flag` and the accepted values otherwise.
 std::optional<GgmlType> parse_weight_type(const std::string& value, const std::string& flag);
+// The name parse_weight_type reads for `type` ("q8_0", "q4_0", "int8").
+std::string weight_type_name(GgmlType type);
 
 // Whether `type` dequantizes by tensor operations (on any device).
 bool dequantizes_on_device(GgmlType type);
