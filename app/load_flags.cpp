@@ -5,6 +5,7 @@
 
 #include "device/device.h"
 #include "flag_checks.h"
+#include "memory_flags.h"
 #include "nn/attention.h"
 #include "quant/quantized_weight.h"
 #include "text/lora_tags.h"
@@ -71,6 +72,7 @@ void add_load_flags(CLI::App& app, LoadFlags& f) {
                  "(LoRAs unmerged)")
       ->capture_default_str()
       ->check(non_empty());
+  add_max_memory_flag(app, f.max_memory);
   app.add_option("--unet", f.unet_file,
                  "A UNet file replacing the model's (safetensors or GGUF, e.g. city96's; "
                  "diffusers or original LDM names); a GGUF's quantized matrices stay quantized")
@@ -118,6 +120,7 @@ LoadOptions to_load_options(const LoadFlags& f) {
   lo.lora_mode = f.lora_mode;
   quant::parse_weight_type(f.weights, "--weights");
   lo.weights = f.weights;
+  lo.max_memory = max_memory_bytes(f.max_memory);
   lo.unet_file = f.unet_file;
   return lo;
 }

@@ -73,6 +73,9 @@ struct LoadOptions {
   // bytes) or "q4_0" (~28 %), dequantized per layer as it runs; its convolutions stay plain.
   // LoRAs then run unmerged (there is no plain weight to merge into).
   std::string weights = "none";
+  // What a generation may hold in memory (bytes, --max-memory; 0: what the device has free):
+  // a generation whose activations need more is refused before it starts.
+  int64_t max_memory = 0;
   // The UNet from a file of its own instead of the model's (city96's GGUFs, a UNet saved by
   // ComfyUI): safetensors or GGUF, in diffusers names or the original LDM names (with or
   // without "model.diffusion_model."). The model's unet config must describe it; a GGUF's

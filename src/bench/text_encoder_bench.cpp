@@ -11,6 +11,7 @@
 #include "device/memory.h"
 #include "diffuse/errors.h"
 #include "io/json_config.h"
+#include "models/builtin_configs.h"
 #include "models/llama.h"
 #include "models/t5_encoder.h"
 #include "nn/layers.h"
@@ -45,35 +46,8 @@ bool is_text_encoder_arch(const std::string& name) {
 }
 
 nlohmann::json text_encoder_arch_config(const std::string& name) {
-  if (name == "t5-xxl")
-    return {{"architectures", {"T5EncoderModel"}},
-            {"d_ff", 10240},
-            {"d_kv", 64},
-            {"d_model", 4096},
-            {"feed_forward_proj", "gated-gelu"},
-            {"layer_norm_epsilon", 1e-6},
-            {"num_heads", 64},
-            {"num_layers", 24},
-            {"relative_attention_max_distance", 128},
-            {"relative_attention_num_buckets", 32},
-            {"vocab_size", 32128}};
-  if (name == "llama-3.1-8b")
-    return {{"architectures", {"LlamaForCausalLM"}},
-            {"hidden_act", "silu"},
-            {"hidden_size", 4096},
-            {"intermediate_size", 14336},
-            {"num_attention_heads", 32},
-            {"num_hidden_layers", 32},
-            {"num_key_value_heads", 8},
-            {"rms_norm_eps", 1e-5},
-            {"rope_theta", 500000.0},
-            {"rope_scaling",
-             {{"factor", 8.0},
-              {"low_freq_factor", 1.0},
-              {"high_freq_factor", 4.0},
-              {"original_max_position_embeddings", 8192},
-              {"rope_type", "llama3"}}},
-            {"vocab_size", 128256}};
+  if (name == "t5-xxl") return models::t5_xxl_encoder_config();
+  if (name == "llama-3.1-8b") return models::llama31_8b_config();
   throw InvalidArgument("unknown text-encoder architecture '" + name +
                         "' (expected t5-xxl or llama-3.1-8b)");
 }

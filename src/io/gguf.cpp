@@ -358,8 +358,9 @@ void write_gguf(const std::string& path, const std::map<std::string, std::string
                 const std::vector<GgufTensorToWrite>& tensors) {
   if (metadata.count("general.alignment"))
     throw InvalidArgument("write_gguf: general.alignment is written by the writer itself");
-  // Every tensor's bytes first, so that a bad one is refused before the file is started.
-  std::vector<std::vector<uint8_t>> blobs;
+  // Every tensor's shape and size first, so that a bad one is refused before the file is started.
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<uint64_t> sizes;
   std::set<std::string> seen;
   for (const auto& t : tensors) {
     if (!seen.insert(t.name).second)
@@ -368,17 +369,21 @@ void write_gguf(const std::string& path, const std::map<std::string, std::string
     if (!quant::can_quantize(t.type))
       throw InvalidArgument("write_gguf: tensor '" + t.name + "': writing " + traits.name +
                             " is not supported");
-    if (t.values.dim() < 1 || t.values.dim() > kMaxDims || t.values.numel() == 0)
+    if (!t.values.defined() && !t.produce)
+      throw InvalidArgument("write_gguf: tensor '" + t.name +
+                            "' has neither values nor a producer");
+    const std::vector<int64_t> shape = t.values.defined() ? t.values.sizes().vec() : t.shape;
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    if (shape.empty() || static_cast<int>(shape.size()) > kMaxDims || numel <= 0)
       throw InvalidArgument("write_gguf: tensor '" + t.name + "' must have 1 to 4 non-empty " +
                             "dimensions");
-    if (t.values.size(-1) % traits.block_elems != 0)
+    if (shape.back() % traits.block_elems != 0)
       throw InvalidArgument("write_gguf: tensor '" + t.name + "': rows of " +
-                            std::to_string(t.values.size(-1)) + " are not whole " + traits.name +
+                            std::to_string(shape.back()) + " are not whole " + traits.name +
                             " blocks of " + std::to_string(traits.block_elems));
-    const auto values = t.values.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    std::vector<uint8_t> blob(static_cast<size_t>(quant::ggml_row_bytes(t.type, values.numel())));
-    quant::quantize(t.type, values.data_ptr<float>(), blob.data(), values.numel());
-    blobs.push_back(std::move(blob));
+    shapes.push_back(shape);
+    sizes.push_back(static_cast<uint64_t>(quant::ggml_row_bytes(t.type, numel)));
   }
   write_file_atomically(path, [&](std::ostream& out) {
     uint64_t pos = 0;
@@ -401,17 +406,27 @@ void write_gguf(const std::string& path, const std::map<std::string, std::string
     uint64_t offset = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
       const auto& t = tensors[i];
+      const auto& shape = shapes[i];
       put_string(out, t.name);
-      put_u32(out, static_cast<uint32_t>(t.values.dim()));
-      for (int64_t d = t.values.dim() - 1; d >= 0; --d)
-        put_u64(out, static_cast<uint64_t>(t.values.size(d)));
+      put_u32(out, static_cast<uint32_t>(shape.size()));
+      for (auto d = shape.rbegin(); d != shape.rend(); ++d) put_u64(out, static_cast<uint64_t>(*d));
       put_u32(out, static_cast<uint32_t>(t.type));
       put_u64(out, offset);
-      pos += 8 + t.name.size() + 4 + 8 * static_cast<uint64_t>(t.values.dim()) + 4 + 8;
-      offset += (blobs[i].size() + kDefaultAlignment - 1) / kDefaultAlignment * kDefaultAlignment;
+      pos += 8 + t.name.size() + 4 + 8 * static_cast<uint64_t>(shape.size()) + 4 + 8;
+      offset += (sizes[i] + kDefaultAlignment - 1) / kDefaultAlignment * kDefaultAlignment;
     }
     pad_to(out, pos, kDefaultAlignment);
-    for (const auto& blob : blobs) {
+    std::vector<uint8_t> blob;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& t = tensors[i];
+      auto v = t.values.defined() ? t.values : t.produce();
+      if (!v.defined() || v.sizes().vec() != shapes[i])
+        throw InvalidArgument("write_gguf: tensor '" + t.name + "' was produced with shape " +
+                              (v.defined() ? c10::str(v.sizes()) : std::string("none")) +
+                              ", announced " + c10::str(c10::IntArrayRef(shapes[i])));
+      const auto values = v.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+      blob.resize(static_cast<size_t>(sizes[i]));
+      quant::quantize(t.type, values.data_ptr<float>(), blob.data(), values.numel());
       out.write(reinterpret_cast<const char*>(blob.data()),
                 static_cast<std::streamsize>(blob.size()));
       pos += blob.size();

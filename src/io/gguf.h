@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -76,14 +77,19 @@ class GgufFile {
 
 // One tensor to write: `values` (any float dtype, any shape) stored as `type`. The innermost
 // dimension must be whole blocks of the type.
+// Either `values` now, or `shape` and `produce`, called when the tensor's turn comes to be written
+// (so that a writer never holds more than one tensor: a 17B transformer made block by block).
 struct GgufTensorToWrite {
   std::string name;
   torch::Tensor values;
   quant::GgmlType type = quant::GgmlType::F32;
+  std::vector<int64_t> shape{};              // when values is undefined
+  std::function<torch::Tensor()> produce{};  // when values is undefined: a tensor of `shape`
 };
 
 // Writes a version-3 GGUF file atomically (temporary file + rename) with string metadata
-// (general.architecture, ...) and the tensors in the order given. InvalidArgument for a type
+// (general.architecture, ...) and the tensors in the order given, each quantized just before it
+// is written (the writer holds one tensor's blocks at a time). InvalidArgument for a type
 // that cannot be written or a shape that is not whole blocks; IoError on write failure.
 void write_gguf(const std::string& path, const std::map<std::string, std::string>& metadata,
                 const std::vector<GgufTensorToWrite>& tensors);

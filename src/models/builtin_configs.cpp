@@ -339,6 +339,57 @@ bool is_qwenimage_arch(const std::string& name) {
   return name == "qwen-image";
 }
 
+nlohmann::json t5_xxl_encoder_config() {
+  return {{"architectures", {"T5EncoderModel"}},
+          {"d_ff", 10240},
+          {"d_kv", 64},
+          {"d_model", 4096},
+          {"feed_forward_proj", "gated-gelu"},
+          {"layer_norm_epsilon", 1e-6},
+          {"num_heads", 64},
+          {"num_layers", 24},
+          {"relative_attention_max_distance", 128},
+          {"relative_attention_num_buckets", 32},
+          {"vocab_size", 32128}};
+}
+
+nlohmann::json llama31_8b_config() {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"hidden_act", "silu"},
+          {"hidden_size", 4096},
+          {"intermediate_size", 14336},
+          {"num_attention_heads", 32},
+          {"num_hidden_layers", 32},
+          {"num_key_value_heads", 8},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", 500000.0},
+          {"rope_scaling",
+           {{"factor", 8.0},
+            {"low_freq_factor", 1.0},
+            {"high_freq_factor", 4.0},
+            {"original_max_position_embeddings", 8192},
+            {"rope_type", "llama3"}}},
+          {"vocab_size", 128256}};
+}
+
+nlohmann::json clip_l_text_config() {
+  return sd1_text_encoder();
+}
+nlohmann::json clip_g_text_config() {
+  return sdxl_text_encoder_2();
+}
+
+nlohmann::json flux_vae_config() {
+  auto j = sd_vae(1024);
+  j["latent_channels"] = 16;
+  j["scaling_factor"] = 0.3611;
+  j["shift_factor"] = 0.1159;
+  j["use_quant_conv"] = false;
+  j["use_post_quant_conv"] = false;
+  j["force_upcast"] = true;
+  return j;
+}
+
 bool is_dit_arch(const std::string& name) {
   return is_hidream_arch(name) || is_flux_arch(name) || is_qwenimage_arch(name);
 }

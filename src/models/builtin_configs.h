@@ -33,6 +33,16 @@ bool is_flux_arch(const std::string& name);  // "flux-dev", "flux-schnell"
 // Qwen-Image's 20B MMDiT (Qwen-Image-Edit has the same).
 nlohmann::json qwenimage_transformer_config();
 bool is_qwenimage_arch(const std::string& name);  // "qwen-image"
+// T5-XXL v1.1's encoder (FLUX's text_encoder_2, HiDream's text_encoder_3; 4.8B parameters) and
+// Llama-3.1-8B-Instruct (HiDream's text_encoder_4), as their config.json files say.
+nlohmann::json t5_xxl_encoder_config();
+nlohmann::json llama31_8b_config();
+// CLIP ViT-L/14's text tower (SD 1.x, FLUX's text_encoder) and OpenCLIP bigG's with its
+// projection (SDXL's text_encoder_2).
+nlohmann::json clip_l_text_config();
+nlohmann::json clip_g_text_config();
+// The 16-channel AutoencoderKL of FLUX.1 (HiDream ships the same).
+nlohmann::json flux_vae_config();
 // The DiTs the block benchmark builds one block of each kind of: HiDream and FLUX.
 bool is_dit_arch(const std::string& name);
 

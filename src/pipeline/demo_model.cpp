@@ -85,6 +85,11 @@ void write_component(const fs::path& root, const char* folder, const ordered_jso
 
 }  // namespace
 
+const std::vector<std::string>& demo_prompt_corpus() {
+  static const std::vector<std::string> corpus(std::begin(kCorpus), std::end(kCorpus));
+  return corpus;
+}
+
 void create_demo_model(const std::string& dir, const DemoModelOptions& options) {
   torch::NoGradGuard no_grad;
   // Unknown names fail here, before anything is written.
@@ -98,8 +103,7 @@ void create_demo_model(const std::string& dir, const DemoModelOptions& options) 
   fs::create_directories(root, ec);
   if (!fs::is_directory(root)) throw IoError("cannot create model folder '" + dir + "'");
 
-  std::vector<std::string> corpus(std::begin(kCorpus), std::end(kCorpus));
-  auto vocab = text::train_clip_bpe(corpus, options.num_merges);
+  auto vocab = text::train_clip_bpe(demo_prompt_corpus(), options.num_merges);
   text::save_clip_tokenizer(vocab, (root / "tokenizer").string());
   const auto vocab_size = static_cast<int64_t>(vocab.tokens.size());
   const int64_t bos = vocab_size - 2, eos = vocab_size - 1;

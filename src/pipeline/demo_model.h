@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace diffuse::pipeline {
 
@@ -15,6 +16,9 @@ struct DemoModelOptions {
   bool half_precision_weights = true;  // store F16 to keep the folder small
   std::string arch;                    // required: sd2.1-base|sd2.1|sd1.5
 };
+
+// Prompts of the kind users write, that the demo tokenizers learn their vocabularies from.
+const std::vector<std::string>& demo_prompt_corpus();
 
 // Writes a complete diffusers folder into `dir` (created if needed; existing files replaced).
 void create_demo_model(const std::string& dir, const DemoModelOptions& options = {});

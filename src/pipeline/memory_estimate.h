@@ -23,7 +23,8 @@ std::string format_gib(int64_t bytes);
 
 // InvalidArgument "needs about X GiB for the <stage> of <what> on <device>, Y GiB available"
 // for the first stage that does not fit; devices whose free memory is unknown are not checked.
-void check_memory_fits(const std::vector<StageNeed>& needs);
+// `budget` > 0 (--max-memory): checked against it instead of what the device has free.
+void check_memory_fits(const std::vector<StageNeed>& needs, int64_t budget = 0);
 
 // The largest activation of a convolutional network's top level, `copies` of them at once:
 // batch x channels x height x width x element size, computed without overflow (saturating).

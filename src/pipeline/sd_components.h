@@ -42,6 +42,7 @@ struct StableDiffusion::Components {
                vae_dtype = torch::kFloat32;
   ModelSource source;  // weights (file mappings) stay here only with offload
   bool offload = false;
+  int64_t max_memory = 0;          // LoadOptions::max_memory
   accel::UNetGraph unet_graph;     // GenerationConfig::cuda_graph's recording, across generations
   bool keep_16bit_weights = true;  // LoadOptions::keep_16bit_weights
   bool pack_conv_weights = true;   // LoadOptions::pack_conv_weights

@@ -201,6 +201,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   // first generation.
   schedulers::make_scheduler(c_->scheduler_config);
   c_->offload = options.offload;
+  c_->max_memory = options.max_memory;
   c_->keep_16bit_weights = options.keep_16bit_weights;
   c_->pack_conv_weights = options.pack_conv_weights;
   if (options.lora_mode != "merged" && options.lora_mode != "unmerged")
@@ -345,7 +346,8 @@ void StableDiffusion::check_memory(const GenerationConfig& config, int width, in
        {"VAE decode", c_->vae_device,
         vae_working_bytes(c_->vae_config, vae_tiling_for(config, images, height, width).tiling,
                           images, height, width, c_->vae_dtype),
-        what}});
+        what}},
+      c_->max_memory);
 }
 
 VaeTilingChoice StableDiffusion::vae_tiling_for(const GenerationConfig& config, int64_t images,

@@ -26,6 +26,15 @@ GgmlType plain_type_of(torch::Dtype dtype) {
 
 }  // namespace
 
+GgmlType gguf_storage_type(c10::ScalarType dtype, bool floating, const std::vector<int64_t>& shape,
+                           GgmlType type) {
+  const auto& traits = ggml_type_traits(type);
+  if (!floating) return GgmlType::F32;
+  if (!traits.quantized) return type;
+  if (shape.size() >= 2 && shape.back() % traits.block_elems == 0) return type;
+  return plain_type_of(dtype);
+}
+
 QuantizeReport quantize_model(const QuantizeOptions& o) {
   const auto type = ggml_type_named(o.type);
   if (!type || !can_quantize(*type))
@@ -57,12 +66,8 @@ QuantizeReport quantize_model(const QuantizeOptions& o) {
   std::vector<io::GgufTensorToWrite> tensors;
   for (const auto& [name, t] : weights) {
     report.bytes_in += static_cast<int64_t>(t.nbytes());
-    io::GgufTensorToWrite w{name, t, plain_type_of(t.scalar_type())};
-    if (!traits.quantized && t.is_floating_point())
-      w.type = *type;
-    else if (traits.quantized && t.is_floating_point() && t.dim() >= 2 &&
-             t.size(-1) % traits.block_elems == 0)
-      w.type = *type;
+    io::GgufTensorToWrite w{
+        name, t, gguf_storage_type(t.scalar_type(), t.is_floating_point(), t.sizes().vec(), *type)};
     report.quantized += traits.quantized && w.type == *type ? 1 : 0;
     tensors.push_back(std::move(w));
   }

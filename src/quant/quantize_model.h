@@ -4,8 +4,13 @@
 // diffusers names; a single-file checkpoint keeps its own (LDM) names, as
 // stable-diffusion.cpp's all-in-one files do.
 #pragma once
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "quant/ggml_blocks.h"
 
 namespace diffuse::quant {
 
@@ -29,5 +34,11 @@ struct QuantizeReport {
 // plain types (f32, f16, bf16) every float tensor is converted. InvalidArgument for a type that
 // cannot be written or an output that is not a *.gguf path, before anything is read.
 QuantizeReport quantize_model(const QuantizeOptions& options);
+
+// How a tensor of `dtype` and `shape` is stored in a GGUF written in `type` (the rule above):
+// `type` for floating matrices whose rows are whole blocks (every float tensor for a plain
+// type), else its own float type (F32 for integers).
+GgmlType gguf_storage_type(c10::ScalarType dtype, bool floating, const std::vector<int64_t>& shape,
+                           GgmlType type);
 
 }  // namespace diffuse::quant

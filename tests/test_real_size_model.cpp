@@ -1,0 +1,161 @@
+// create-demo-model's complete DiT folders (pipeline/real_size_model.h): the real-size specs
+// have the real networks' sizes; a folder written at the golden set's small configs loads and
+// draws, in bf16 and with a q8_0 GGUF transformer whose values are the bf16 folder's within q8_0's
+// rounding; bad requests leave nothing behind.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "diffuse/errors.h"
+#include "io/gguf.h"
+#include "io/json_config.h"
+#include "io/model_folder.h"
+#include "io/safetensors.h"
+#include "models/flux_transformer.h"
+#include "models/t5_encoder.h"
+#include "nn/layers.h"
+#include "pipeline/hidream.h"
+#include "pipeline/real_size_model.h"
+#include "test_util.h"
+#include "verify/verify.h"
+
+namespace diffuse {
+namespace test_real_size_model {
+
+namespace fs = std::filesystem;
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+// The real-size spec of hidream-i1 with every network's config taken from the golden tiny
+// folder: the same writer, at a size a test can write.
+pipeline::RandomDitFolderSpec tiny_hidream_spec(const fs::path& model) {
+  auto s = pipeline::real_size_dit_spec("hidream-i1");
+  s.transformer = read_json(model / "transformer" / "config.json");
+  s.vae = read_json(model / "vae" / "config.json");
+  for (auto& t : s.text_encoders) t.config = read_json(model / t.component / "config.json");
+  return s;
+}
+
+TEST(RealSizeModel, SpecsHaveTheRealNetworksSizes) {
+  // Built without initialisation: counting parameters touches no memory.
+  auto count = [](auto module) {
+    int64_t n = 0;
+    for (const auto& p : module->parameters()) n += p.numel();
+    return n;
+  };
+  nn::SkipInitGuard skip(torch::kBFloat16);
+  const auto flux = pipeline::real_size_dit_spec("flux-dev");
+  EXPECT_EQ(flux.pipeline_class, "FluxPipeline");
+  // FLUX.1-dev's transformer: 11,901,408,320 parameters; T5-XXL's encoder: 4,762,310,656.
+  EXPECT_EQ(count(models::FluxTransformer2DModel(models::FluxTransformerConfig::from_json(
+                io::JsonConfig(flux.transformer, "flux-dev")))),
+            11901408320);
+  ASSERT_EQ(flux.text_encoders.size(), 2u);
+  EXPECT_EQ(count(models::T5EncoderModel(
+                models::T5Config::from_json(io::JsonConfig(flux.text_encoders[1].config, "t5")))),
+            4762310656);
+  EXPECT_EQ(flux.text_encoders[1].max_length, 512);
+  EXPECT_EQ(pipeline::real_size_dit_spec("flux-schnell").text_encoders[1].max_length, 256);
+  EXPECT_EQ(pipeline::real_size_dit_spec("flux-kontext").pipeline_class, "FluxKontextPipeline");
+  const auto e1 = pipeline::real_size_dit_spec("hidream-e1");
+  EXPECT_EQ(e1.pipeline_class, "HiDreamImageEditingPipeline");
+  ASSERT_EQ(e1.text_encoders.size(), 4u);
+  EXPECT_EQ(e1.text_encoders[3].kind, "llama");
+  EXPECT_THROW(pipeline::real_size_dit_spec("flux-pro"), InvalidArgument);
+}
+
+TEST(RealSizeModel, AWrittenFolderLoadsAndDrawsInBf16AndQ8) {
+  const auto golden = test::hidream_golden_dir();
+  if (!fs::exists(golden + "/cases.json")) GTEST_SKIP() << "no golden set at " << golden;
+  const fs::path model = verify::GoldenSet::load(golden).model_dir();
+  const auto spec = tiny_hidream_spec(model);
+  test::TempDir tmp;
+  pipeline::RandomFolderOptions o;
+  o.shard_bytes = 64 << 10;  // several shards per network
+  const auto bf16_dir = tmp.path() / "bf16";
+  const auto report = pipeline::write_random_dit_folder(bf16_dir.string(), spec, o);
+  EXPECT_GT(report.bytes, 0);
+  EXPECT_FALSE(fs::exists(tmp.path() / "bf16.partial"));
+  EXPECT_TRUE(
+      fs::exists(bf16_dir / "transformer" / "diffusion_pytorch_model.safetensors.index.json"));
+  const auto index = read_json(bf16_dir / "model_index.json");
+  EXPECT_EQ(index["_class_name"], "HiDreamImagePipeline");
+  EXPECT_EQ(index["text_encoder_4"][1], "LlamaForCausalLM");
+
+  o.weights = "q8_0";
+  const auto q8_dir = tmp.path() / "q8";
+  pipeline::write_random_dit_folder(q8_dir.string(), spec, o);
+  const auto gguf_path = q8_dir / "transformer" / "diffusion_pytorch_model.gguf";
+  ASSERT_TRUE(fs::exists(gguf_path));
+
+  // The same seed gives the same values: the GGUF's q8_0 matrices are the bf16 folder's within
+  // half a quantization step (per block of 32: d = max |x| / 127), plus 127 codes times the
+  // rounding of d to float16 (2^-11 d): 0.562 d.
+  const auto plain = io::ModelFolder::open(bf16_dir.string()).component_weights("transformer");
+  const auto gguf = io::GgufFile::open(gguf_path.string());
+  int quantized = 0;
+  for (const auto& name : gguf->names()) {
+    ASSERT_TRUE(plain.count(name)) << name;
+    const auto want = plain.at(name).to(torch::kFloat64);
+    const auto got = gguf->dequantized(name).to(torch::kFloat64).reshape(want.sizes());
+    if (gguf->info(name).type != quant::GgmlType::Q8_0) {
+      EXPECT_TRUE(torch::equal(got, want)) << name;
+      continue;
+    }
+    ++quantized;
+    const auto blocks = want.reshape({-1, 32});
+    const auto step = blocks.abs().amax(1, true) / 127.0;
+    const auto err = (got.reshape({-1, 32}) - blocks).abs();
+    EXPECT_TRUE((err <= (0.5 + 127.0 / 2048) * step * (1 + 1e-6) + 1e-12).all().item<bool>())
+        << name;
+  }
+  EXPECT_GT(quantized, 0);
+
+  // Both folders draw (the tokenizers, configs and names all load by diffusers' layout).
+  for (const auto& dir : {bf16_dir, q8_dir}) {
+    const auto folder = io::ModelFolder::open(dir.string());
+    pipeline::HiDreamPipeline pipe(folder, torch::kCPU, torch::kFloat32);
+    pipeline::HiDreamTextToImage t2i;
+    t2i.prompt = "a red fox in the snow";
+    t2i.sampling.steps = 1;
+    t2i.width = t2i.height = static_cast<int>(2 * pipe.size_multiple());
+    const auto made = pipe.text_to_image(t2i);
+    EXPECT_TRUE(torch::isfinite(made.image).all().item<bool>()) << dir;
+    EXPECT_GT(made.image.std().item<double>(), 0.0) << dir;
+  }
+}
+
+TEST(RealSizeModel, BadRequestsWriteNothing) {
+  const auto golden = test::hidream_golden_dir();
+  if (!fs::exists(golden + "/cases.json")) GTEST_SKIP() << "no golden set at " << golden;
+  const auto spec = tiny_hidream_spec(verify::GoldenSet::load(golden).model_dir());
+  test::TempDir tmp;
+  pipeline::RandomFolderOptions o;
+  o.weights = "q5_1";
+  EXPECT_THROW(pipeline::write_random_dit_folder((tmp.path() / "a").string(), spec, o),
+               InvalidArgument);
+  EXPECT_FALSE(fs::exists(tmp.path() / "a"));
+  EXPECT_FALSE(fs::exists(tmp.path() / "a.partial"));
+  // A folder with something in it is not overwritten.
+  fs::create_directories(tmp.path() / "b");
+  std::ofstream(tmp.path() / "b" / "keep.txt") << "mine";
+  o.weights = "bf16";
+  EXPECT_THROW(pipeline::write_random_dit_folder((tmp.path() / "b").string(), spec, o),
+               InvalidArgument);
+  EXPECT_TRUE(fs::exists(tmp.path() / "b" / "keep.txt"));
+  EXPECT_FALSE(fs::exists(tmp.path() / "b" / "model_index.json"));
+  // A network the writer cannot build fails before the folder appears.
+  auto broken = spec;
+  broken.transformer["num_attention_heads"] = -1;
+  EXPECT_ANY_THROW(pipeline::write_random_dit_folder((tmp.path() / "c").string(), broken, o));
+  EXPECT_FALSE(fs::exists(tmp.path() / "c"));
+  EXPECT_FALSE(fs::exists(tmp.path() / "c.partial"));
+}
+
+}  // namespace test_real_size_model
+}  // namespace diffuse
