@@ -305,6 +305,20 @@ const uint8_t* GgufFile::data(const std::string& name) const {
   return data_ + info(name).offset;
 }
 
+void GgufFile::release_pages(const std::string& name) const {
+  if (!map_ || data_size_ == 0) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  uintptr_t begin = reinterpret_cast<uintptr_t>(data_), end = begin + data_size_;
+  if (!name.empty()) {
+    const auto& t = info(name);
+    begin = reinterpret_cast<uintptr_t>(data_ + t.offset);
+    end = begin + t.bytes;
+  }
+  // Whole pages only: the pages at either end may hold a neighbour's bytes.
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 torch::Tensor GgufFile::dequantized(const std::string& name) const {
   const auto& t = info(name);
   auto out = torch::empty(t.shape, torch::kFloat32);

@@ -52,6 +52,11 @@ class GgufFile {
 
   // The tensor's bytes as stored (blocks for quantized types).
   const uint8_t* data(const std::string& name) const;
+  // Gives the whole pages of the tensor's bytes (of every tensor when `name` is empty) back to
+  // the OS once they were copied: they leave the process's RSS, and a later read faults them in
+  // again from the file. Loading calls it so that a 12 GB file is not held twice, mapped and
+  // copied.
+  void release_pages(const std::string& name = "") const;
   // A float32 tensor in PyTorch's shape: quantized blocks dequantized exactly as ggml does,
   // F16/BF16 widened.
   torch::Tensor dequantized(const std::string& name) const;

@@ -181,6 +181,7 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
         if (bytes.size(0) != rows) check_shape({bytes.size(0), cols});
         bytes = bytes.reshape({-1});
         bytes = bytes.to(device, /*non_blocking=*/false, /*copy=*/true);
+        gguf->release_pages(file_key);  // copied: not held twice
         q = quant::quantized_from_blocks(bytes, info.type, rows, cols, source + ": " + file_key);
         check_block_scales(*q, source, file_key);
       }
@@ -222,6 +223,7 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
       if (!kept.count(name)) rest.emplace(name, get(name));
   }
   refuse_unexpected(nn::load_state_dict(module, rest, source, kept), source);
+  if (gguf) gguf->release_pages();
   return report;
 }
 

@@ -10,6 +10,7 @@
 #include "adapters/lora.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_load.h"
+#include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
@@ -78,6 +79,7 @@ FluxPipeline::FluxPipeline(const io::ModelFolder& folder, torch::Device device, 
       transformer_component_(transformer_component),
       tconfig_(models::FluxTransformerConfig::from_json(
           models::component_config(folder, transformer_component, "FluxTransformer2DModel"))) {
+  device::configure_cpu_threads();  // the CLI alone left LibTorch at one thread per core
   device::keep_freed_memory();
   // Everything a prompt needs is checked now, before minutes of loading the rest.
   for (const char* component :
@@ -327,6 +329,7 @@ bool FluxPipeline::encode_prompts(const std::string& prompt,
   if (!keep_text_encoders_ || (plan_ && !plan_->keep_text_encoders)) {
     text_encoder_lora_.reset();  // it points into the encoders
     text_.reset();
+    device::empty_cache(device_);  // their memory back before the transformer loads
   }
   out.timings.text_encode_s = flux_clock_s() - start;
   record_stage_memory(&out.timings, "text_encode", device_);
@@ -381,6 +384,10 @@ torch::Tensor FluxPipeline::denoise(const FluxSampling& s, torch::Tensor latents
 
   const double start = flux_clock_s();
   device::reset_peak_memory(device_);
+  // Both cores for a real model, one for a tiny one (device/cpu_threads.h).
+  const int64_t tokens = S + (image_tokens.defined() ? image_tokens.size(1) : 0) + pos.t5.size(1);
+  device::ScopedCpuThreads threads(
+      device::threads_for_step_work(plan_ ? denoiser_call_flops(*plan_, tokens) : 0.0));
   device::CpuShareMeter cpu_meter(at::get_num_threads());
   FlowVelocity<FluxStep> velocity = [&](const torch::Tensor& x, const torch::Tensor& t,
                                         FluxStep& step) {

@@ -9,6 +9,7 @@
 #include "adapters/lora.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_load.h"
+#include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
@@ -78,6 +79,7 @@ HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device de
           folder, transformer_component, "HiDreamImageTransformer2DModel"))) {
   // Freed activations stay in the heap for the next block instead of being unmapped and
   // faulted in again (device/cpu_allocator.h), as the Stable Diffusion pipeline does.
+  device::configure_cpu_threads();  // the CLI alone left LibTorch at one thread per core
   device::keep_freed_memory();
   // All four encoders (and their tokenizers) are needed for any prompt: a folder without one
   // is refused now, before anything loads, not after minutes of loading the others.
@@ -173,7 +175,10 @@ std::vector<HiDreamEmbeddings> HiDreamPipeline::encode_prompts(
 }
 
 void HiDreamPipeline::end_text_stage(double start, StageTimings& timings) {
-  if (!keep_text_encoders_ || (plan_ && !plan_->keep_text_encoders)) text_.reset();
+  if (!keep_text_encoders_ || (plan_ && !plan_->keep_text_encoders)) {
+    text_.reset();
+    device::empty_cache(text_device_);  // their memory back before the transformer loads
+  }
   timings.text_encode_s = now_s() - start;
   record_stage_memory(&timings, "text_encode", text_device_);
 }
@@ -249,6 +254,13 @@ torch::Tensor HiDreamPipeline::denoise(const HiDreamSampling& s, torch::Tensor l
   auto& timings = out.timings;
   const double start = now_s();
   device::reset_peak_memory(device_);
+  // Both cores for a real model, one for a tiny one (device/cpu_threads.h); the image tokens
+  // twice (guidance, or an edit's source) and the text's.
+  const int64_t tokens =
+      2 * (latents.size(2) / tconfig_.patch_size) * (latents.size(3) / tconfig_.patch_size) +
+      2 * sequence_length(s);
+  device::ScopedCpuThreads threads(
+      device::threads_for_step_work(plan_ ? denoiser_call_flops(*plan_, tokens) : 0.0));
   device::CpuShareMeter cpu_meter(at::get_num_threads());
   cache_.reset();
   if (s.cache.method != DitCacheOptions::Method::kOff)

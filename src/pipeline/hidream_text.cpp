@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "device/memory.h"
 #include "diffuse/errors.h"
 
 namespace diffuse::pipeline {
@@ -124,6 +125,7 @@ void HiDreamTextEncoders::release(int i) {
     default:
       llama_ = nullptr;
   }
+  device::empty_cache(device_);  // the next encoder loads into memory given back, not beside it
 }
 
 HiDreamEmbeddings HiDreamTextEncoders::encode(const std::vector<std::string>& prompts,

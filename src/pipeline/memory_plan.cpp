@@ -152,6 +152,7 @@ MemoryPlan make_plan(const PlanRequest& r, const Choice& c, bool fits) {
   p.vae_tiled = c.vae_tiled;
   p.peaks = peaks_of(r, c);
   p.peak = max_peak(p.peaks);
+  p.denoiser_parameters = r.denoiser.parameters;
   p.budget = r.budget;
   p.line = line_of(r, c, p.peaks, r.budget);
   return p;

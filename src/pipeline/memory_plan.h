@@ -19,6 +19,7 @@ struct NetworkWeights {
   int64_t outside_units = 0;  // what stays resident while the blocks stream (embeddings, heads)
   // The same network under --weights (its linear layers in blocks); 0 when not quantizable.
   int64_t quantized_bytes = 0;
+  int64_t parameters = 0;  // elements (a GGUF: its bytes, about one per element at q8_0)
 };
 
 struct PlanRequest {
@@ -59,6 +60,7 @@ struct MemoryPlan {
   bool vae_tiled = false;
   std::vector<StagePeak> peaks;
   int64_t peak = 0;
+  int64_t denoiser_parameters = 0;
   int64_t budget = 0;
   std::string line;    // "plan: ..." for a user
   std::string advice;  // when !fits: why, and what would fit
@@ -68,6 +70,12 @@ struct MemoryPlan {
 // streamed, encoders together before one at a time, the whole VAE before tiles), honouring
 // what the user forced. With an unknown budget everything stays as asked (resident, together).
 MemoryPlan plan_memory(const PlanRequest& request);
+
+// A denoiser call's multiply-adds as FLOPs: 2 per parameter per token, for the CPU thread policy
+// (device/cpu_threads.h: tiny models run on one thread).
+inline double denoiser_call_flops(const MemoryPlan& plan, int64_t tokens) {
+  return 2.0 * static_cast<double>(plan.denoiser_parameters) * static_cast<double>(tokens);
+}
 
 // "16.5 GiB" / "850 MiB".
 std::string format_memory(int64_t bytes);

@@ -26,7 +26,7 @@ double quantized_element_bytes(const std::string& type) {
 }
 
 struct Census {
-  int64_t bytes = 0, quantized = 0, largest_unit = 0, outside = 0;
+  int64_t bytes = 0, quantized = 0, largest_unit = 0, outside = 0, parameters = 0;
 };
 
 // What a component's tensors weigh in `dtype` and, for the denoiser, under `type` and as
@@ -36,7 +36,7 @@ Census census(const io::ModelFolder& folder, const std::string& component, torch
   Census c;
   if (models::component_is_gguf(folder, component)) {
     // Already in blocks as stored: it loads (and is planned) as it is.
-    c.bytes = c.quantized = models::component_weight_bytes(folder, component);
+    c.bytes = c.quantized = c.parameters = models::component_weight_bytes(folder, component);
     return c;
   }
   static const std::regex unit_re(R"(^(.*blocks\.\d+)\.)");
@@ -45,6 +45,7 @@ Census census(const io::ModelFolder& folder, const std::string& component, torch
   // The files are mapped, not read: only their headers are touched.
   for (const auto& [name, t] : folder.component_weights(component)) {
     const int64_t n = t.numel();
+    c.parameters += n;
     const int64_t b =
         t.is_floating_point() ? n * element_bytes(dtype) : static_cast<int64_t>(t.nbytes());
     c.bytes += b;
@@ -160,8 +161,18 @@ PlanRequest plan_request(const io::ModelFolder& folder, const FolderPlanOptions&
   if (!folder.has_component(denoiser))
     throw IoError("model folder '" + folder.dir() + "' has no " + denoiser + "/");
   const auto dc = census(folder, denoiser, o.dtype, r.weight_type, /*units=*/!sd);
-  r.denoiser = {denoiser,    sd ? "UNet" : "transformer", dc.bytes, dc.largest_unit, dc.outside,
-                dc.quantized};
+  r.denoiser = {denoiser,     sd ? "UNet" : "transformer",
+                dc.bytes,     dc.largest_unit,
+                dc.outside,   dc.quantized,
+                dc.parameters};
+  if (models::component_is_gguf(folder, denoiser)) {
+    // Loaded whole in the file's own block types: nothing to choose.
+    r.denoiser.quantized_bytes = 0;
+    r.denoiser.largest_unit = 0;
+    r.weight_type.clear();
+    r.streaming = "off";
+    r.denoiser_dtype = "GGUF";
+  }
   const auto vcfg = folder.component_config("vae");
   r.vae = {"vae", "VAE", census(folder, "vae", o.vae_dtype, "", false).bytes, 0, 0, 0};
 

@@ -9,6 +9,7 @@
 #include "adapters/lora.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_load.h"
+#include "device/cpu_threads.h"
 #include "device/device.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
@@ -83,6 +84,7 @@ QwenImagePipeline::QwenImagePipeline(const io::ModelFolder& folder, torch::Devic
       transformer_component_(transformer_component),
       tconfig_(models::QwenImageTransformerConfig::from_json(
           models::component_config(folder, transformer_component, "QwenImageTransformer2DModel"))) {
+  device::configure_cpu_threads();  // the CLI alone left LibTorch at one thread per core
   device::keep_freed_memory();
   const std::string cls = folder.model_index().get<std::string>("_class_name", "");
   // The pipelines this reproduces; the others differ in what they feed the models (EditPlus,
@@ -254,7 +256,10 @@ bool QwenImagePipeline::encode_prompts(const std::string& prompt,
   };
   out.prompt_embeds = run(prompt, out.input_ids);
   if (true_cfg) out.negative_prompt_embeds = run(*negative, out.negative_input_ids);
-  if (!keep_text_encoder_ || (plan_ && !plan_->keep_text_encoders)) text_->release();
+  if (!keep_text_encoder_ || (plan_ && !plan_->keep_text_encoders)) {
+    text_->release();
+    device::empty_cache(device_);  // its memory back before the transformer loads
+  }
   out.timings.text_encode_s = clock_s() - start;
   record_stage_memory(&out.timings, "text_encode", device_);
   return true_cfg;
@@ -309,6 +314,10 @@ torch::Tensor QwenImagePipeline::denoise(const QwenImageSampling& s, torch::Tens
 
   const double start = clock_s();
   device::reset_peak_memory(device_);
+  // Both cores for a real model, one for a tiny one (device/cpu_threads.h).
+  const int64_t tokens = latents.size(1) + pos.size(1) + (source.defined() ? source.size(1) : 0);
+  device::ScopedCpuThreads threads(
+      device::threads_for_step_work(plan_ ? denoiser_call_flops(*plan_, tokens) : 0.0));
   device::CpuShareMeter cpu_meter(at::get_num_threads());
   FlowVelocity<QwenImageStep> velocity = [&](const torch::Tensor& x, const torch::Tensor& t,
                                              QwenImageStep& step) {
