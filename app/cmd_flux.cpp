@@ -39,6 +39,7 @@ void refuse_hidream_flags(const DitCliFlags& f) {
     throw InvalidArgument(flag + ": " + why);
   };
   if (f.variant != "auto") refuse("--variant " + f.variant, "HiDream's presets; not for FLUX");
+  if (f.area_side) refuse("--area-side", "HiDream's area; FLUX renders -W x -H");
   if (f.image_guidance) refuse("--image-guidance", "HiDream-E1's; Kontext has no image guidance");
   if (f.refine || !f.e1_lora.empty() || f.lora_alpha || f.lora_rank)
     refuse("--refine/--e1-lora/--lora-alpha/--lora-rank", "HiDream-E1-Full's refine phase");

@@ -73,6 +73,7 @@ struct GenerateFlags {
   std::optional<double> aesthetic_score, negative_aesthetic_score;
   // FLUX (DitCliFlags' meaning); refused on other models.
   std::optional<double> true_cfg_scale;
+  int area_side = 0;
   std::optional<int64_t> max_sequence_length;
   // Inpainting (img2img) and ControlNets.
   std::string mask;
@@ -136,6 +137,10 @@ void add_common_flags(CLI::App& app, GenerateFlags& f, bool img2img) {
       ->check(non_empty());
   app.add_option("--true-cfg-scale", f.true_cfg_scale,
                  "FLUX: above 1 with a negative prompt, a second transformer pass per step on it");
+  app.add_option("--area-side", f.area_side,
+                 "HiDream: the side of the square whose area the image keeps, its shape from "
+                 "-W/-H (default: the model's, 1024; smaller for quick runs)")
+      ->check(CLI::Range(64, 4096));
   app.add_option("--max-sequence-length", f.max_sequence_length,
                  "FLUX: T5 tokens of the prompt, 1..512 (default 512; schnell 256)");
   app.add_option("--original-size", f.original_size,
@@ -445,6 +450,7 @@ int run_generate(const GenerateFlags& f, bool img2img) {
     h.quiet = f.quiet;
     h.json = f.json;
     h.true_cfg_scale = f.true_cfg_scale;
+    h.area_side = f.area_side;
     h.max_sequence_length = f.max_sequence_length;
     h.parallel = f.parallel;
     if (img2img) {
@@ -473,6 +479,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
   if (f.true_cfg_scale || f.max_sequence_length)
     throw InvalidArgument("--true-cfg-scale/--max-sequence-length: FLUX options; '" + f.model +
                           "' is not a FLUX folder");
+  if (f.area_side)
+    throw InvalidArgument("--area-side: HiDream's; '" + f.model + "' is not a HiDream folder");
   if (!f.scheduler.empty()) {
     auto names = scheduler_names();
     if (std::find(names.begin(), names.end(), f.scheduler) == names.end()) {

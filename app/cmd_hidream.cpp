@@ -260,6 +260,7 @@ int run_hidream(const DitCliFlags& f, bool edit) {
     t.negative_prompt = f.negative_prompt;
     t.width = f.width;
     t.height = f.height;
+    t.area_side = f.area_side;
     t.sampling = s;
     r = pipe.text_to_image(t);
   }

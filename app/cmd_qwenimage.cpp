@@ -38,6 +38,7 @@ void refuse_other_family_flags(const DitCliFlags& f, bool edit) {
   if (f.variant != "auto")
     refuse("--variant " + f.variant, "HiDream's presets; not for Qwen-Image");
   if (f.image_guidance) refuse("--image-guidance", "HiDream-E1's; Qwen-Image-Edit has none");
+  if (f.area_side) refuse("--area-side", "HiDream's area; Qwen-Image renders -W x -H");
   if (f.refine || !f.e1_lora.empty() || f.lora_alpha || f.lora_rank)
     refuse("--refine/--e1-lora/--lora-alpha/--lora-rank", "HiDream-E1-Full's refine phase");
   if (f.no_clip_cfg_norm) refuse("--no-clip-cfg-norm", "HiDream-E1's guidance");

@@ -67,6 +67,7 @@ struct DitCliFlags {
   // FLUX: a second pass on the negative prompt above 1; T5 tokens (default 512, schnell 256);
   // Kontext's resize of the source to its training resolutions (off: the source's size).
   std::optional<double> true_cfg_scale;
+  int area_side = 0;  // HiDream text-to-image: the area's side (0: the model's)
   std::optional<int64_t> max_sequence_length;
   bool no_auto_resize = false;
   // FLUX img2img (txt2img with `image` set): how far from the image, in (0, 1].
