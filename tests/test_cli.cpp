@@ -517,12 +517,17 @@ TEST(Cli, BadInputGivesOneClearLineAndNoOutput) {
       {{"txt2img", "-m", model, "-p", "x", "--lora", dir.file("notpng.png") + ":abc"},
        "the scale 'abc' after the last ':' is not a number"},
       {{"txt2img", "-m", model, "-p", "x", "--cache", "fbcache:7"}, "--cache fbcache:7"},
+      {{"txt2img", "-m", model, "-p", "x", "--area-side", "512"}, "--area-side: HiDream's"},
+      {{"txt2img", "-m", model, "-p", "x", "--max-memory", "12X"}, "--max-memory '12X'"},
+      {{"create-demo-model", "--arch", "flux-dev", "--weights", "q5_1", "--out", dir.file("m2")},
+       "expected bf16, fp16 or q8_0"},
+      {{"doctor", "--no-smoke-test", "-m", dir.file("missing-model")}, "does not exist"},
   };
   for (const auto& c : cases) {
     auto args = c.args;
     if (std::find(args.begin(), args.end(), "-o") == args.end() && args[0] != "verify" &&
         args[0] != "create-demo-model" && args[0] != "train-demo" && args[0] != "bench" &&
-        args[0] != "serve")
+        args[0] != "serve" && args[0] != "doctor")
       args.insert(args.end(), {"-o", dir.file("out.png")});
     auto r = run_cli(args, dir);
     EXPECT_NE(r.exit_code, 0) << c.needle;
