@@ -166,10 +166,9 @@ class FluxPipeline {
   // chosen before it loads.
   void set_weight_type(const std::string& type);
   // Transformer weight streaming (models/block_streaming.h), chosen before it loads: "on",
-  // "off", or "auto" (default): on when its weight files need more than 80 % of the memory
-  // available on the device and they are diffusers-named safetensors (a BFL single file or a
-  // GGUF loads whole). Not with quantized weights or a LoRA (it merges into the weights).
-  // "auto" follows the generation's memory plan (pipeline/memory_plan.h).
+  // "off", or "auto" (default): as the generation's memory plan decides, for diffusers-named
+  // safetensors (a BFL single file or a GGUF loads whole). Not with quantized weights or a LoRA (it
+  // merges into the weights). "auto" follows the generation's memory plan (pipeline/memory_plan.h).
   void set_weight_streaming(const std::string& mode);
   // What the memory plan may hold (bytes, --max-memory); 0: what the device has free. Each
   // generation plans first and refuses to start when nothing fits.

@@ -165,8 +165,8 @@ class HiDreamPipeline {
   // which encodes once, frees them before the transformer loads).
   void set_keep_text_encoders(bool keep) { keep_text_encoders_ = keep; }
   // Transformer weight streaming (models/block_streaming.h), chosen before it loads: "on",
-  // "off", or "auto" (default): on when its weight files need more than 80 % of the memory
-  // available on the device (MemAvailable on the CPU), so that 17B runs on a 24 GiB machine.
+  // "off", or "auto" (default): as the generation's memory plan decides (streamed when the
+  // transformer does not fit resident), so that 17B runs on a 24 GiB machine.
   void set_weight_streaming(const std::string& mode);
   // Whether the loaded transformer streams its blocks.
   bool streams_weights() const { return transformer_ && transformer_->stream != nullptr; }

@@ -1,6 +1,5 @@
 #include "pipeline/transformer_streaming.h"
 
-#include "device/memory.h"
 #include "diffuse/errors.h"
 
 namespace diffuse::pipeline {
@@ -26,11 +25,6 @@ void check_weight_type_change(const std::string& type, const std::optional<quant
     throw InvalidArgument("quantized weights (" + type +
                           ") and weight streaming exclude each other: streaming reads the plain "
                           "weights from their files at every step");
-}
-
-bool streaming_pays(int64_t file_bytes, const torch::Device& device) {
-  const int64_t have = device::available_bytes(device);
-  return have > 0 && static_cast<double>(file_bytes) > 0.8 * static_cast<double>(have);
 }
 
 }  // namespace diffuse::pipeline

@@ -1,5 +1,6 @@
 // The choice of transformer weight streaming (models/block_streaming.h) that the DiT pipelines
-// (HiDream, FLUX) share: the mode a user names, what it excludes, and when "auto" streams.
+// (HiDream, FLUX, Qwen-Image) share: the mode a user names and what it excludes ("auto" streams
+// when the memory plan says so: pipeline/memory_plan.h).
 #pragma once
 #include <torch/types.h>
 
@@ -20,8 +21,5 @@ void check_weight_streaming_mode(const std::string& mode, const std::string& cur
 void check_weight_type_change(const std::string& type, const std::optional<quant::GgmlType>& parsed,
                               const std::optional<quant::GgmlType>& current, bool loaded,
                               const std::string& streaming);
-// "auto": whether weight files of `file_bytes` need more than 80 % of the memory available on
-// `device` (MemAvailable on the CPU), so that the transformer streams instead of not fitting.
-bool streaming_pays(int64_t file_bytes, const torch::Device& device);
 
 }  // namespace diffuse::pipeline
