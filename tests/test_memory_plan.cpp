@@ -125,6 +125,14 @@ TEST(MemoryPlan, HonoursTheFlagsAndSaysWhatWouldFitWhenNothingDoes) {
   EXPECT_FALSE(ns.text_one_at_a_time);
   EXPECT_FALSE(ns.fits);
 
+  // Streaming asked of a network with nothing to stream: planned resident, not an empty choice.
+  auto blockless = hidream_like(100 * GiB);
+  blockless.streaming = "on";
+  blockless.denoiser.largest_unit = 0;
+  EXPECT_FALSE(pipeline::plan_memory(blockless).stream_denoiser);
+  blockless.budget = 0;
+  EXPECT_TRUE(pipeline::plan_memory(blockless).fits);
+
   // Unknown free memory: as asked, and said.
   auto unknown = pipeline::plan_memory(hidream_like(0));
   EXPECT_TRUE(unknown.fits);

@@ -76,6 +76,9 @@ std::vector<Choice> candidates(const PlanRequest& r) {
   } else {
     if (r.streaming != "on") denoisers.push_back(Choice::kResident);
     if (r.streaming != "off" && r.denoiser.largest_unit > 0) denoisers.push_back(Choice::kStreamed);
+    // Streaming asked of a network without blocks to stream: planned resident (the loader
+    // refuses the streaming itself, naming why).
+    if (denoisers.empty()) denoisers.push_back(Choice::kResident);
   }
   std::vector<bool> tiles;
   if (r.vae_tiling != "on") tiles.push_back(false);
