@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 
+#include "cpu_bf16.h"
 #include "device/cpu_allocator.h"
 #include "device/cpu_fallback.h"
 #include "device/cpu_reproducibility.h"
@@ -11,8 +12,10 @@
 #include "device/memory.h"
 #include "device/npu_backend.h"
 #include "diffuse/errors.h"
-#include "cpu_bf16.h"
 #include "test_util.h"
+
+// oneDNN's C API where a libdnnl is linked (LibTorch's, or the int8 GEMM's).
+extern "C" int dnnl_get_primitive_cache_capacity(int* capacity) __attribute__((weak));
 
 namespace diffuse {
 namespace test_device {
@@ -210,6 +213,23 @@ TEST(Device, TrimKeepingHugePagesGivesFreedMemoryBack) {
   // Rebuilding split huge pages makes their free parts resident again: 2 MiB at most each.
   EXPECT_LT(device::memory_stats().rss_bytes, freed - (int64_t{64} << 20));
   EXPECT_EQ(pin.sum().item<int64_t>(), int64_t{4} << 20);
+}
+
+// oneDNN's primitive cache is bounded (a real-size HiDream step grew it by 1.7 GiB otherwise),
+// in the linked libdnnl and for oneDNN copies that read the variable later.
+TEST(Device, OneDnnPrimitiveCacheIsBounded) {
+  device::set_cpu_memory_policy();
+  const int capacity = device::bound_onednn_primitive_cache();
+  if (capacity < 0) GTEST_SKIP() << "the user set the oneDNN cache capacity";
+  EXPECT_EQ(capacity, 64);
+  const char* env = std::getenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY");
+  ASSERT_NE(env, nullptr);
+  EXPECT_EQ(std::string(env), "64");
+  if (dnnl_get_primitive_cache_capacity) {
+    int linked = -1;
+    EXPECT_EQ(dnnl_get_primitive_cache_capacity(&linked), 0);
+    EXPECT_EQ(linked, 64);
+  }
 }
 
 TEST(Device, MemoryStatsArePlausible) {

@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "cpu_bf16.h"
+#include "diffuse/errors.h"
 #include "nn/attention.h"
 #include "nn/fused_ops.h"
 #include "nn/kernels/cpu_features.h"
 #include "nn/layers.h"
+#include "nn/load_weights.h"
 #include "nn/resnet.h"
-#include "cpu_bf16.h"
+#include "test_util.h"
 
 using namespace diffuse;
 
@@ -335,6 +338,44 @@ TEST(Layers, SkipInitGuardBuildsTheSameParametersUninitialised) {
   skipped[1].ptr()->parameters()[0].normal_();
   auto y = skipped[1].forward(torch::randn({1, 4, 9, 9}).to(torch::kBFloat16));
   EXPECT_EQ(y.sizes(), (std::vector<int64_t>{1, 6, 5, 5}));
+}
+
+// Deferred weights take no memory until loaded; loading gives each its file's values in the
+// guard's dtype, and a missing one is still named.
+TEST(Layers, DeferredWeightsGetTheirStorageWhenLoaded) {
+  torch::nn::Sequential net;
+  {
+    nn::SkipInitGuard guard(torch::kFloat32, nn::SkipInitGuard::Weights::kDeferred);
+    net = torch::nn::Sequential(nn::make_linear(torch::nn::LinearOptions(64, 32)),
+                                nn::make_conv2d(torch::nn::Conv2dOptions(4, 6, 3).padding(1)),
+                                nn::make_embedding(11, 3));
+  }
+  std::map<std::string, torch::Tensor> file;
+  int64_t deferred = 0;
+  for (const auto& p : net->named_parameters()) {
+    if (nn::has_deferred_storage(p.value())) {
+      ++deferred;
+      EXPECT_LE(p.value().storage().nbytes(), 4) << p.key();
+    }
+    file[p.key()] = torch::randn(p.value().sizes()).to(torch::kBFloat16);
+  }
+  EXPECT_EQ(deferred, 3);  // the weights; biases are small and allocated
+  auto partial = file;
+  partial.erase("1.weight");
+  EXPECT_NE(test::expect_throw<FormatError>([&] {
+              nn::load_state_dict(*net, partial, "f");
+            }).find("1.weight"),
+            std::string::npos);
+  nn::load_state_dict(*net, file, "f");
+  for (const auto& p : net->named_parameters()) {
+    EXPECT_FALSE(nn::has_deferred_storage(p.value())) << p.key();
+    EXPECT_TRUE(p.value().is_contiguous()) << p.key();
+    EXPECT_EQ(p.value().scalar_type(), torch::kFloat32) << p.key();
+    EXPECT_TRUE(torch::equal(p.value(), file[p.key()].to(torch::kFloat32))) << p.key();
+  }
+  // A plain weight is not mistaken for a deferred one.
+  EXPECT_FALSE(nn::has_deferred_storage(torch::zeros({3, 4})));
+  EXPECT_FALSE(nn::has_deferred_storage(torch::zeros({1}).expand({1})));
 }
 
 }  // namespace test_fused_ops

@@ -63,6 +63,25 @@ TEST(QuantizedWeights, DequantizeBitForBitAsGgmlsReference) {
   }
 }
 
+TEST(QuantizedWeights, PerCallDequantizationReusesOneBufferAndGivesTheSameValues) {
+  torch::manual_seed(5);
+  const auto big = quant::quantize_weight(torch::randn({8, 128}), GgmlType::Q8_0, "big");
+  const auto small = quant::quantize_weight(torch::randn({3, 64}), GgmlType::Q4_0, "small");
+  const auto a = quant::dequantize_weight_for_call(big, torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(a, quant::dequantize_weight(big, torch::kBFloat16)));
+  const void* first = a.data_ptr();
+  // A smaller weight lands in the same memory, with its own values and shape.
+  const auto b = quant::dequantize_weight_for_call(small, torch::kFloat32);
+  EXPECT_EQ(b.sizes(), torch::IntArrayRef({3, 64}));
+  EXPECT_EQ(b.data_ptr(), first);
+  EXPECT_TRUE(torch::equal(b, quant::dequantize_weight(small, torch::kFloat32)));
+  // Types the one-pass kernel does not take get tensors of their own.
+  const auto rows = quant::quantize_weight(torch::randn({4, 64}), GgmlType::I8_ROWS, "rows");
+  const auto c = quant::dequantize_weight_for_call(rows, torch::kFloat32);
+  EXPECT_NE(c.data_ptr(), first);
+  EXPECT_TRUE(torch::equal(c, quant::dequantize_weight(rows, torch::kFloat32)));
+}
+
 TEST(QuantizedWeights, FileBlocksOfOtherTypesDequantizeOnTheCpu) {
   // A Q6_K matrix as a GGUF file would hold it: random bytes with sane fp16 scales.
   const auto& t = quant::ggml_type_traits(GgmlType::Q6_K);

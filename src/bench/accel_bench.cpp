@@ -130,7 +130,7 @@ AccelBenchResult run_quality(const AccelBenchOptions& o) {
 AccelBenchResult run_speed(const AccelBenchOptions& o) {
   torch::InferenceMode inference;
   device::configure_cpu_threads();
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   const models::ArchConfigs& a = models::builtin_arch(o.arch);
   const auto unet_cfg =
       models::UNet2DConditionConfig::from_json(io::JsonConfig(a.unet, "built-in " + a.name));

@@ -281,7 +281,7 @@ DitBlockBenchResult run_dit_block_bench(const DitBlockBenchOptions& o) {
   const auto weight_type = quant::parse_weight_type(o.weights, "--weights");
   torch::InferenceMode inference;
   device::configure_cpu_threads();
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   const torch::Device device = device::resolve_device(o.device);
   const torch::Dtype dtype = device::resolve_dtype(o.dtype, device, "transformer");
   nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env(o.attention, device));

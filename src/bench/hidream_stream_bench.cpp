@@ -32,7 +32,7 @@ HiDreamStreamBenchResult run_hidream_stream_bench(const HiDreamStreamBenchOption
   };
   torch::InferenceMode guard;
   device::configure_cpu_threads();
-  device::keep_freed_memory();  // as the HiDream pipeline runs
+  device::set_cpu_memory_policy();  // as the HiDream pipeline runs
   const torch::Device device = device::resolve_device(o.device);
   const torch::Dtype dtype = device::resolve_dtype(o.dtype, device, "transformer");
   HiDreamStreamBenchResult r;

@@ -199,7 +199,7 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
                           std::to_string(o.width) + "x" + std::to_string(o.height));
   torch::InferenceMode inference;
   device::configure_cpu_threads();
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   PipelineBenchResult r;
   r.arch = o.model.empty() ? o.arch : "";
   r.model = o.model;

@@ -37,7 +37,7 @@ Roofline measure_roofline(const torch::Device& device, torch::Dtype dtype, bool 
   // Under the engine's heap policy: with glibc's default every output above 32 MiB (here the
   // 8192 x 2560 GEGLU projection's) is a fresh mmap per call, and its page faults, not the
   // matmul, set that shape's rate.
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   Roofline r;
   r.device = device::device_name(device);
   r.dtype = device::dtype_name(dtype);

@@ -58,7 +58,7 @@ TextEncoderBenchResult run_text_encoder_bench(const TextEncoderBenchOptions& o) 
   const io::JsonConfig cfg(text_encoder_arch_config(o.arch), o.arch + " config.json");
   torch::InferenceMode inference;
   device::configure_cpu_threads();
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   const torch::Device device = device::resolve_device(o.device);
   const torch::Dtype dtype = device::resolve_dtype(o.dtype, device, "text_encoder");
   TextEncoderBenchResult r;

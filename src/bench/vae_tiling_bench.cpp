@@ -54,7 +54,7 @@ VaeTilingBenchResult run_vae_tiling_bench(const VaeTilingBenchOptions& o) {
   if (o.sizes.empty()) throw InvalidArgument("--sizes: give at least one image size");
   torch::InferenceMode inference;
   device::configure_cpu_threads();
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   const torch::Device device = device::resolve_device(o.device);
   const torch::Dtype dtype = device::resolve_dtype(o.dtype, device, "vae");
   nn::set_default_attention_backend(nn::attention_backend_from_flag_or_env("auto", device));

@@ -32,6 +32,30 @@ bool keep_freed_memory() {
   return active;
 }
 
+}  // namespace diffuse::device
+
+// oneDNN's C API, looked up weakly: null where no libdnnl is linked (the header is optional).
+extern "C" int dnnl_set_primitive_cache_capacity(int capacity) __attribute__((weak));
+
+namespace diffuse::device {
+
+int bound_onednn_primitive_cache() {
+  static const int capacity = [] {
+    for (const char* user : {"ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"})
+      if (std::getenv(user)) return -1;
+    constexpr int kCapacity = 64;
+    ::setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", std::to_string(kCapacity).c_str(), 0);
+    if (dnnl_set_primitive_cache_capacity) dnnl_set_primitive_cache_capacity(kCapacity);
+    return kCapacity;
+  }();
+  return capacity;
+}
+
+void set_cpu_memory_policy() {
+  keep_freed_memory();
+  bound_onednn_primitive_cache();
+}
+
 std::string transparent_huge_pages_mode() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string line;

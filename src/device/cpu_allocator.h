@@ -14,6 +14,21 @@ namespace diffuse::device {
 // MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_. Returns whether the tuning is in effect.
 bool keep_freed_memory();
 
+// Caps how many compiled primitives oneDNN keeps (ONEDNN_PRIMITIVE_CACHE_CAPACITY, 1024 by
+// default) at 64, unless the user set that variable. Each cached bf16 matmul holds its JIT
+// kernels, ~3 MB: HiDream's MoE experts see a new token count in every block, so the cache
+// grew by 1.7 GiB over one real-size HiDream-I1 step at 512x512 (a 17B q8_0 transformer that
+// fits in 23 GiB only without it). 64 keeps every shape SD2.1's UNet repeats at a size: its
+// step measured the same at 64 and 1024 (12 % slower with no cache). Sets the variable for
+// oneDNN copies not yet started (LibTorch's own, where it bundles one) and the capacity of the
+// linked libdnnl, which may have started. Once per process; returns the capacity in effect
+// (-1 where the user's variable decides).
+int bound_onednn_primitive_cache();
+
+// What every pipeline, trainer and benchmark sets first: keep_freed_memory and
+// bound_onednn_primitive_cache.
+void set_cpu_memory_policy();
+
 // The kernel's transparent-huge-page mode for anonymous memory ("always", "madvise" or
 // "never"; "" where /sys does not say).
 std::string transparent_huge_pages_mode();

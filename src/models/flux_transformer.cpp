@@ -270,7 +270,8 @@ FluxTransformer2DModel load_flux_transformer(const io::ModelFolder& folder, torc
   auto cfg = component_config(folder, component, "FluxTransformer2DModel");
   FluxTransformer2DModel model{nullptr};
   {
-    nn::SkipInitGuard skip_init(dtype);  // every parameter is loaded below
+    // Every parameter is loaded below; a quantized layer never holds its plain weight.
+    nn::SkipInitGuard skip_init(dtype, nn::SkipInitGuard::Weights::kDeferred);
     model = FluxTransformer2DModel(FluxTransformerConfig::from_json(cfg));
   }
   model->eval();

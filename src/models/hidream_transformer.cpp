@@ -281,7 +281,8 @@ HiDreamImageTransformer2DModel load_hidream_transformer(const io::ModelFolder& f
   auto cfg = component_config(folder, component, "HiDreamImageTransformer2DModel");
   HiDreamImageTransformer2DModel model{nullptr};
   {
-    nn::SkipInitGuard skip_init(dtype);  // every parameter is loaded below
+    // Every parameter is loaded below; a quantized layer never holds its plain weight.
+    nn::SkipInitGuard skip_init(dtype, nn::SkipInitGuard::Weights::kDeferred);
     model = HiDreamImageTransformer2DModel(HiDreamTransformerConfig::from_json(cfg));
   }
   model->eval();

@@ -248,7 +248,8 @@ QwenImageTransformer2DModel load_qwenimage_transformer(const io::ModelFolder& fo
   auto cfg = component_config(folder, component, "QwenImageTransformer2DModel");
   QwenImageTransformer2DModel model{nullptr};
   {
-    nn::SkipInitGuard skip_init(dtype);  // every parameter is loaded below
+    // Every parameter is loaded below; a quantized layer never holds its plain weight.
+    nn::SkipInitGuard skip_init(dtype, nn::SkipInitGuard::Weights::kDeferred);
     model = QwenImageTransformer2DModel(QwenImageTransformerConfig::from_json(cfg));
   }
   model->eval();

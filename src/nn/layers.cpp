@@ -35,10 +35,18 @@ const T& variant_get(const V& v) {
 }
 
 thread_local bool t_skip_init = false;
+thread_local bool t_deferred = false;
 thread_local c10::ScalarType t_dtype = c10::ScalarType::Float;
 
 torch::TensorOptions param_options() {
   return torch::TensorOptions().dtype(t_dtype);
+}
+
+// A layer's weight under the guard: uninitialised storage, or under kDeferred one element
+// broadcast to the shape (what has_deferred_storage recognises).
+torch::Tensor weight_storage(c10::IntArrayRef shape) {
+  if (!t_deferred) return torch::empty(shape, param_options());
+  return torch::empty({1}, param_options()).expand(shape);
 }
 
 // The base classes initialise in their constructors; these build the base at a minimal size
@@ -48,7 +56,7 @@ struct UninitLinearImpl : LinearImpl {
   explicit UninitLinearImpl(const torch::nn::LinearOptions& o)
       : LinearImpl(torch::nn::LinearOptions(1, 1).bias(o.bias())) {
     options = o;
-    weight.set_data(torch::empty({o.out_features(), o.in_features()}, param_options()));
+    weight.set_data(weight_storage({o.out_features(), o.in_features()}));
     if (o.bias()) bias.set_data(torch::empty({o.out_features()}, param_options()));
   }
 };
@@ -59,8 +67,7 @@ struct UninitConv2dImpl : Conv2dImpl {
         .out_channels(o.out_channels())
         .kernel_size(o.kernel_size());
     const auto& k = *o.kernel_size();
-    weight.set_data(torch::empty({o.out_channels(), o.in_channels() / o.groups(), k[0], k[1]},
-                                 param_options()));
+    weight.set_data(weight_storage({o.out_channels(), o.in_channels() / o.groups(), k[0], k[1]}));
     if (o.bias()) bias.set_data(torch::empty({o.out_channels()}, param_options()));
   }
   // Same padding, stride, dilation, groups and padding mode (what the base's reset() derives
@@ -78,21 +85,30 @@ struct UninitEmbeddingImpl : torch::nn::EmbeddingImpl {
   UninitEmbeddingImpl(int64_t n, int64_t d)
       : torch::nn::EmbeddingImpl(torch::nn::EmbeddingOptions(1, 1)) {
     options.num_embeddings(n).embedding_dim(d);
-    weight.set_data(torch::empty({n, d}, param_options()));
+    weight.set_data(weight_storage({n, d}));
   }
 };
 
 }  // namespace
 
-SkipInitGuard::SkipInitGuard(c10::ScalarType dtype)
-    : saved_active_(t_skip_init), saved_dtype_(t_dtype) {
+SkipInitGuard::SkipInitGuard(c10::ScalarType dtype, Weights weights)
+    : saved_active_(t_skip_init), saved_deferred_(t_deferred), saved_dtype_(t_dtype) {
   t_skip_init = true;
+  t_deferred = weights == Weights::kDeferred;
   t_dtype = dtype;
 }
 
 SkipInitGuard::~SkipInitGuard() {
   t_skip_init = saved_active_;
+  t_deferred = saved_deferred_;
   t_dtype = saved_dtype_;
+}
+
+bool has_deferred_storage(const torch::Tensor& t) {
+  if (!t.defined() || t.dim() == 0 || t.numel() <= 1) return false;
+  for (auto stride : t.strides())
+    if (stride != 0) return false;
+  return t.storage().nbytes() <= static_cast<size_t>(t.element_size());
 }
 
 namespace {
@@ -115,7 +131,7 @@ void LinearImpl::add_low_rank(torch::Tensor& y, const torch::Tensor& input) cons
 }
 
 torch::Tensor LinearImpl::weight_for(const torch::Tensor& input) const {
-  if (quantized) return quant::dequantize_weight(*quantized, input.scalar_type());
+  if (quantized) return quant::dequantize_weight_for_call(*quantized, input.scalar_type());
   return as_input_dtype(weight, input);
 }
 

@@ -48,7 +48,8 @@ class LinearImpl : public torch::nn::LinearImpl {
   // Replaces the plain weight by `q` (of the weight's shape); the placeholder goes to the blocks'
   // device, so that loading onto an accelerator never moves the plain weight there.
   void keep_quantized(quant::QuantizedWeight q);
-  // The weight as this call uses it: dequantized, or widened to the input's dtype.
+  // The weight as this call uses it: dequantized (on the CPU into a buffer the thread reuses:
+  // valid until the thread dequantizes another), or widened to the input's dtype.
   torch::Tensor weight_for(const torch::Tensor& input) const;
 
  private:
@@ -143,17 +144,28 @@ bool supports_low_rank(const Conv2dImpl& conv);
 // `dtype`. The caller must fill every parameter (load_state_dict checks that none is
 // missing; init_random_weights covers every layer). Norm layers are unaffected (their
 // initialisation is a cheap fill) and are converted by the model's ->to(dtype).
+//
+// kDeferred gives the weights of Linear, Conv2d and Embedding layers no storage at all until
+// load_state_dict (or keep_quantized) gives them theirs: a placeholder of their shape over one
+// element (has_deferred_storage). For a network loaded layer by layer: a 17B transformer whose
+// layers stay quantized never allocates its 34 GB of plain weights only to free them, which on
+// a heap of huge pages left ~3 GB resident (every freed weight's header page is a 2 MiB page).
+// Nothing may read or write such a weight before it is loaded.
 class SkipInitGuard {
  public:
-  explicit SkipInitGuard(c10::ScalarType dtype);
+  enum class Weights { kUninitialised, kDeferred };
+  explicit SkipInitGuard(c10::ScalarType dtype, Weights weights = Weights::kUninitialised);
   ~SkipInitGuard();
   SkipInitGuard(const SkipInitGuard&) = delete;
   SkipInitGuard& operator=(const SkipInitGuard&) = delete;
 
  private:
-  bool saved_active_;
+  bool saved_active_, saved_deferred_;
   c10::ScalarType saved_dtype_;
 };
+
+// Whether `t` is a weight built under SkipInitGuard::Weights::kDeferred and not loaded yet.
+bool has_deferred_storage(const torch::Tensor& t);
 
 Linear make_linear(const torch::nn::LinearOptions& options);
 inline Linear make_linear(int64_t in, int64_t out) {

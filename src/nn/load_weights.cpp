@@ -7,6 +7,7 @@
 
 #include "diffuse/errors.h"
 #include "io/safetensors.h"
+#include "nn/layers.h"
 
 namespace diffuse::nn {
 namespace {
@@ -72,6 +73,10 @@ LoadReport load_state_dict(torch::nn::Module& module,
     } else if (share_mapped && io::is_file_mapped(it->second)) {
       param.set_data(it->second);  // views the file: streamed, nothing copied
       check_finite(it->second, it->second, source, item.key());
+    } else if (has_deferred_storage(param)) {
+      param.set_data(it->second.to(param.device(), param.scalar_type(), /*non_blocking=*/false,
+                                   /*copy=*/true, c10::MemoryFormat::Contiguous));
+      check_finite(param, it->second, source, item.key());
     } else {
       param.copy_(it->second);
       check_finite(param, it->second, source, item.key());

@@ -80,7 +80,7 @@ FluxPipeline::FluxPipeline(const io::ModelFolder& folder, torch::Device device, 
       tconfig_(models::FluxTransformerConfig::from_json(
           models::component_config(folder, transformer_component, "FluxTransformer2DModel"))) {
   device::configure_cpu_threads();  // the CLI alone left LibTorch at one thread per core
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   // Everything a prompt needs is checked now, before minutes of loading the rest.
   for (const char* component :
        {"text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "vae", "scheduler"})

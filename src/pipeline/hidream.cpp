@@ -80,7 +80,7 @@ HiDreamPipeline::HiDreamPipeline(const io::ModelFolder& folder, torch::Device de
   // Freed activations stay in the heap for the next block instead of being unmapped and
   // faulted in again (device/cpu_allocator.h), as the Stable Diffusion pipeline does.
   device::configure_cpu_threads();  // the CLI alone left LibTorch at one thread per core
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   // All four encoders (and their tokenizers) are needed for any prompt: a folder without one
   // is refused now, before anything loads, not after minutes of loading the others.
   for (const char* component :

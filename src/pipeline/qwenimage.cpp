@@ -85,7 +85,7 @@ QwenImagePipeline::QwenImagePipeline(const io::ModelFolder& folder, torch::Devic
       tconfig_(models::QwenImageTransformerConfig::from_json(
           models::component_config(folder, transformer_component, "QwenImageTransformer2DModel"))) {
   device::configure_cpu_threads();  // the CLI alone left LibTorch at one thread per core
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   const std::string cls = folder.model_index().get<std::string>("_class_name", "");
   // The pipelines this reproduces; the others differ in what they feed the models (EditPlus,
   // Qwen-Image-Edit-2509/2511: several images, each shown to Qwen2.5-VL at 384x384 under its

@@ -140,7 +140,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
     : c_(std::make_unique<Components>()) {
   double t0 = now_s();
   device::configure_cpu_threads();
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   c_->device = device::resolve_device(options.device);
   // Per-component placement: empty = the UNet's device (not "auto" again, which could differ
   // from an explicit --device).

@@ -165,20 +165,32 @@ at::Tensor dequantize_by_tensor_ops(const QuantizedWeight& w, at::ScalarType dty
   return values.view({w.rows, w.cols}).to(dtype);
 }
 
+namespace {
+
+// Whether the one-pass CPU dequantizer (dequantize_rows) serves `w` into `dtype`.
+bool dequantizes_on_cpu_in_one_pass(const QuantizedWeight& w, at::ScalarType dtype) {
+  return dequantizes_on_device(w.type) && w.type != GgmlType::I8_ROWS &&
+         w.blocks.device().is_cpu() && w.blocks.is_contiguous() &&
+         (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
+}
+
+void dequantize_rows_into(const QuantizedWeight& w, at::Tensor& out) {
+  if (out.scalar_type() == at::kFloat)
+    dequantize_rows(w, out.data_ptr<float>());
+  else if (out.scalar_type() == at::kBFloat16)
+    dequantize_rows(w, out.data_ptr<at::BFloat16>());
+  else
+    dequantize_rows(w, out.data_ptr<at::Half>());
+}
+
+}  // namespace
+
 at::Tensor dequantize_weight(const QuantizedWeight& w, at::ScalarType dtype) {
   const auto& traits = ggml_type_traits(w.type);
   if (dequantizes_on_device(w.type)) {
-    const bool cpu_kernel = w.type != GgmlType::I8_ROWS && w.blocks.device().is_cpu() &&
-                            w.blocks.is_contiguous() &&
-                            (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
-    if (!cpu_kernel) return dequantize_by_tensor_ops(w, dtype);
+    if (!dequantizes_on_cpu_in_one_pass(w, dtype)) return dequantize_by_tensor_ops(w, dtype);
     auto out = at::empty({w.rows, w.cols}, at::TensorOptions().dtype(dtype));
-    if (dtype == at::kFloat)
-      dequantize_rows(w, out.data_ptr<float>());
-    else if (dtype == at::kBFloat16)
-      dequantize_rows(w, out.data_ptr<at::BFloat16>());
-    else
-      dequantize_rows(w, out.data_ptr<at::Half>());
+    dequantize_rows_into(w, out);
     return out;
   }
   if (!w.blocks.device().is_cpu())
@@ -193,6 +205,22 @@ at::Tensor dequantize_weight(const QuantizedWeight& w, at::ScalarType dtype) {
       dequantize(w.type, src + r * row_bytes, dst + r * w.cols, w.cols);
   });
   return out.to(dtype);
+}
+
+at::Tensor dequantize_weight_for_call(const QuantizedWeight& w, at::ScalarType dtype) {
+  if (!dequantizes_on_cpu_in_one_pass(w, dtype)) return dequantize_weight(w, dtype);
+  // One buffer per thread, grown to the largest weight it has held: a 17B transformer's layers
+  // differ in size, and a fresh buffer per call left holes of every size in the heap that
+  // activations then split (the heap keeps freed memory, see device::keep_freed_memory).
+  thread_local at::Tensor buffer;
+  const int64_t bytes = w.rows * w.cols * static_cast<int64_t>(c10::elementSize(dtype));
+  if (!buffer.defined() || buffer.numel() < bytes) {
+    buffer = at::Tensor();  // the old one goes back first
+    buffer = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+  }
+  auto out = buffer.narrow(0, 0, bytes).view(dtype).view({w.rows, w.cols});
+  dequantize_rows_into(w, out);
+  return out;
 }
 
 }  // namespace diffuse::quant

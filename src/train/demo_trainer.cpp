@@ -39,7 +39,7 @@ TrainReport train_sd_demo(const TrainDemoOptions& o, const TrainCallback& on_pro
   device::configure_cpu_threads();
   // Training allocates and frees the same activation-sized buffers every step (page faults
   // were 30-40 % of the step time here without this).
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   const auto t_start = Clock::now();
   const double budget_s = o.minutes * 60;
   TrainReport report;

@@ -214,7 +214,7 @@ TrainReport train_hidream_demo(const TrainDemoOptions& o, const TrainCallback& o
   const bool bf16 = train_in_bf16(o.precision);
   StagedFolder folder(o.out, o.force);
   device::configure_cpu_threads();
-  device::keep_freed_memory();
+  device::set_cpu_memory_policy();
   const auto t_start = Clock::now();
   const double budget_s = o.minutes * 60;
   TrainReport report;
