@@ -75,11 +75,14 @@ TEST(QuantizedWeights, PerCallDequantizationReusesOneBufferAndGivesTheSameValues
   EXPECT_EQ(b.sizes(), torch::IntArrayRef({3, 64}));
   EXPECT_EQ(b.data_ptr(), first);
   EXPECT_TRUE(torch::equal(b, quant::dequantize_weight(small, torch::kFloat32)));
-  // Types the one-pass kernel does not take get tensors of their own.
+  // Int8 rows too, bit for bit as the tensor operations compute them.
   const auto rows = quant::quantize_weight(torch::randn({4, 64}), GgmlType::I8_ROWS, "rows");
-  const auto c = quant::dequantize_weight_for_call(rows, torch::kFloat32);
-  EXPECT_NE(c.data_ptr(), first);
-  EXPECT_TRUE(torch::equal(c, quant::dequantize_weight(rows, torch::kFloat32)));
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    const auto c = quant::dequantize_weight_for_call(rows, dtype);
+    EXPECT_EQ(c.data_ptr(), first);
+    EXPECT_TRUE(torch::equal(c, quant::dequantize_by_tensor_ops(rows, dtype))) << dtype;
+    EXPECT_TRUE(torch::equal(c, quant::dequantize_weight(rows, dtype))) << dtype;
+  }
 }
 
 TEST(QuantizedWeights, FileBlocksOfOtherTypesDequantizeOnTheCpu) {
@@ -126,6 +129,54 @@ TEST(QuantizedWeights, LayerComputesWithTheDequantizedWeightAndGivesUpThePlainOn
   EXPECT_GT(err.max().item<double>(), 0.0);  // the weights did change
   // A write into the placeholder fails rather than going nowhere.
   EXPECT_ANY_THROW(layer->weight.add_(1.0));
+}
+
+// A quantized convolution computes with its dequantized weight: within the arithmetic's bound
+// of a float64 convolution with those values, and within the quantization's own bound of the
+// plain weight's output; a 4-channel input convolution (36 values a row) stays plain.
+TEST(QuantizedWeights, ConvolutionsQuantizeWhereTheirRowsAreWholeBlocks) {
+  torch::manual_seed(7);
+  torch::nn::ModuleList convs;
+  auto conv = nn::make_conv2d(torch::nn::Conv2dOptions(32, 8, 3).padding(1));
+  auto conv_in = nn::make_conv2d(torch::nn::Conv2dOptions(4, 8, 3).padding(1));
+  convs->push_back(conv);
+  convs->push_back(conv_in);
+  const auto plain_w = conv->weight.detach().clone();
+  const auto x = torch::randn({2, 32, 12, 12});
+  torch::NoGradGuard no_grad;
+  const auto y_plain = conv(x);
+  for (auto type : {GgmlType::Q8_0, GgmlType::Q4_0}) {
+    auto c = nn::make_conv2d(torch::nn::Conv2dOptions(32, 8, 3).padding(1));
+    c->weight.copy_(plain_w);
+    c->bias.copy_(conv->bias);
+    torch::nn::ModuleList both;
+    both->push_back(c);
+    both->push_back(nn::make_conv2d(torch::nn::Conv2dOptions(4, 8, 3).padding(1)));
+    const auto r = nn::quantize_conv_layers(*both, type);
+    EXPECT_EQ(r.layers, 1);
+    EXPECT_EQ(r.kept_plain, 1);
+    ASSERT_TRUE(c->quantized);
+    EXPECT_EQ(nn::quantized_weight_bytes(*both), c->quantized->bytes());
+    EXPECT_EQ(c->weight.storage().nbytes(), 4u);  // the plain weight is given up
+    const auto deq = quant::dequantize_weight(*c->quantized, torch::kFloat32).view({8, 32, 3, 3});
+    const auto y = c(x);
+    const auto x64 = x.to(torch::kFloat64), b64 = c->bias.to(torch::kFloat64);
+    const auto y64 = torch::conv2d(x64, deq.to(torch::kFloat64), b64, 1, 1);
+    const auto magnitude = torch::conv2d(x64.abs(), deq.to(torch::kFloat64).abs(), b64.abs(), 1, 1);
+    EXPECT_TRUE(((y.to(torch::kFloat64) - y64).abs() <= magnitude * 1e-4).all().item<bool>())
+        << quant::ggml_type_traits(type).name;
+    // Against the plain weight: no further than the rounding of the weights carries.
+    const auto rounding = torch::conv2d(
+        x64.abs(), (plain_w.to(torch::kFloat64) - deq.to(torch::kFloat64)).abs(), {}, 1, 1);
+    EXPECT_TRUE(
+        ((y - y_plain).abs().to(torch::kFloat64) <= rounding + magnitude * 1e-4).all().item<bool>())
+        << quant::ggml_type_traits(type).name;
+    EXPECT_GT((y - y_plain).abs().max().item<double>(), 0);  // the weights were quantized
+    // A run-time low-rank update adds to the quantized convolution's output.
+    c->low_rank.push_back({torch::randn({2, 32, 3, 3}) * 0.1, torch::randn({8, 2, 1, 1}), 0.5});
+    const auto h = torch::conv2d(x, c->low_rank[0].down, {}, 1, 1);
+    EXPECT_TRUE(torch::allclose(c(x), y + 0.5 * torch::conv2d(h, c->low_rank[0].up), 1e-4, 1e-4));
+  }
 }
 
 TEST(QuantizedWeights, ModuleQuantizesTheLayersWhoseRowsAreWholeBlocks) {

@@ -286,8 +286,10 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
                                           device, m ? &m->vae_weights : nullptr, o.model + " (vae)",
                                           o.seed + 3);
   if (o.load.pack_conv_weights) nn::set_weight_packing(*unet, true);
-  if (const auto type = quant::parse_weight_type(o.load.weights, "--weights"))
+  if (const auto type = quant::parse_weight_type(o.load.weights, "--weights")) {
     nn::quantize_linear_layers(*unet, *type);
+    nn::quantize_conv_layers(*unet, *type);
+  }
   src.model.reset();  // drop the weight file mappings, as the pipeline does
   r.build_s = now_s() - t0;
   r.build_peak_mb = build_peak.finish();

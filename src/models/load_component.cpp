@@ -227,6 +227,34 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
   return report;
 }
 
+std::set<std::string> quantize_layers_from_weights(
+    torch::nn::Module& module, const std::map<std::string, torch::Tensor>& weights,
+    quant::GgmlType type, const torch::Device& device, const std::string& source) {
+  torch::NoGradGuard no_grad;
+  std::set<std::string> kept;
+  for (const auto& item : module.named_modules()) {
+    auto* lin = dynamic_cast<nn::LinearImpl*>(item.value().get());
+    auto* conv = dynamic_cast<nn::Conv2dImpl*>(item.value().get());
+    if ((!lin || lin->quantized) && (!conv || conv->quantized)) continue;
+    const std::string key = (item.key().empty() ? "" : item.key() + ".") + "weight";
+    const auto it = weights.find(key);
+    const auto& w = lin ? lin->weight : conv->weight;
+    // Missing or misshapen weights are named by load_state_dict.
+    if (it == weights.end() || it->second.sizes() != w.sizes() || w.dim() < 2) continue;
+    const int64_t rows = w.size(0), cols = w.numel() / rows;
+    if (!quant::can_keep_quantized(type, cols)) continue;
+    auto q = quant::quantize_weight(it->second.reshape({rows, cols}).to(device), type,
+                                    source + ": " + key);
+    io::release_mapped_pages(it->second);
+    if (lin)
+      lin->keep_quantized(std::move(q));
+    else
+      conv->keep_quantized(std::move(q));
+    kept.insert(key);
+  }
+  return kept;
+}
+
 void load_component_weights_to(torch::nn::Module& module, const io::ModelFolder& folder,
                                const std::string& component, std::optional<quant::GgmlType> type,
                                const torch::Device& device, torch::Dtype dtype,

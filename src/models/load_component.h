@@ -61,6 +61,18 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module, const
                                                 const WeightLayoutFor& layout_for = {},
                                                 const std::string& file_prefix = "");
 
+// Keeps every nn::Linear and nn::Conv2d of `module` whose weight `weights` holds (with the
+// module's shape) and whose rows are whole blocks of `type` in ggml blocks on `device`,
+// quantized straight from the file's values one layer at a time (a convolution's weight as an
+// [out, in / groups * kh * kw] matrix), so that with the module built under
+// nn::SkipInitGuard::Weights::kDeferred its plain weights never exist: a SD2.1 UNet loaded
+// plain and quantized afterwards peaked 0.6 GiB above the plain run. Returns the names of the
+// weights kept: load the others as usual, with these left out of the map and named in
+// load_state_dict's `ignored`.
+std::set<std::string> quantize_layers_from_weights(
+    torch::nn::Module& module, const std::map<std::string, torch::Tensor>& weights,
+    quant::GgmlType type, const torch::Device& device, const std::string& source);
+
 // The component's weights into `module` (built under nn::SkipInitGuard), then the module onto
 // `device` in `dtype`: kept in ggml blocks (load_component_weights_quantized, what was kept
 // into `quantized`) with `type` or a GGUF file, else plain (load_component_weights). With

@@ -196,11 +196,33 @@ QuantizedLayers quantize_linear_layers(torch::nn::Module& module, quant::GgmlTyp
   return r;
 }
 
+QuantizedLayers quantize_conv_layers(torch::nn::Module& module, quant::GgmlType type) {
+  QuantizedLayers r;
+  for (const auto& item : module.named_modules()) {
+    auto* conv = dynamic_cast<Conv2dImpl*>(item.value().get());
+    if (!conv || conv->quantized) continue;
+    conv->drop_packed();  // the plain values back, if a packed copy held them
+    const auto& w = conv->weight;
+    if (w.dim() != 4 || !quant::can_keep_quantized(type, w[0].numel())) {
+      ++r.kept_plain;
+      continue;
+    }
+    auto q = quant::quantize_weight(w.reshape({w.size(0), -1}), type, item.key() + ".weight");
+    r.plain_bytes += w.numel() * static_cast<int64_t>(w.element_size());
+    r.quantized_bytes += q.bytes();
+    conv->keep_quantized(std::move(q));
+    ++r.layers;
+  }
+  return r;
+}
+
 int64_t quantized_weight_bytes(const torch::nn::Module& module) {
   int64_t bytes = 0;
   for (const auto& m : module.modules())
     if (const auto* lin = dynamic_cast<const LinearImpl*>(m.get()); lin && lin->quantized)
       bytes += lin->quantized->bytes();
+    else if (const auto* conv = dynamic_cast<const Conv2dImpl*>(m.get()); conv && conv->quantized)
+      bytes += conv->quantized->bytes();
   return bytes;
 }
 
@@ -275,7 +297,7 @@ std::mutex& packing_mutex() {
 std::atomic<bool> g_packing_failed{false};
 
 torch::Tensor Conv2dImpl::packed_weight(const torch::Tensor& input) {
-  if (!pack_weight || g_packing_failed.load() || !input.device().is_cpu() ||
+  if (!pack_weight || quantized || g_packing_failed.load() || !input.device().is_cpu() ||
       input.scalar_type() != torch::kBFloat16 || weight.scalar_type() != torch::kBFloat16 ||
       input.dim() != 4 || !input.is_contiguous() ||
       channels_last_at(input.size(2) * input.size(3)) || !supports_low_rank(*this) ||
@@ -346,6 +368,10 @@ int64_t Conv2dImpl::packed_bytes() const {
 }
 
 torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
+  if (quantized)
+    return convolve(
+        input,
+        quant::dequantize_weight_for_call(*quantized, input.scalar_type()).view(weight.sizes()));
   torch::Tensor y;
   if (auto packed = packed_weight(input); packed.defined()) {
     const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
@@ -357,29 +383,57 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
       g_packing_failed = true;
     }
   }
-  if (!y.defined() && supports_low_rank(*this)) {
-    const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
-    if (winograd_conv_applies(input, weight, *options.stride(), *padding, *options.dilation(),
-                              options.groups())) {
-      RECORD_FUNCTION("diffuse::conv2d_winograd", convolution_arguments(*this, input));
-      y = winograd_conv3x3(input, weight, bias);  // widens a 16-bit weight itself
-    }
+  if (y.defined()) {
+    add_low_rank(y, input);
+    return y;
   }
   // The plain path needs the plain weight back if the packed copy holds it.
-  if (!y.defined() && released_) drop_packed();
+  if (released_) drop_packed();
+  return convolve(input, weight);
+}
+
+// The convolution with `w` (the plain weight, or the dequantized one): Winograd where it
+// applies, else LibTorch's path, then the low-rank updates.
+torch::Tensor Conv2dImpl::convolve(const torch::Tensor& input, const torch::Tensor& w) {
+  torch::Tensor y;
+  if (supports_low_rank(*this)) {
+    const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
+    if (winograd_conv_applies(input, w, *options.stride(), *padding, *options.dilation(),
+                              options.groups())) {
+      RECORD_FUNCTION("diffuse::conv2d_winograd", convolution_arguments(*this, input));
+      y = winograd_conv3x3(input, w, bias);  // widens a 16-bit weight itself
+    }
+  }
   // _conv_forward adds `bias`: kept in the compute dtype (only weights stay 16-bit).
   if (!y.defined())
-    y = weight.scalar_type() == input.scalar_type()
+    y = w.scalar_type() == input.scalar_type() && w.is_same(weight)
             ? torch::nn::Conv2dImpl::forward(input)
-            : _conv_forward(input, as_input_dtype(weight, input));
-  if (low_rank.empty()) return y;
+            : _conv_forward(input, as_input_dtype(w, input));
+  add_low_rank(y, input);
+  return y;
+}
+
+void Conv2dImpl::add_low_rank(torch::Tensor& y, const torch::Tensor& input) const {
+  if (low_rank.empty()) return;
   const auto& padding = variant_get<torch::ExpandingArray<2>>(options.padding());
   for (const auto& u : low_rank) {
     auto h = torch::conv2d(input, as_input_dtype(u.down, input), {}, *options.stride(), *padding,
                            *options.dilation());
     y.add_(torch::conv2d(h, as_input_dtype(u.up, input)), u.scale);
   }
-  return y;
+}
+
+void Conv2dImpl::keep_quantized(quant::QuantizedWeight q) {
+  const int64_t cols = weight.dim() == 4 ? weight[0].numel() : -1;
+  if (q.rows != weight.size(0) || q.cols != cols)
+    throw InvalidArgument("keep_quantized: blocks of a " + std::to_string(q.rows) + "x" +
+                          std::to_string(q.cols) + " matrix for a convolution weight of shape " +
+                          c10::str(weight.sizes()));
+  drop_packed();
+  torch::NoGradGuard no_grad;
+  weight.set_data(
+      torch::empty({1}, weight.options().device(q.blocks.device())).expand(weight.sizes()));
+  quantized = std::make_shared<const quant::QuantizedWeight>(std::move(q));
 }
 
 void set_weight_packing(torch::nn::Module& module, bool enabled) {

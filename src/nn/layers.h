@@ -67,7 +67,11 @@ struct QuantizedLayers {
   int64_t plain_bytes = 0, quantized_bytes = 0;  // of the layers that were quantized
 };
 QuantizedLayers quantize_linear_layers(torch::nn::Module& module, quant::GgmlType type);
-// Bytes held by the quantized blocks of `module`'s linear layers.
+// The same for every nn::Conv2d whose weight rows (in / groups * kh * kw values: 2880 for a
+// 3x3 over 320 channels) are whole blocks of `type`; the others (a UNet's conv_in over 4
+// latent channels) stay plain.
+QuantizedLayers quantize_conv_layers(torch::nn::Module& module, quant::GgmlType type);
+// Bytes held by the quantized blocks of `module`'s linear and convolution layers.
 int64_t quantized_weight_bytes(const torch::nn::Module& module);
 // Bytes `module`'s parameters hold in memory: each as stored (16-bit weights 2 bytes an
 // element), a quantized layer's blocks instead of its weight's placeholder (one element
@@ -98,8 +102,17 @@ class Conv2dImpl : public torch::nn::Conv2dImpl {
   int64_t packed_bytes() const;  // of the packed copy; 0 when there is none
   // Whether the weight's plain storage was given up for the packed copy.
   bool plain_weight_released() const { return released_; }
+  // The weight kept in ggml blocks as an [out, in / groups * kh * kw] matrix (keep_quantized),
+  // as LinearImpl::quantized: every call dequantizes it into the input's dtype (into the
+  // thread's reused buffer on the CPU) and convolves with that; never packed. Null: the plain
+  // weight.
+  std::shared_ptr<const quant::QuantizedWeight> quantized;
+  // Replaces the plain weight by `q`; drops a packed copy first.
+  void keep_quantized(quant::QuantizedWeight q);
 
  private:
+  torch::Tensor convolve(const torch::Tensor& input, const torch::Tensor& weight);
+  void add_low_rank(torch::Tensor& y, const torch::Tensor& input) const;
   torch::Tensor packed_weight(const torch::Tensor& input);
   void drop_packed_locked();  // drop_packed with the packing lock held
   torch::Tensor packed_;

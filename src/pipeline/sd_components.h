@@ -77,22 +77,32 @@ struct StableDiffusion::Components {
             const char* component, const torch::Device& where, torch::Dtype dtype,
             const std::set<std::string>& ignored = {}) {
     if (slot) return slot;
+    const bool quantize = unet_weight_type && std::string(component) == "unet";
     {
-      nn::SkipInitGuard skip_init(dtype);
+      nn::SkipInitGuard skip_init(dtype, quantize ? nn::SkipInitGuard::Weights::kDeferred
+                                                  : nn::SkipInitGuard::Weights::kUninitialised);
       slot = M(config);
+    }
+    const std::string where_from = source.path + " (" + component + ")";
+    std::set<std::string> skip = ignored;
+    std::map<std::string, torch::Tensor> rest;  // the weights not kept quantized
+    if (quantize) {  // layer by layer from the file: the plain UNet never exists
+      const auto kept = models::quantize_layers_from_weights(*slot, weights, *unet_weight_type,
+                                                             where, where_from);
+      for (const auto& [name, t] : weights)
+        if (!kept.count(name)) rest.emplace(name, t);
+      skip.insert(kept.begin(), kept.end());
     }
     std::set<std::string> keep_16bit;
     if (keep_16bit_weights && where.is_cpu() && dtype == torch::kFloat32)
       keep_16bit = nn::layer_weight_names(*slot);
-    nn::load_state_dict(*slot, weights, source.path + " (" + component + ")", ignored,
-                        /*share_mapped=*/false, keep_16bit);
+    nn::load_state_dict(*slot, quantize ? rest : weights, where_from, skip, /*share_mapped=*/false,
+                        keep_16bit);
     if (keep_16bit.empty()) slot->to(where, dtype);  // else: already float32 on the CPU
     nn::use_compute_layout(*slot);
     slot->eval();
     if (pack_conv_weights && !offload) nn::set_weight_packing(*slot, true);
     bind_loras(component, *slot);
-    if (unet_weight_type && std::string(component) == "unet")
-      nn::quantize_linear_layers(*slot, *unet_weight_type);
     return slot;
   }
 
@@ -170,6 +180,7 @@ struct StableDiffusion::Components {
         *unet_module, file.path, unet_weight_type, device,
         [layout](const std::vector<std::string>&) { return layout; }, file.prefix);
     unet_module->to(device, unet_dtype);  // quantized layers' placeholders are there already
+    if (unet_weight_type) nn::quantize_conv_layers(*unet_module, *unet_weight_type);
     nn::use_compute_layout(*unet_module);
     unet_module->eval();
     if (pack_conv_weights && !offload) nn::set_weight_packing(*unet_module, true);

@@ -169,18 +169,45 @@ namespace {
 
 // Whether the one-pass CPU dequantizer (dequantize_rows) serves `w` into `dtype`.
 bool dequantizes_on_cpu_in_one_pass(const QuantizedWeight& w, at::ScalarType dtype) {
-  return dequantizes_on_device(w.type) && w.type != GgmlType::I8_ROWS &&
-         w.blocks.device().is_cpu() && w.blocks.is_contiguous() &&
+  const bool rows_ok = w.type != GgmlType::I8_ROWS ||
+                       (w.row_scales.defined() && w.row_scales.device().is_cpu() &&
+                        w.row_scales.scalar_type() == at::kFloat && w.row_scales.is_contiguous());
+  return dequantizes_on_device(w.type) && rows_ok && w.blocks.device().is_cpu() &&
+         w.blocks.is_contiguous() &&
          (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
+}
+
+// I8_ROWS: each int8 code times its row's float32 scale, rounded once to T (the tensor-operation
+// path's float32 product and conversion, bit for bit).
+template <typename T>
+void dequantize_int8_rows(const QuantizedWeight& w, T* out) {
+  const auto* codes = reinterpret_cast<const int8_t*>(w.blocks.data_ptr<uint8_t>());
+  const float* scales = w.row_scales.data_ptr<float>();
+  at::parallel_for(0, w.rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float s = scales[r];
+      const int8_t* q = codes + r * w.cols;
+      T* y = out + r * w.cols;
+      for (int64_t c = 0; c < w.cols; ++c) y[c] = static_cast<T>(static_cast<float>(q[c]) * s);
+    }
+  });
+}
+
+template <typename T>
+void dequantize_into(const QuantizedWeight& w, T* out) {
+  if (w.type == GgmlType::I8_ROWS)
+    dequantize_int8_rows(w, out);
+  else
+    dequantize_rows(w, out);
 }
 
 void dequantize_rows_into(const QuantizedWeight& w, at::Tensor& out) {
   if (out.scalar_type() == at::kFloat)
-    dequantize_rows(w, out.data_ptr<float>());
+    dequantize_into(w, out.data_ptr<float>());
   else if (out.scalar_type() == at::kBFloat16)
-    dequantize_rows(w, out.data_ptr<at::BFloat16>());
+    dequantize_into(w, out.data_ptr<at::BFloat16>());
   else
-    dequantize_rows(w, out.data_ptr<at::Half>());
+    dequantize_into(w, out.data_ptr<at::Half>());
 }
 
 }  // namespace

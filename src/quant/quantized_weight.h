@@ -47,7 +47,8 @@ QuantizedWeight quantized_from_blocks(const at::Tensor& bytes, GgmlType type, in
 // quant::dequantize. The other types run ggml's reference dequantizer on the CPU (blocks on
 // another device are refused by can_keep_quantized's caller: they dequantize at load).
 at::Tensor dequantize_weight(const QuantizedWeight& w, at::ScalarType dtype);
-// The same values for one layer call: on the CPU (Q8_0 and Q4_0 into float32, bf16 or fp16)
+// The same values for one layer call: on the CPU (Q8_0, Q4_0 and I8_ROWS into float32, bf16 or
+// fp16)
 // they go into a buffer this thread reuses, so the result is valid only until the thread's next
 // call; elsewhere (another device or type) a tensor of its own, as dequantize_weight.
 at::Tensor dequantize_weight_for_call(const QuantizedWeight& w, at::ScalarType dtype);

@@ -14,7 +14,10 @@ namespace diffuse::verify {
 CaseResult verify_unet(const GoldenSet& set, const GoldenCase& c, const VerifyOptions& options) {
   auto folder = io::ModelFolder::open(set.model_dir());
   auto unet = models::load_unet(folder, options.device, torch::kFloat32);
-  if (options.weights) nn::quantize_linear_layers(*unet, *options.weights);
+  if (options.weights) {
+    nn::quantize_linear_layers(*unet, *options.weights);
+    nn::quantize_conv_layers(*unet, *options.weights);
+  }
   CaseTensors tensors(c);
   auto input = [&](const char* name, const char* other) {
     return tensors.get(tensors.has(name) ? name : other).to(options.device);
