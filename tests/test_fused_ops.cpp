@@ -348,6 +348,7 @@ TEST(Layers, DeferredWeightsGetTheirStorageWhenLoaded) {
     nn::SkipInitGuard guard(torch::kFloat32, nn::SkipInitGuard::Weights::kDeferred);
     net = torch::nn::Sequential(nn::make_linear(torch::nn::LinearOptions(64, 32)),
                                 nn::make_conv2d(torch::nn::Conv2dOptions(4, 6, 3).padding(1)),
+                                nn::make_conv2d(torch::nn::Conv2dOptions(6, 5, 1)),
                                 nn::make_embedding(11, 3));
   }
   std::map<std::string, torch::Tensor> file;
@@ -359,7 +360,7 @@ TEST(Layers, DeferredWeightsGetTheirStorageWhenLoaded) {
     }
     file[p.key()] = torch::randn(p.value().sizes()).to(torch::kBFloat16);
   }
-  EXPECT_EQ(deferred, 3);  // the weights; biases are small and allocated
+  EXPECT_EQ(deferred, 4);  // the weights (a 1x1 convolution's too); biases are allocated
   auto partial = file;
   partial.erase("1.weight");
   EXPECT_NE(test::expect_throw<FormatError>([&] {
@@ -367,6 +368,8 @@ TEST(Layers, DeferredWeightsGetTheirStorageWhenLoaded) {
             }).find("1.weight"),
             std::string::npos);
   nn::load_state_dict(*net, file, "f");
+  EXPECT_EQ(nn::resident_parameter_bytes(*net),
+            4 * (32 * 64 + 32 + 6 * 4 * 9 + 6 + 5 * 6 + 5 + 11 * 3));
   for (const auto& p : net->named_parameters()) {
     EXPECT_FALSE(nn::has_deferred_storage(p.value())) << p.key();
     EXPECT_TRUE(p.value().is_contiguous()) << p.key();

@@ -106,8 +106,9 @@ SkipInitGuard::~SkipInitGuard() {
 
 bool has_deferred_storage(const torch::Tensor& t) {
   if (!t.defined() || t.dim() == 0 || t.numel() <= 1) return false;
-  for (auto stride : t.strides())
-    if (stride != 0) return false;
+  // Dimensions of size 1 keep any stride under expand (a 1x1 convolution's [O, I, 1, 1]).
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != 1 && t.stride(d) != 0) return false;
   return t.storage().nbytes() <= static_cast<size_t>(t.element_size());
 }
 
@@ -228,12 +229,8 @@ int64_t quantized_weight_bytes(const torch::nn::Module& module) {
 
 int64_t resident_parameter_bytes(const torch::nn::Module& module) {
   int64_t bytes = quantized_weight_bytes(module);
-  for (const auto& p : module.parameters()) {
-    const auto strides = p.strides();
-    const bool placeholder = p.numel() > 1 && std::all_of(strides.begin(), strides.end(),
-                                                          [](int64_t s) { return s == 0; });
-    if (!placeholder) bytes += p.numel() * p.element_size();
-  }
+  for (const auto& p : module.parameters())  // a quantized layer's placeholder holds nothing
+    if (!has_deferred_storage(p)) bytes += p.numel() * p.element_size();
   return bytes;
 }
 

@@ -177,7 +177,8 @@ class SkipInitGuard {
   c10::ScalarType saved_dtype_;
 };
 
-// Whether `t` is a weight built under SkipInitGuard::Weights::kDeferred and not loaded yet.
+// Whether `t` holds one element broadcast to its shape: a weight built under
+// SkipInitGuard::Weights::kDeferred and not loaded yet, or a quantized layer's placeholder.
 bool has_deferred_storage(const torch::Tensor& t);
 
 Linear make_linear(const torch::nn::LinearOptions& options);
