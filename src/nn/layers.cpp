@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <type_traits>
 
 #include "device/memory.h"
 #include "diffuse/errors.h"
@@ -42,11 +43,17 @@ torch::TensorOptions param_options() {
   return torch::TensorOptions().dtype(t_dtype);
 }
 
-// A layer's weight under the guard: uninitialised storage, or under kDeferred one element
-// broadcast to the shape (what has_deferred_storage recognises).
+// One element broadcast to `shape` (what has_deferred_storage recognises): a weight with no
+// storage of its own, which keeps what readers ask (shape, dtype, device) and fails any
+// in-place write (its elements share one address).
+torch::Tensor broadcast_placeholder(c10::IntArrayRef shape, const torch::TensorOptions& options) {
+  return torch::empty({1}, options).expand(shape);
+}
+
+// A layer's weight under the guard: uninitialised storage, or a placeholder under kDeferred.
 torch::Tensor weight_storage(c10::IntArrayRef shape) {
   if (!t_deferred) return torch::empty(shape, param_options());
-  return torch::empty({1}, param_options()).expand(shape);
+  return broadcast_placeholder(shape, param_options());
 }
 
 // The base classes initialise in their constructors; these build the base at a minimal size
@@ -142,10 +149,8 @@ void LinearImpl::keep_quantized(quant::QuantizedWeight q) {
                           std::to_string(q.cols) + " matrix for a weight of shape " +
                           c10::str(weight.sizes()));
   torch::NoGradGuard no_grad;
-  // The placeholder keeps what readers of the weight ask (shape, dtype, and the blocks' device)
-  // and fails any in-place write (its elements share one address).
   weight.set_data(
-      torch::empty({1}, weight.options().device(q.blocks.device())).expand(weight.sizes()));
+      broadcast_placeholder(weight.sizes(), weight.options().device(q.blocks.device())));
   quantized = std::make_shared<const quant::QuantizedWeight>(std::move(q));
 }
 
@@ -178,43 +183,40 @@ torch::Tensor LinearImpl::product(const torch::Tensor& input) {
   return y;
 }
 
-QuantizedLayers quantize_linear_layers(torch::nn::Module& module, quant::GgmlType type) {
-  QuantizedLayers r;
-  for (const auto& item : module.named_modules()) {
-    auto* lin = dynamic_cast<LinearImpl*>(item.value().get());
-    if (!lin || lin->quantized) continue;
-    const auto& w = lin->weight;
-    if (!quant::can_keep_quantized(type, w.size(1))) {
-      ++r.kept_plain;
-      continue;
-    }
-    auto q = quant::quantize_weight(w, type, item.key() + ".weight");
-    r.plain_bytes += w.numel() * static_cast<int64_t>(w.element_size());
-    r.quantized_bytes += q.bytes();
-    lin->keep_quantized(std::move(q));
-    ++r.layers;
-  }
-  return r;
-}
+namespace {
 
-QuantizedLayers quantize_conv_layers(torch::nn::Module& module, quant::GgmlType type) {
+// Every layer of kind `Layer` in `module` not quantized yet: its weight as a [rows, in / groups *
+// kh * kw] matrix in `type`'s blocks where its rows are whole blocks, else left plain.
+template <typename Layer>
+QuantizedLayers quantize_layers_of_kind(torch::nn::Module& module, quant::GgmlType type) {
   QuantizedLayers r;
   for (const auto& item : module.named_modules()) {
-    auto* conv = dynamic_cast<Conv2dImpl*>(item.value().get());
-    if (!conv || conv->quantized) continue;
-    conv->drop_packed();  // the plain values back, if a packed copy held them
-    const auto& w = conv->weight;
-    if (w.dim() != 4 || !quant::can_keep_quantized(type, w[0].numel())) {
+    auto* layer = dynamic_cast<Layer*>(item.value().get());
+    if (!layer || layer->quantized) continue;
+    if constexpr (std::is_same_v<Layer, Conv2dImpl>)
+      layer->drop_packed();  // the plain values back, if a packed copy held them
+    const auto& w = layer->weight;
+    if (w.dim() < 2 || !quant::can_keep_quantized(type, w[0].numel())) {
       ++r.kept_plain;
       continue;
     }
     auto q = quant::quantize_weight(w.reshape({w.size(0), -1}), type, item.key() + ".weight");
     r.plain_bytes += w.numel() * static_cast<int64_t>(w.element_size());
     r.quantized_bytes += q.bytes();
-    conv->keep_quantized(std::move(q));
+    layer->keep_quantized(std::move(q));
     ++r.layers;
   }
   return r;
+}
+
+}  // namespace
+
+QuantizedLayers quantize_linear_layers(torch::nn::Module& module, quant::GgmlType type) {
+  return quantize_layers_of_kind<LinearImpl>(module, type);
+}
+
+QuantizedLayers quantize_conv_layers(torch::nn::Module& module, quant::GgmlType type) {
+  return quantize_layers_of_kind<Conv2dImpl>(module, type);
 }
 
 int64_t quantized_weight_bytes(const torch::nn::Module& module) {
@@ -429,7 +431,7 @@ void Conv2dImpl::keep_quantized(quant::QuantizedWeight q) {
   drop_packed();
   torch::NoGradGuard no_grad;
   weight.set_data(
-      torch::empty({1}, weight.options().device(q.blocks.device())).expand(weight.sizes()));
+      broadcast_placeholder(weight.sizes(), weight.options().device(q.blocks.device())));
   quantized = std::make_shared<const quant::QuantizedWeight>(std::move(q));
 }
 
