@@ -100,7 +100,10 @@ std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench) {
                             {"full_unet_steps", row.full_steps}};
         if (row.tome_site_speedup > 0) {
           j["tome_site_speedup"] = row.tome_site_speedup;
-          j["tome_auto_policy"] = row.tome_kept ? "kept" : "left out";
+          if (row.tome_call_speedup > 0) {
+            j["tome_call_speedup"] = row.tome_call_speedup;
+            j["tome_auto_policy"] = row.tome_kept ? "kept" : "left out";
+          }
         }
         if (quality) {
           j["background_accuracy"] = row.tally.background_accuracy();
@@ -141,8 +144,12 @@ std::pair<CLI::App*, Command> add_bench_accel(CLI::App& bench) {
                     100 * row.tally.background_accuracy(),
                     100 * row.tally.colour_position_accuracy(), 100 * row.tally.shape_accuracy(),
                     row.psnr_mean, row.psnr_min, row.ssim_mean);
-      if (row.tome_site_speedup > 0)
-        std::printf("   auto policy: %s (merged sites %.2fx)", row.tome_kept ? "kept" : "left out",
+      if (row.tome_call_speedup > 0)
+        std::printf("   auto policy: %s (merged sites %.2fx, UNet call %.3fx)",
+                    row.tome_kept ? "kept" : "left out", row.tome_site_speedup,
+                    row.tome_call_speedup);
+      else if (row.tome_site_speedup > 0)
+        std::printf("   merged sites %.2fx (the policy's verdict needs the \"off\" setting)",
                     row.tome_site_speedup);
       std::printf("\n");
     }

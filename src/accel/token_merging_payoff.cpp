@@ -101,15 +101,31 @@ TokenMergingPayoff measure_token_merging(models::UNet2DConditionModelImpl& unet,
 }
 
 std::string token_merging_skipped_note(const TokenMergingPayoff& payoff, double ratio,
-                                       const std::string& device) {
-  char buf[320];
+                                       int64_t steps, const std::string& device) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "token merging %.2f left out: on ", ratio);
+  std::string note = buf + device;
   std::snprintf(buf, sizeof buf,
-                "token merging %.2f left out: on %s at %lld tokens its self-attentions measured "
-                "%.2fx as fast merged (%.1f ms against %.1f ms plain), so it would not make the "
-                "run faster; the tome policy \"always\" applies it anyway",
-                ratio, device.c_str(), static_cast<long long>(payoff.tokens), payoff.speedup(),
-                payoff.merged_s * 1e3, payoff.plain_s * 1e3);
-  return buf;
+                " at %lld tokens its self-attentions measured %.2fx as fast merged (%.1f ms "
+                "against %.1f ms plain)",
+                static_cast<long long>(payoff.tokens), payoff.speedup(), payoff.merged_s * 1e3,
+                payoff.plain_s * 1e3);
+  note += buf;
+  if (payoff.call_s > 0 && payoff.saved_s() > 0) {
+    // Either the call gains too little, or a first run's few steps do not win back the plain
+    // call it timed to decide.
+    if (payoff.pays(steps, false))
+      std::snprintf(buf, sizeof buf,
+                    ", which makes a whole UNet call (%.2f s) %.3fx as fast: over %lld steps too "
+                    "little to win back the plain call timed to decide",
+                    payoff.call_s, payoff.call_speedup(), static_cast<long long>(steps));
+    else
+      std::snprintf(buf, sizeof buf, ", which makes a whole UNet call (%.2f s) only %.3fx as fast",
+                    payoff.call_s, payoff.call_speedup());
+    note += buf;
+  }
+  return note +
+         ", so it would not make the run faster; the tome policy \"always\" applies it anyway";
 }
 
 }  // namespace diffuse::accel

@@ -48,8 +48,11 @@ struct AccelBenchRow {
   int images = 0;
   // Speed mode, settings with token merging: what the pipeline's auto policy measures at this
   // size (accel/token_merging_payoff.h), to set beside the whole loop's speed-up: the merged
-  // sites' self-attentions' speed-up, and whether a run would keep merging.
+  // sites' self-attentions' speed-up, the whole UNet call's it predicts from them (against the
+  // plain setting's call time in this run), and whether a run of these steps would keep
+  // merging (a run that has measured this size before: no thrown-away first call).
   double tome_site_speedup = 0;
+  double tome_call_speedup = 0;
   bool tome_kept = false;
 };
 

@@ -453,21 +453,39 @@ GenerationResult StableDiffusion::denoise_and_decode(
   int64_t n = timesteps.size(0);
   GenerationConfig accel_config = config;
   std::vector<std::string> accel_warnings;
+  // Token merging under the auto policy runs only where it makes the whole run faster: the
+  // merged sites must save more than the margin of whole UNet calls (they are a small share of
+  // one). The first run at a shape times its first call plain to know; it merges from there
+  // (repeating that call merged, so that the image is exactly the merged one) only if the
+  // saving still pays for the thrown-away call.
+  accel::TokenMergingPayoff* tome_undecided = nullptr;
+  const auto leave_tome_out = [&](const accel::TokenMergingPayoff& payoff) {
+    accel_config.token_merging.ratio = 0;
+    accel_warnings.push_back(accel::token_merging_skipped_note(payoff, config.token_merging.ratio,
+                                                               n, device::device_name(c_->device)));
+  };
   if (config.token_merging.ratio > 0 && !config.token_merging.always) {
     int64_t batch = latents.size(0) * (guidance ? 2 : 1);
     if (shard) batch = shard->local(torch::zeros({batch})).size(0);
-    const auto payoff =
+    auto& payoff =
         token_merging_payoff(config.token_merging, batch, latents.size(2), latents.size(3));
-    if (!payoff.pays()) {
-      accel_config.token_merging.ratio = 0;
-      accel_warnings.push_back(accel::token_merging_skipped_note(payoff, config.token_merging.ratio,
-                                                                 device::device_name(c_->device)));
-    }
+    if (payoff.saved_s() <= 0 || (payoff.call_s > 0 && !payoff.pays(n, false)))
+      leave_tome_out(payoff);
+    else if (payoff.call_s <= 0)
+      tome_undecided = &payoff;
   }
   // Unmerged LoRA updates run as extra products whose tensors and scales the recording holds:
   // a generation with them records afresh (merged ones change the weights it reads in place).
   if (config.cuda_graph && c_->loras.unmerged() && !c_->loras.empty()) c_->unet_graph.reset();
-  accel::UNetAccelerator unet_accel(accel_config, c_->unet_config, n, seed, &c_->unet_graph);
+  auto unet_accel = std::make_unique<accel::UNetAccelerator>(accel_config, c_->unet_config, n, seed,
+                                                             &c_->unet_graph);
+  std::unique_ptr<accel::UNetAccelerator> plain_accel;
+  if (tome_undecided) {
+    auto plain_config = accel_config;
+    plain_config.token_merging.ratio = 0;
+    plain_accel = std::make_unique<accel::UNetAccelerator>(plain_config, c_->unet_config, n, seed,
+                                                           &c_->unet_graph);
+  }
   device::CpuShareMeter cpu_meter(at::get_num_threads());
   bool interrupted = false;
   int steps_run = 0;
@@ -497,13 +515,33 @@ GenerationResult StableDiffusion::denoise_and_decode(
         trace(step_name + ".mid_block_additional_residual", control->mid);
       }
     }
-    if (unet_accel.deep_cache())
+    if (unet_accel->deep_cache())
       trace("step." + std::to_string(i) + ".deepcache_full",
-            torch::tensor(unet_accel.full_step(i)));
-    auto noise_pred = unet_accel
-                          .forward(*c_->unet(), i, unet_input.to(c_->unet_dtype), t, cond,
-                                   added ? &*added : nullptr, control ? &*control : nullptr)
-                          .to(torch::kFloat32);
+            torch::tensor(unet_accel->full_step(i)));
+    const auto run_unet = [&](accel::UNetAccelerator& a) {
+      return a
+          .forward(*c_->unet(), i, unet_input.to(c_->unet_dtype), t, cond,
+                   added ? &*added : nullptr, control ? &*control : nullptr)
+          .to(torch::kFloat32);
+    };
+    torch::Tensor noise_pred;
+    if (plain_accel) {
+      const double call_start = now_s();
+      noise_pred = run_unet(*plain_accel);
+      noise_pred.flatten()[0].item<float>();  // the device's queued work is done
+      double call_s = now_s() - call_start;
+      if (cfg_group_) call_s = parallel::sum_over_ranks(*cfg_group_, {call_s})[0];
+      tome_undecided->call_s = call_s;
+      if (tome_undecided->pays(n, true)) {
+        noise_pred = run_unet(*unet_accel);
+      } else {
+        unet_accel = std::move(plain_accel);
+        leave_tome_out(*tome_undecided);
+      }
+      plain_accel.reset();
+    } else {
+      noise_pred = run_unet(*unet_accel);
+    }
     if (shard) noise_pred = shard->gather(noise_pred);
     trace("step." + std::to_string(i) + ".noise_pred_raw", noise_pred);
     if (guidance) {
@@ -602,10 +640,10 @@ GenerationResult StableDiffusion::denoise_and_decode(
   return result;
 }
 
-accel::TokenMergingPayoff StableDiffusion::token_merging_payoff(const TokenMergingOptions& tome,
-                                                                int64_t batch,
-                                                                int64_t latent_height,
-                                                                int64_t latent_width) {
+accel::TokenMergingPayoff& StableDiffusion::token_merging_payoff(const TokenMergingOptions& tome,
+                                                                 int64_t batch,
+                                                                 int64_t latent_height,
+                                                                 int64_t latent_width) {
   const auto sites = accel::token_merging_sites(tome, c_->unet_config);
   std::string key = std::to_string(batch) + ":" + std::to_string(latent_height) + "x" +
                     std::to_string(latent_width) + ":" + std::to_string(tome.ratio);
@@ -622,8 +660,7 @@ accel::TokenMergingPayoff StableDiffusion::token_merging_payoff(const TokenMergi
     payoff.plain_s = sums[0];
     payoff.merged_s = sums[1];
   }
-  c_->tome_payoffs.emplace(key, payoff);
-  return payoff;
+  return c_->tome_payoffs.emplace(key, payoff).first->second;
 }
 
 int StableDiffusion::cpu_threads_for(const GenerationConfig& config, int64_t images, int width,

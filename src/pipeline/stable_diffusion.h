@@ -122,10 +122,11 @@ class StableDiffusion {
   // the CPU.
   int cpu_threads_for(const GenerationConfig& config, int64_t images, int width, int height) const;
   // Token merging's measured payoff at this run shape (UNet batch, latent size), measured once
-  // per shape for the loaded model; under CFG-parallel the ranks' times are summed, so every
-  // rank decides alike.
-  accel::TokenMergingPayoff token_merging_payoff(const TokenMergingOptions& tome, int64_t batch,
-                                                 int64_t latent_height, int64_t latent_width);
+  // per shape for the loaded model and kept there (the whole call's time is filled in by the
+  // first run that times one); under CFG-parallel the ranks' times are summed, so every rank
+  // decides alike.
+  accel::TokenMergingPayoff& token_merging_payoff(const TokenMergingOptions& tome, int64_t batch,
+                                                  int64_t latent_height, int64_t latent_width);
   // The start every run shares: seed the devices, encode the prompts (negative ones too when
   // guidance is on), time it and record the text encoder's memory.
   PromptEmbeddings encode_for_run(const GenerationConfig& config, uint64_t seed, double t0,
