@@ -496,6 +496,8 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                                        pipeline::vae_scale_factor_of(f.model, f.load.config_dir));
   accel::refuse_dit_cache_on_unet(g.dit_cache);
   LoadOptions lo = to_load_options(f.load);
+  // One generation, then the process exits: no network needs to outlive its stage.
+  lo.single_generation = f.batch_count == 1;
   // A1111's <lora:NAME:SCALE> tags: out of the prompts, into the load options (one load, one
   // merge for every image of the run).
   if (f.prompt_syntax == "a1111")
@@ -563,9 +565,10 @@ int run_generate(const GenerateFlags& f, bool img2img) {
                       : "")
               << (info->vae_device != info->device ? " (vae " + info->vae_device + ")" : "")
               << ", unet " << info->unet_dtype << ", vae " << info->vae_dtype << ", attention "
-              << info->attention << (info->offload ? ", offload" : "") << ", scheduler "
-              << (g.scheduler.empty() ? info->scheduler : g.scheduler) << " (loaded in "
-              << format_seconds(info->load_s) << ")\n";
+              << info->attention
+              << (info->offload ? lo.offload ? ", offload" : ", networks loaded per stage" : "")
+              << ", scheduler " << (g.scheduler.empty() ? info->scheduler : g.scheduler)
+              << " (loaded in " << format_seconds(info->load_s) << ")\n";
   if (!f.quiet && !f.json)
     for (const auto& l : info->loras) std::cerr << "lora " << l << "\n";
 

@@ -114,32 +114,40 @@ TEST(Pipeline, Image2ImageKeepsSizeAndUsesStrength) {
   EXPECT_EQ(steps.size(), 2u);  // strength 0.5 of 4 steps
 }
 
+// Offload and a single generation (the CLI's one run: networks loaded per stage, the default's
+// packing kept) give the resident pipeline's images, also on a run that loads them again.
 TEST(Pipeline, OffloadGivesBitIdenticalImagesAcrossRepeatedRuns) {
-  auto offload = fp32_cpu();
-  offload.offload = true;
   auto resident = Text2Image::load(test::golden_model_dir(), fp32_cpu());
-  auto lazy = Text2Image::load(test::golden_model_dir(), offload);
-  EXPECT_TRUE(lazy.info().offload);
   EXPECT_FALSE(resident.info().offload);
-  EXPECT_EQ(lazy.info().default_width, resident.info().default_width);
   auto g = small_config(2);
-  auto expected = resident.generate(g);
-  for (int run = 0; run < 2; ++run) {  // the second run reloads every network
-    auto got = lazy.generate(g);
-    EXPECT_TRUE(got.images_float.equal(expected.images_float))
-        << "run " << run << ": max |diff| "
-        << (got.images_float - expected.images_float).abs().max().item<float>();
-  }
-  // img2img loads the VAE twice per run (encode, then decode).
+  const auto expected = resident.generate(g);
   Image init;
   init.width = init.height = 64;
   init.rgb.assign(64 * 64 * 3, 90);
-  g.strength = 0.5;
-  auto i2i_expected = Image2Image::load(test::golden_model_dir(), fp32_cpu()).generate(g, init);
-  auto i2i_got = Image2Image::load(test::golden_model_dir(), offload).generate(g, init);
-  EXPECT_TRUE(i2i_got.images_float.equal(i2i_expected.images_float))
-      << "max |diff| "
-      << (i2i_got.images_float - i2i_expected.images_float).abs().max().item<float>();
+  auto g2 = g;
+  g2.strength = 0.5;
+  const auto i2i_expected =
+      Image2Image::load(test::golden_model_dir(), fp32_cpu()).generate(g2, init);
+  for (bool single : {false, true}) {
+    SCOPED_TRACE(single ? "single_generation" : "offload");
+    auto options = fp32_cpu();
+    (single ? options.single_generation : options.offload) = true;
+    auto lazy = Text2Image::load(test::golden_model_dir(), options);
+    EXPECT_TRUE(lazy.info().offload);
+    EXPECT_EQ(lazy.info().weight_bytes, 0);
+    EXPECT_EQ(lazy.info().default_width, resident.info().default_width);
+    for (int run = 0; run < 2; ++run) {  // the second run reloads every network
+      auto got = lazy.generate(g);
+      EXPECT_TRUE(got.images_float.equal(expected.images_float))
+          << "run " << run << ": max |diff| "
+          << (got.images_float - expected.images_float).abs().max().item<float>();
+    }
+    // img2img loads the VAE twice per run (encode, then decode).
+    auto i2i_got = Image2Image::load(test::golden_model_dir(), options).generate(g2, init);
+    EXPECT_TRUE(i2i_got.images_float.equal(i2i_expected.images_float))
+        << "max |diff| "
+        << (i2i_got.images_float - i2i_expected.images_float).abs().max().item<float>();
+  }
 }
 
 TEST(Pipeline, BadParametersAreRejectedBeforeAnyWork) {
@@ -257,12 +265,11 @@ TEST(PipelinePromptSyntax, WeightsOfExactlyOneGiveThePlainPromptsImage) {
   };
   const std::string plain = "a red circle on the left and a blue square on the right";
   const auto want = run(plain, "blurry", "plain");
-  for (const char* spelled :
-       {"(a red circle on the left and a blue square on the right:1.0)",
-        "(a red circle on the left and a blue square on the right:1)",
-        "a red (circle:1.00) on the left and a blue square on the right",
-        "a red circle on the left and a ((blue square:1.0):1) on the right",
-        "a red circle on the left and a blue square on the right BREAK"}) {
+  for (const char* spelled : {"(a red circle on the left and a blue square on the right:1.0)",
+                              "(a red circle on the left and a blue square on the right:1)",
+                              "a red (circle:1.00) on the left and a blue square on the right",
+                              "a red circle on the left and a ((blue square:1.0):1) on the right",
+                              "a red circle on the left and a blue square on the right BREAK"}) {
     SCOPED_TRACE(spelled);
     EXPECT_EQ(run(spelled, "blurry", "a1111"), want);
   }

@@ -45,7 +45,7 @@ struct StableDiffusion::Components {
   int64_t max_memory = 0;          // LoadOptions::max_memory
   accel::UNetGraph unet_graph;     // GenerationConfig::cuda_graph's recording, across generations
   bool keep_16bit_weights = true;  // LoadOptions::keep_16bit_weights
-  bool pack_conv_weights = true;   // LoadOptions::pack_conv_weights
+  bool pack_conv_weights = true;   // LoadOptions::pack_conv_weights, never with offload
   std::optional<quant::GgmlType> unet_weight_type;  // LoadOptions::weights
   // The CLIP text encoders, as ModelSource::text_encoders lists them.
   struct TextEncoder {
@@ -101,7 +101,7 @@ struct StableDiffusion::Components {
     if (keep_16bit.empty()) slot->to(where, dtype);  // else: already float32 on the CPU
     nn::use_compute_layout(*slot);
     slot->eval();
-    if (pack_conv_weights && !offload) nn::set_weight_packing(*slot, true);
+    if (pack_conv_weights) nn::set_weight_packing(*slot, true);
     bind_loras(component, *slot);
     return slot;
   }
@@ -183,7 +183,7 @@ struct StableDiffusion::Components {
     if (unet_weight_type) nn::quantize_conv_layers(*unet_module, *unet_weight_type);
     nn::use_compute_layout(*unet_module);
     unet_module->eval();
-    if (pack_conv_weights && !offload) nn::set_weight_packing(*unet_module, true);
+    if (pack_conv_weights) nn::set_weight_packing(*unet_module, true);
     bind_loras("unet", *unet_module);
     return unet_module;
   }

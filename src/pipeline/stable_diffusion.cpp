@@ -200,10 +200,12 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   // Built once now so that a bad scheduler config fails at load, naming its key, not at the
   // first generation.
   schedulers::make_scheduler(c_->scheduler_config);
-  c_->offload = options.offload;
+  c_->offload = options.offload || options.single_generation;
   c_->max_memory = options.max_memory;
   c_->keep_16bit_weights = options.keep_16bit_weights;
-  c_->pack_conv_weights = options.pack_conv_weights;
+  // Offload's point is the lowest peak; a single generation keeps the UNet for all its steps,
+  // where packing pays.
+  c_->pack_conv_weights = options.pack_conv_weights && !options.offload;
   if (options.lora_mode != "merged" && options.lora_mode != "unmerged")
     throw InvalidArgument("lora_mode: expected \"merged\" or \"unmerged\", got \"" +
                           options.lora_mode + "\"");
