@@ -36,6 +36,22 @@ inline std::string fmt(const char* f, double x) {
 }
 
 // The upper middle of the values (the middle one for an odd count); 0 for none.
+// Best wall time of `fn` over calls filling at least `min_seconds` (at least `min_calls`, at
+// most `max_calls` of them), after a warm-up call.
+template <typename Fn>
+double best_time(Fn&& fn, double min_seconds, int min_calls, int max_calls) {
+  fn();
+  double best = 1e30, spent = 0;
+  for (int i = 0; i < max_calls && (i < min_calls || spent < min_seconds); ++i) {
+    const double t0 = now_s();
+    fn();
+    const double dt = now_s() - t0;
+    best = std::min(best, dt);
+    spent += dt;
+  }
+  return best;
+}
+
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];

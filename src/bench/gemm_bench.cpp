@@ -47,21 +47,6 @@ std::vector<Shape> shapes(int batch) {
   };
 }
 
-// Best wall time of `f` over at least `min_seconds` (and at least 3 calls) after a warm-up.
-template <class F>
-double best_time(F&& f, double min_seconds) {
-  f();
-  double best = 1e30, spent = 0;
-  for (int i = 0; i < 3 || spent < min_seconds; ++i) {
-    const double t0 = now_s();
-    f();
-    const double t = now_s() - t0;
-    best = std::min(best, t);
-    spent += t;
-  }
-  return best;
-}
-
 // Restores the policy the process had when the bench leaves (also by an exception).
 struct PolicyRestore {
   nn::Bf16GemmPolicy saved = nn::bf16_gemm_policy();
@@ -95,8 +80,9 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
     const auto b = torch::randn({s.n}, gen, f32).to(torch::kBFloat16);
     torch::Tensor own, ref;
     nn::set_bf16_gemm_policy(nn::Bf16GemmPolicy::own);
-    row.own_s = best_time([&] { own = nn::cpu_bf16_linear(x, w, b); }, o.min_seconds);
-    row.onednn_s = best_time([&] { ref = torch::nn::functional::linear(x, w, b); }, o.min_seconds);
+    row.own_s = best_time([&] { own = nn::cpu_bf16_linear(x, w, b); }, o.min_seconds, 3, 1 << 30);
+    row.onednn_s =
+        best_time([&] { ref = torch::nn::functional::linear(x, w, b); }, o.min_seconds, 3, 1 << 30);
     const double gflop = 2e-9 * double(s.m) * double(s.n) * double(s.k);
     row.own_gflops = gflop / row.own_s;
     row.onednn_gflops = gflop / row.onednn_s;
@@ -130,10 +116,11 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
                                   torch::TensorOptions().dtype(torch::kInt64));
   torch::Tensor own, ref;
   nn::set_bf16_gemm_policy(nn::Bf16GemmPolicy::own);
-  r.text_own_s = best_time([&] { own = text->forward(ids).last_hidden_state; }, 3 * o.min_seconds);
+  r.text_own_s =
+      best_time([&] { own = text->forward(ids).last_hidden_state; }, 3 * o.min_seconds, 3, 1 << 30);
   nn::set_bf16_gemm_policy(nn::Bf16GemmPolicy::onednn);
   r.text_onednn_s =
-      best_time([&] { ref = text->forward(ids).last_hidden_state; }, 3 * o.min_seconds);
+      best_time([&] { ref = text->forward(ids).last_hidden_state; }, 3 * o.min_seconds, 3, 1 << 30);
   r.text_max_abs_diff =
       (own.to(torch::kFloat32) - ref.to(torch::kFloat32)).abs().max().item<double>();
   r.text_max_abs = ref.to(torch::kFloat32).abs().max().item<double>();

@@ -84,7 +84,8 @@ LoraBenchResult run_lora_bench(const LoraBenchOptions& o) {
   };
   torch::InferenceMode guard;
   device::configure_cpu_threads();
-  device::set_cpu_memory_policy();  // the pipelines' heap policy, so steps cost what they cost there
+  device::set_cpu_memory_policy();  // the pipelines' heap policy, so steps cost what they cost
+                                    // there
   const auto& arch = models::builtin_arch(o.arch);
   const torch::Device cpu(torch::kCPU);
   const auto dtype = device::resolve_dtype(o.dtype, cpu, "unet");

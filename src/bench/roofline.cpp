@@ -10,25 +10,6 @@
 #include "device/device.h"
 
 namespace diffuse::bench {
-namespace {
-
-// Best time of `fn` over calls filling at least min_seconds (at least 2 calls), after a warm-up.
-template <typename Fn>
-double best_time(Fn&& fn, double min_seconds) {
-  fn();
-  double best = 1e30, spent = 0;
-  for (int i = 0; i < 2 || spent < min_seconds; ++i) {
-    double t0 = now_s();
-    fn();
-    double dt = now_s() - t0;
-    best = std::min(best, dt);
-    spent += dt;
-    if (i >= 50) break;
-  }
-  return best;
-}
-
-}  // namespace
 
 Roofline measure_roofline(const torch::Device& device, torch::Dtype dtype, bool channels_last,
                           double min_seconds) {
@@ -58,7 +39,7 @@ Roofline measure_roofline(const torch::Device& device, torch::Dtype dtype, bool 
           torch::linear(x, w);
           sync_device(device);
         },
-        min_seconds);
+        min_seconds, 2, 51);
     r.matmul_gflops = std::max(r.matmul_gflops, e.gflops());
     r.entries.push_back(e);
   }
@@ -80,7 +61,7 @@ Roofline measure_roofline(const torch::Device& device, torch::Dtype dtype, bool 
           torch::conv2d(x, w, b, 1, 1);
           sync_device(device);
         },
-        min_seconds);
+        min_seconds, 2, 51);
     r.conv_gflops = std::max(r.conv_gflops, e.gflops());
     r.entries.push_back(e);
   }

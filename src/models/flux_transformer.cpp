@@ -30,12 +30,6 @@ std::string shape_text(const torch::Tensor& t) {
   return c10::str(t.sizes());
 }
 
-std::string axes_text(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 // [N, 3] from [N, 3] or [1, N, 3] (diffusers accepts the 3-d form with a deprecation warning).
 torch::Tensor ids_2d(const torch::Tensor& ids) {
   return ids.dim() == 3 ? ids.select(0, 0) : ids;
@@ -65,11 +59,11 @@ FluxTransformerConfig FluxTransformerConfig::from_json(const io::JsonConfig& cfg
   for (auto d : c.axes_dims_rope)
     if (d <= 0 || d % 2 != 0)
       cfg.fail("axes_dims_rope", "every axis needs a positive even number of dimensions, got " +
-                                     axes_text(c.axes_dims_rope));
+                                     c10::str(c10::IntArrayRef(c.axes_dims_rope)));
   const int64_t rope_dims =
       std::accumulate(c.axes_dims_rope.begin(), c.axes_dims_rope.end(), int64_t{0});
   if (rope_dims != c.attention_head_dim)
-    cfg.fail("axes_dims_rope", axes_text(c.axes_dims_rope) + " sums to " +
+    cfg.fail("axes_dims_rope", c10::str(c10::IntArrayRef(c.axes_dims_rope)) + " sums to " +
                                    std::to_string(rope_dims) + ", but attention_head_dim is " +
                                    std::to_string(c.attention_head_dim) +
                                    " (FLUX rotates the whole head)");

@@ -16,16 +16,10 @@
 namespace diffuse::models {
 namespace {
 
-constexpr int64_t kTimestepChannels = 256;
+constexpr int64_t kQwenTimestepChannels = 256;
 constexpr double kNormEps = 1e-6;
 // ComfyUI's single files (and GGUFs converted from them) keep the diffusers names under this.
 const std::string kComfyPrefix = "model.diffusion_model.";
-
-std::string axes_text(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
 
 }  // namespace
 
@@ -43,16 +37,16 @@ QwenImageTransformerConfig QwenImageTransformerConfig::from_json(const io::JsonC
   c.joint_attention_dim = read_int_in(cfg, "joint_attention_dim", 3584, 1, kMaxConfigDim);
   if (cfg.has("axes_dims_rope")) c.axes_dims_rope = read_int_list(cfg, "axes_dims_rope");
   if (c.axes_dims_rope.size() != 3)
-    cfg.fail("axes_dims_rope",
-             "expected 3 axes (frame, row, column), got " + axes_text(c.axes_dims_rope));
+    cfg.fail("axes_dims_rope", "expected 3 axes (frame, row, column), got " +
+                                   c10::str(c10::IntArrayRef(c.axes_dims_rope)));
   for (auto d : c.axes_dims_rope)
     if (d <= 0 || d % 2 != 0)
       cfg.fail("axes_dims_rope", "every axis needs a positive even number of dimensions, got " +
-                                     axes_text(c.axes_dims_rope));
+                                     c10::str(c10::IntArrayRef(c.axes_dims_rope)));
   const int64_t rope_dims =
       std::accumulate(c.axes_dims_rope.begin(), c.axes_dims_rope.end(), int64_t{0});
   if (rope_dims != c.attention_head_dim)
-    cfg.fail("axes_dims_rope", axes_text(c.axes_dims_rope) + " sums to " +
+    cfg.fail("axes_dims_rope", c10::str(c10::IntArrayRef(c.axes_dims_rope)) + " sums to " +
                                    std::to_string(rope_dims) + ", but attention_head_dim is " +
                                    std::to_string(c.attention_head_dim));
   if (c.in_channels != c.out_channels * c.patch_size * c.patch_size)
@@ -86,7 +80,7 @@ QwenImageTransformer2DModelImpl::QwenImageTransformer2DModelImpl(QwenImageTransf
   const int64_t D = c.inner_dim();
   auto tte = register_module("time_text_embed", std::make_shared<torch::nn::Module>());
   timestep_embedder = tte->register_module(
-      "timestep_embedder", nn::TimestepEmbedding(kTimestepChannels, D, nn::Activation::kSilu));
+      "timestep_embedder", nn::TimestepEmbedding(kQwenTimestepChannels, D, nn::Activation::kSilu));
   txt_norm = register_module("txt_norm", nn::RMSNorm(c.joint_attention_dim, kNormEps));
   img_in = register_module("img_in", nn::make_linear(c.in_channels, D));
   txt_in = register_module("txt_in", nn::make_linear(c.joint_attention_dim, D));
@@ -197,7 +191,7 @@ torch::Tensor QwenImageTransformer2DModelImpl::forward(const torch::Tensor& hidd
   // The timestep in the model's dtype, then the sinusoid of 1000 * (t * freq) in float32.
   auto t = timestep.to(dev, dtype).reshape({-1}).expand({B});
   in.temb = timestep_embedder(
-      nn::get_timestep_embedding(t, kTimestepChannels, /*flip_sin_to_cos=*/true, 0.0, 1000.0)
+      nn::get_timestep_embedding(t, kQwenTimestepChannels, /*flip_sin_to_cos=*/true, 0.0, 1000.0)
           .to(dtype));
   capture(inter, "time_text_embed", in.temb);
 
