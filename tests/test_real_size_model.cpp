@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cli_run.h"
 #include "diffuse/errors.h"
 #include "io/gguf.h"
 #include "io/json_config.h"
@@ -155,6 +156,22 @@ TEST(RealSizeModel, BadRequestsWriteNothing) {
   EXPECT_ANY_THROW(pipeline::write_random_dit_folder((tmp.path() / "c").string(), broken, o));
   EXPECT_FALSE(fs::exists(tmp.path() / "c"));
   EXPECT_FALSE(fs::exists(tmp.path() / "c.partial"));
+}
+
+// A disk that fills while a folder is written, mid-stream: here a file-size limit on the CLI
+// (its writes then fail with EFBIG, as they would with ENOSPC) while it writes a real-size
+// FLUX.1-schnell folder, whose first text encoder is larger than the limit. A one-line error,
+// no crash, and neither the folder nor its .partial left behind to be loaded later.
+TEST(RealSizeModel, AWriteThatFailsMidwayLeavesNoFolder) {
+  test::TempDir tmp;
+  const auto out = tmp.file("flux-schnell");
+  const auto r = test::run_cli({"create-demo-model", "--arch", "flux-schnell", "-o", out}, tmp,
+                               "trap '' XFSZ; ulimit -f 16384;");  // 8 MiB, in 512-byte blocks
+  EXPECT_GT(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("error"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("text_encoder"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(out + ".partial"));
 }
 
 }  // namespace test_real_size_model
