@@ -34,19 +34,33 @@ bool dequantizes_on_device(GgmlType type) {
 
 namespace {
 
-// Symmetric per-row int8 (I8_ROWS), computed in float32 on the weight's device, a few rows at a
-// time: whole-matrix float32 temporaries (~20 bytes per value) of every layer, freed into a
-// heap that keeps freed memory, raised a SD2.1 UNet's load peak above its bf16 size.
+// Calls fn(w, r0, r1) with rows [r0, r1) of `weight` as a float32 copy of their own on
+// `device`, a few rows at a time: whole-matrix float32 temporaries of every layer (~20 bytes a
+// value for int8's arithmetic), freed into a heap that keeps freed memory, raised a SD2.1 UNet's
+// load peak above its bf16 size.
+template <typename Fn>
+void for_float_row_chunks(const at::Tensor& weight, const at::Device& device, Fn&& fn) {
+  const int64_t rows = weight.size(0);
+  const int64_t chunk =
+      std::max<int64_t>(16, (int64_t{1} << 20) / std::max<int64_t>(weight.size(1), 1));
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t r1 = std::min(rows, r0 + chunk);
+    fn(weight.detach()
+           .slice(0, r0, r1)
+           .to(device, at::kFloat, /*non_blocking=*/false,
+               /*copy=*/true)
+           .contiguous(),
+       r0, r1);
+  }
+}
+
+// Symmetric per-row int8 (I8_ROWS), computed in float32 on the weight's device.
 QuantizedWeight quantize_int8_rows(const at::Tensor& weight, const std::string& name) {
   const int64_t rows = weight.size(0), cols = weight.size(1);
   const auto on = at::TensorOptions().device(weight.device());
   auto codes = at::empty({rows, cols}, on.dtype(at::kChar));
   auto scales = at::empty({rows}, on.dtype(at::kFloat));
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(cols, 1));
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t r1 = std::min(rows, r0 + chunk);
-    auto w = weight.detach().slice(0, r0, r1).to(at::kFloat, /*non_blocking=*/false,
-                                                 /*copy=*/true);
+  for_float_row_chunks(weight, weight.device(), [&](at::Tensor w, int64_t r0, int64_t r1) {
     if (!at::isfinite(w).all().item<bool>())
       throw InvalidArgument("quantize " + name + ": holds values that are not finite");
     const auto amax = w.abs().amax(1);
@@ -56,7 +70,7 @@ QuantizedWeight quantize_int8_rows(const at::Tensor& weight, const std::string& 
     w.div_(divisor.unsqueeze(1)).round_().clamp_(-127, 127);
     codes.slice(0, r0, r1).copy_(w);
     scales.slice(0, r0, r1).copy_(row_scales);
-  }
+  });
   return {GgmlType::I8_ROWS, rows, cols, codes.view(at::kByte), scales};
 }
 
@@ -83,18 +97,14 @@ QuantizedWeight quantize_weight(const at::Tensor& weight, GgmlType type, const s
                           std::to_string(traits.block_elems));
   const int64_t row_bytes = ggml_row_bytes(type, cols);
   auto blocks = at::empty({rows, row_bytes}, at::TensorOptions().dtype(at::kByte));
-  // Widened to float32 a few rows at a time (see quantize_int8_rows).
-  const int64_t chunk = std::max<int64_t>(16, (int64_t{1} << 20) / cols);
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t r1 = std::min(rows, r0 + chunk);
-    const auto plain = weight.detach().slice(0, r0, r1).to(at::kCPU, at::kFloat).contiguous();
+  for_float_row_chunks(weight, at::kCPU, [&](const at::Tensor& plain, int64_t r0, int64_t r1) {
     const float* src = plain.data_ptr<float>();
     uint8_t* dst = blocks.data_ptr<uint8_t>() + r0 * row_bytes;
     at::parallel_for(0, r1 - r0, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r)
         quantize(type, src + r * cols, dst + r * row_bytes, cols);
     });
-  }
+  });
   return {type, rows, cols, blocks.to(weight.device()), {}};
 }
 
