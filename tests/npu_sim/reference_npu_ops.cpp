@@ -3,12 +3,14 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <vector>
 
 #include "npu_sim/reference_op_args.h"
 #include "npu_sim/sim_tensors.h"
@@ -66,18 +68,36 @@ at::Tensor from_bnsd(const at::Tensor& x, const std::string& layout) {
 // masked out) allows it and it lies in the [-pre, +next] token window. The window is applied
 // even without a mask, which is stricter than the documentation of the newest CANN releases
 // (they ignore the window then) and catches a call that relies on that.
+// The kernel's result computed plainly in float32, a block of query rows at a time: a whole
+// score matrix of a VAE's mid-block attention (16k tokens) would take a GiB per call, and the
+// page faults of touching it cost the simulated-device tests most of their time.
 at::Tensor reference(const at::Tensor& q4, const at::Tensor& k4, const at::Tensor& v4, double scale,
                      const c10::IValue& mask, int64_t pre, int64_t next) {
   auto q = q4.to(torch::kFloat32), k = k4.to(torch::kFloat32), v = v4.to(torch::kFloat32);
-  auto scores = torch::matmul(q, k.transpose(-1, -2)) * scale;
-  int64_t sq = q.size(2), sk = k.size(2);
-  auto i = torch::arange(sq, torch::kInt64).unsqueeze(1),
-       j = torch::arange(sk, torch::kInt64).unsqueeze(0);
-  auto allowed = ((j - i) <= next).logical_and((i - j) <= pre);
-  if (!mask.isNone())
-    allowed = allowed.logical_and(host(mask.toTensor()).to(torch::kBool).logical_not());
-  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-  return torch::matmul(scores.softmax(-1), v).to(q4.scalar_type());
+  const int64_t sq = q.size(2), sk = k.size(2);
+  at::Tensor refused;  // true where the mask takes a key away
+  if (!mask.isNone()) refused = host(mask.toTensor()).to(torch::kBool);
+  const auto kt = k.transpose(-1, -2);
+  const int64_t score_bytes_per_row = q.size(0) * q.size(1) * sk * 4;
+  const int64_t rows =
+      std::max<int64_t>(1, (int64_t{32} << 20) / std::max<int64_t>(1, score_bytes_per_row));
+  std::vector<at::Tensor> out;
+  for (int64_t r0 = 0; r0 < sq; r0 += rows) {
+    const int64_t n = std::min(rows, sq - r0);
+    auto scores = torch::matmul(q.narrow(2, r0, n), kt) * scale;
+    auto i = torch::arange(r0, r0 + n, torch::kInt64).unsqueeze(1),
+         j = torch::arange(sk, torch::kInt64).unsqueeze(0);
+    auto allowed = ((j - i) <= next).logical_and((i - j) <= pre);
+    if (refused.defined()) {
+      // A mask of one row (or none along the queries) applies to every row.
+      const auto m =
+          refused.dim() >= 2 && refused.size(-2) == sq ? refused.narrow(-2, r0, n) : refused;
+      allowed = allowed.logical_and(m.logical_not());
+    }
+    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+    out.push_back(torch::matmul(scores.softmax(-1), v));
+  }
+  return torch::cat(out, 2).to(q4.scalar_type());
 }
 
 void record(const std::string& op, const std::string& layout, int64_t heads, double scale,
