@@ -21,7 +21,7 @@
 #include "models/llama.h"
 #include "models/t5_encoder.h"
 #include "models/unet2d_condition.h"
-#include "pipeline/demo_model.h"
+#include "pipeline/real_size_model.h"
 #include "test_util.h"
 
 namespace diffuse::test {
@@ -413,10 +413,8 @@ TEST(OnnxExport, ExternalDataBesideTheFile) {
 // batch of two that classifier-free guidance runs).
 TEST(OnnxExport, FullSizeSd21BaseUnetWithExternalData) {
   TempDir dir;
-  pipeline::DemoModelOptions demo;
-  demo.arch = "sd2.1-base";
   const auto model = dir.file("sd21-base");
-  pipeline::create_demo_model(model, demo);
+  pipeline::write_random_folder(model, pipeline::real_size_spec("sd2.1-base"));
   ExportRequest req;
   req.batch = 2;
   req.height = req.width = 128;

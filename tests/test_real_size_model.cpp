@@ -1,4 +1,4 @@
-// create-demo-model's complete DiT folders (pipeline/real_size_model.h): the real-size specs
+// create-demo-model's complete folders (pipeline/real_size_model.h): the real-size specs
 // have the real networks' sizes; a folder written at the golden set's small configs loads and
 // draws, in bf16 and with a q8_0 GGUF transformer whose values are the bf16 folder's within q8_0's
 // rounding; bad requests leave nothing behind.
@@ -16,9 +16,12 @@
 #include "io/safetensors.h"
 #include "models/flux_transformer.h"
 #include "models/t5_encoder.h"
+#include "models/unet2d_condition.h"
 #include "nn/layers.h"
 #include "pipeline/hidream.h"
 #include "pipeline/real_size_model.h"
+#include "pipeline/stable_diffusion.h"
+#include "pipeline_test_util.h"
 #include "test_util.h"
 #include "verify/verify.h"
 
@@ -34,9 +37,9 @@ nlohmann::json read_json(const fs::path& p) {
 
 // The real-size spec of hidream-i1 with every network's config taken from the golden tiny
 // folder: the same writer, at a size a test can write.
-pipeline::RandomDitFolderSpec tiny_hidream_spec(const fs::path& model) {
-  auto s = pipeline::real_size_dit_spec("hidream-i1");
-  s.transformer = read_json(model / "transformer" / "config.json");
+pipeline::RandomFolderSpec tiny_hidream_spec(const fs::path& model) {
+  auto s = pipeline::real_size_spec("hidream-i1");
+  s.denoiser = read_json(model / "transformer" / "config.json");
   s.vae = read_json(model / "vae" / "config.json");
   for (auto& t : s.text_encoders) t.config = read_json(model / t.component / "config.json");
   return s;
@@ -50,24 +53,77 @@ TEST(RealSizeModel, SpecsHaveTheRealNetworksSizes) {
     return n;
   };
   nn::SkipInitGuard skip(torch::kBFloat16);
-  const auto flux = pipeline::real_size_dit_spec("flux-dev");
+  const auto flux = pipeline::real_size_spec("flux-dev");
   EXPECT_EQ(flux.pipeline_class, "FluxPipeline");
   // FLUX.1-dev's transformer: 11,901,408,320 parameters; T5-XXL's encoder: 4,762,310,656.
   EXPECT_EQ(count(models::FluxTransformer2DModel(models::FluxTransformerConfig::from_json(
-                io::JsonConfig(flux.transformer, "flux-dev")))),
+                io::JsonConfig(flux.denoiser, "flux-dev")))),
             11901408320);
   ASSERT_EQ(flux.text_encoders.size(), 2u);
   EXPECT_EQ(count(models::T5EncoderModel(
                 models::T5Config::from_json(io::JsonConfig(flux.text_encoders[1].config, "t5")))),
             4762310656);
   EXPECT_EQ(flux.text_encoders[1].max_length, 512);
-  EXPECT_EQ(pipeline::real_size_dit_spec("flux-schnell").text_encoders[1].max_length, 256);
-  EXPECT_EQ(pipeline::real_size_dit_spec("flux-kontext").pipeline_class, "FluxKontextPipeline");
-  const auto e1 = pipeline::real_size_dit_spec("hidream-e1");
+  EXPECT_EQ(pipeline::real_size_spec("flux-schnell").text_encoders[1].max_length, 256);
+  EXPECT_EQ(pipeline::real_size_spec("flux-kontext").pipeline_class, "FluxKontextPipeline");
+  const auto e1 = pipeline::real_size_spec("hidream-e1");
   EXPECT_EQ(e1.pipeline_class, "HiDreamImageEditingPipeline");
   ASSERT_EQ(e1.text_encoders.size(), 4u);
   EXPECT_EQ(e1.text_encoders[3].kind, "llama");
-  EXPECT_THROW(pipeline::real_size_dit_spec("flux-pro"), InvalidArgument);
+  EXPECT_THROW(pipeline::real_size_spec("flux-pro"), InvalidArgument);
+
+  // Stable Diffusion: SD2.1-base's UNet has 865,910,724 parameters, SDXL's 2,567,463,684.
+  auto unet = [&](const pipeline::RandomFolderSpec& s) {
+    return count(models::UNet2DConditionModel(
+        models::UNet2DConditionConfig::from_json(io::JsonConfig(s.denoiser, s.arch))));
+  };
+  const auto sd21 = pipeline::real_size_spec("sd2.1-base");
+  EXPECT_EQ(sd21.denoiser_component(), "unet");
+  EXPECT_EQ(sd21.pipeline_class, "StableDiffusionPipeline");
+  EXPECT_EQ(sd21.default_weights, "fp16");
+  EXPECT_EQ(unet(sd21), 865910724);
+  const auto sdxl = pipeline::real_size_spec("sdxl");
+  EXPECT_EQ(sdxl.pipeline_class, "StableDiffusionXLPipeline");
+  ASSERT_EQ(sdxl.text_encoders.size(), 2u);
+  EXPECT_EQ(sdxl.text_encoders[1].config["architectures"][0], "CLIPTextModelWithProjection");
+  EXPECT_EQ(unet(sdxl), 2567463684);
+}
+
+// Stable Diffusion folders come from the same streaming writer: a small UNet's folder in fp16
+// (as the repositories' fp16 variants) and with a q8_0 GGUF UNet loads and draws.
+TEST(RealSizeModel, StableDiffusionFolderLoadsAndDrawsInFp16AndQ8) {
+  const auto spec = pipeline::real_size_spec("tiny");
+  test::TempDir tmp;
+  pipeline::RandomFolderOptions o;
+  for (const std::string weights : {"", "q8_0"}) {
+    o.weights = weights;
+    const auto dir = tmp.path() / (weights.empty() ? "fp16" : weights);
+    pipeline::write_random_folder(dir.string(), spec, o);
+    const auto index = read_json(dir / "model_index.json");
+    EXPECT_EQ(index["_class_name"], "StableDiffusionPipeline");
+    EXPECT_EQ(index["unet"][1], "UNet2DConditionModel");
+    EXPECT_EQ(index["requires_safety_checker"], false);
+    if (weights.empty()) {
+      const auto unet = io::ModelFolder::open(dir.string()).component_weights("unet");
+      ASSERT_FALSE(unet.empty());
+      for (const auto& [name, t] : unet) EXPECT_EQ(t.scalar_type(), torch::kFloat16) << name;
+    } else {
+      EXPECT_TRUE(fs::exists(dir / "unet" / "diffusion_pytorch_model.gguf"));
+    }
+    pipeline::StableDiffusion sd(dir.string(), test::fp32_cpu());
+    // The GGUF UNet's blocks stay quantized (read through its table, not dequantized).
+    EXPECT_EQ(sd.info().weights, weights.empty() ? "none" : "gguf");
+    GenerationConfig g;
+    g.prompts = {"a red fox in the snow"};
+    g.steps = 1;
+    g.width = g.height = 32;
+    g.seed = 1;
+    const auto r = sd.text2image(g, {});
+    ASSERT_EQ(r.images.size(), 1u) << dir;
+    EXPECT_EQ(r.images[0].width, 32) << dir;
+    EXPECT_TRUE(torch::isfinite(r.latents).all().item<bool>()) << dir;
+    EXPECT_GT(r.latents.std().item<double>(), 0.0) << dir;
+  }
 }
 
 TEST(RealSizeModel, AWrittenFolderLoadsAndDrawsInBf16AndQ8) {
@@ -79,7 +135,7 @@ TEST(RealSizeModel, AWrittenFolderLoadsAndDrawsInBf16AndQ8) {
   pipeline::RandomFolderOptions o;
   o.shard_bytes = 64 << 10;  // several shards per network
   const auto bf16_dir = tmp.path() / "bf16";
-  const auto report = pipeline::write_random_dit_folder(bf16_dir.string(), spec, o);
+  const auto report = pipeline::write_random_folder(bf16_dir.string(), spec, o);
   EXPECT_GT(report.bytes, 0);
   EXPECT_FALSE(fs::exists(tmp.path() / "bf16.partial"));
   EXPECT_TRUE(
@@ -90,7 +146,7 @@ TEST(RealSizeModel, AWrittenFolderLoadsAndDrawsInBf16AndQ8) {
 
   o.weights = "q8_0";
   const auto q8_dir = tmp.path() / "q8";
-  pipeline::write_random_dit_folder(q8_dir.string(), spec, o);
+  pipeline::write_random_folder(q8_dir.string(), spec, o);
   const auto gguf_path = q8_dir / "transformer" / "diffusion_pytorch_model.gguf";
   ASSERT_TRUE(fs::exists(gguf_path));
 
@@ -138,7 +194,7 @@ TEST(RealSizeModel, BadRequestsWriteNothing) {
   test::TempDir tmp;
   pipeline::RandomFolderOptions o;
   o.weights = "q5_1";
-  EXPECT_THROW(pipeline::write_random_dit_folder((tmp.path() / "a").string(), spec, o),
+  EXPECT_THROW(pipeline::write_random_folder((tmp.path() / "a").string(), spec, o),
                InvalidArgument);
   EXPECT_FALSE(fs::exists(tmp.path() / "a"));
   EXPECT_FALSE(fs::exists(tmp.path() / "a.partial"));
@@ -146,14 +202,14 @@ TEST(RealSizeModel, BadRequestsWriteNothing) {
   fs::create_directories(tmp.path() / "b");
   std::ofstream(tmp.path() / "b" / "keep.txt") << "mine";
   o.weights = "bf16";
-  EXPECT_THROW(pipeline::write_random_dit_folder((tmp.path() / "b").string(), spec, o),
+  EXPECT_THROW(pipeline::write_random_folder((tmp.path() / "b").string(), spec, o),
                InvalidArgument);
   EXPECT_TRUE(fs::exists(tmp.path() / "b" / "keep.txt"));
   EXPECT_FALSE(fs::exists(tmp.path() / "b" / "model_index.json"));
   // A network the writer cannot build fails before the folder appears.
   auto broken = spec;
-  broken.transformer["num_attention_heads"] = -1;
-  EXPECT_ANY_THROW(pipeline::write_random_dit_folder((tmp.path() / "c").string(), broken, o));
+  broken.denoiser["num_attention_heads"] = -1;
+  EXPECT_ANY_THROW(pipeline::write_random_folder((tmp.path() / "c").string(), broken, o));
   EXPECT_FALSE(fs::exists(tmp.path() / "c"));
   EXPECT_FALSE(fs::exists(tmp.path() / "c.partial"));
 }

@@ -242,6 +242,32 @@ TEST(Safetensors, WriterIsAtomicAndLeavesNoTempFiles) {
                IoError);
 }
 
+// Streamed tensors are made one at a time as they are written; one that is not what the header
+// declared fails the write and leaves nothing.
+TEST(Safetensors, StreamedWriterMakesEachTensorWhenWritingIt) {
+  test::TempDir dir;
+  std::vector<std::string> made;
+  auto tensor = [&](const std::string& name, std::vector<int64_t> shape, float value) {
+    return io::SafetensorsTensorToWrite{name, torch::kBFloat16, shape, [&made, name, shape, value] {
+                                          made.push_back(name);
+                                          return torch::full(shape, value, torch::kBFloat16);
+                                        }};
+  };
+  io::save_safetensors_streamed(dir.file("s.safetensors"),
+                                {tensor("b", {2, 3}, 1.5f), tensor("a", {4}, -2.0f)});
+  EXPECT_EQ(made, (std::vector<std::string>{"b", "a"}));
+  const auto f = io::SafetensorsFile::open(dir.file("s.safetensors"));
+  EXPECT_TRUE(torch::equal(f->get("b"), torch::full({2, 3}, 1.5f, torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(f->get("a"), torch::full({4}, -2.0f, torch::kBFloat16)));
+
+  auto wrong = tensor("c", {2, 2}, 1.0f);
+  wrong.shape = {5};
+  const auto what = test::expect_throw<InvalidArgument>(
+      [&] { io::save_safetensors_streamed(dir.file("t.safetensors"), {wrong}); });
+  EXPECT_NE(what.find("'c' was declared"), std::string::npos) << what;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("t.safetensors")));
+}
+
 // Thousands of random mutations of a valid file: every one must either load or throw one of
 // our typed errors; anything else (crash, UB under the sanitizer build) fails the test.
 TEST(Safetensors, FuzzedMutationsNeverCrash) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "diffuse/errors.h"
@@ -305,18 +306,35 @@ const uint8_t* GgufFile::data(const std::string& name) const {
   return data_ + info(name).offset;
 }
 
+namespace {
+
+// Gives the whole pages within [begin, end) back to the OS: the pages at either end may hold a
+// neighbour's bytes.
+void release_whole_pages(uintptr_t begin, uintptr_t end) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+}  // namespace
+
 void GgufFile::release_pages(const std::string& name) const {
   if (!map_ || data_size_ == 0) return;
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   uintptr_t begin = reinterpret_cast<uintptr_t>(data_), end = begin + data_size_;
   if (!name.empty()) {
     const auto& t = info(name);
     begin = reinterpret_cast<uintptr_t>(data_ + t.offset);
     end = begin + t.bytes;
   }
-  // Whole pages only: the pages at either end may hold a neighbour's bytes.
-  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
-  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  release_whole_pages(begin, end);
+}
+
+void GgufFile::release_pages(const torch::Tensor& view) const {
+  if (!map_ || data_size_ == 0 || !view.defined() || !view.is_contiguous()) return;
+  const auto begin = reinterpret_cast<uintptr_t>(view.data_ptr()),
+             end = begin + static_cast<uintptr_t>(view.nbytes());
+  const auto data = reinterpret_cast<uintptr_t>(data_);
+  if (begin >= data && end <= data + data_size_) release_whole_pages(begin, end);
 }
 
 torch::Tensor GgufFile::dequantized(const std::string& name) const {
@@ -326,25 +344,40 @@ torch::Tensor GgufFile::dequantized(const std::string& name) const {
   return out;
 }
 
+namespace {
+
+std::optional<torch::Dtype> torch_dtype_of(quant::GgmlType type) {
+  switch (type) {
+    case quant::GgmlType::F32:
+      return torch::kFloat32;
+    case quant::GgmlType::F16:
+      return torch::kFloat16;
+    case quant::GgmlType::BF16:
+      return torch::kBFloat16;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
+
 torch::Tensor GgufFile::get(const std::string& name) const {
   const auto& t = info(name);
-  torch::Dtype dtype;
-  switch (t.type) {
-    case quant::GgmlType::F32:
-      dtype = torch::kFloat32;
-      break;
-    case quant::GgmlType::F16:
-      dtype = torch::kFloat16;
-      break;
-    case quant::GgmlType::BF16:
-      dtype = torch::kBFloat16;
-      break;
-    default:
-      return dequantized(name);
-  }
-  auto out = torch::empty(t.shape, dtype);
+  const auto dtype = torch_dtype_of(t.type);
+  if (!dtype) return dequantized(name);
+  auto out = torch::empty(t.shape, *dtype);
   std::memcpy(out.data_ptr(), data_ + t.offset, t.bytes);
   return out;
+}
+
+torch::Tensor GgufFile::read_only_view(const std::string& name) const {
+  const auto& t = info(name);
+  const auto dtype = torch_dtype_of(t.type);
+  // The data section and every tensor in it are aligned (general.alignment, 32 by default).
+  if (!dtype || reinterpret_cast<uintptr_t>(data_ + t.offset) % c10::elementSize(*dtype) != 0)
+    return get(name);
+  return torch::from_blob(const_cast<uint8_t*>(data_ + t.offset), t.shape,
+                          torch::TensorOptions().dtype(*dtype));
 }
 
 namespace {

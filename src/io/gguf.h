@@ -57,11 +57,17 @@ class GgufFile {
   // again from the file. Loading calls it so that a 12 GB file is not held twice, mapped and
   // copied.
   void release_pages(const std::string& name = "") const;
+  // The same for the bytes under a read_only_view (nothing for a tensor elsewhere).
+  void release_pages(const torch::Tensor& view) const;
   // A float32 tensor in PyTorch's shape: quantized blocks dequantized exactly as ggml does,
   // F16/BF16 widened.
   torch::Tensor dequantized(const std::string& name) const;
   // F32/F16/BF16 tensors in their own dtype, quantized ones dequantized to float32.
   torch::Tensor get(const std::string& name) const;
+  // As get, but F32/F16/BF16 tensors are views of the read-only mapping, valid while this file
+  // is open and never to be written: for copying into a model's parameters without a second
+  // copy beside them.
+  torch::Tensor read_only_view(const std::string& name) const;
 
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;

@@ -379,23 +379,21 @@ std::map<std::string, torch::Tensor> SafetensorsFile::load_all() const {
   return out;
 }
 
-void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+void save_safetensors_streamed(const std::string& path,
+                               const std::vector<SafetensorsTensorToWrite>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<torch::Tensor> contiguous;
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    if (name == "__metadata__") throw InvalidArgument("tensor name '__metadata__' is reserved");
-    if (header.contains(name)) throw InvalidArgument("duplicate tensor name '" + name + "'");
-    auto t = tensor.detach().to(torch::kCPU).contiguous();
-    uint64_t nbytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-    header[name] = {{"dtype", safetensors_dtype_name(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + nbytes}}};
+  for (const auto& t : tensors) {
+    if (t.name == "__metadata__") throw InvalidArgument("tensor name '__metadata__' is reserved");
+    if (header.contains(t.name)) throw InvalidArgument("duplicate tensor name '" + t.name + "'");
+    const auto nbytes = static_cast<uint64_t>(c10::multiply_integers(t.shape)) *
+                        static_cast<uint64_t>(c10::elementSize(t.dtype));
+    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
-    contiguous.push_back(t);
   }
   std::string h = header.dump();
   // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
@@ -406,10 +404,29 @@ void save_safetensors(const std::string& path,
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
     out.write(reinterpret_cast<const char*>(len), 8);
     out.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (const auto& t : contiguous)
-      out.write(static_cast<const char*>(t.data_ptr()),
-                static_cast<std::streamsize>(t.numel() * t.element_size()));
+    for (const auto& t : tensors) {
+      const auto v = t.produce().detach().to(torch::kCPU).contiguous();
+      if (v.scalar_type() != t.dtype || v.sizes() != c10::IntArrayRef(t.shape))
+        throw InvalidArgument("safetensors '" + path + "': tensor '" + t.name + "' was declared " +
+                              std::string(safetensors_dtype_name(t.dtype)) + " " +
+                              c10::str(c10::IntArrayRef(t.shape)) + " and came as " +
+                              std::string(safetensors_dtype_name(v.scalar_type())) + " " +
+                              c10::str(v.sizes()));
+      out.write(static_cast<const char*>(v.data_ptr()),
+                static_cast<std::streamsize>(v.numel() * v.element_size()));
+    }
   });
+}
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsTensorToWrite> streamed;
+  streamed.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors)
+    streamed.push_back(
+        {name, tensor.scalar_type(), tensor.sizes().vec(), [t = tensor] { return t; }});
+  save_safetensors_streamed(path, streamed, metadata);
 }
 
 }  // namespace diffuse::io

@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -86,5 +87,20 @@ void parse_safetensors_header(const std::string& header_json, uint64_t data_size
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// A tensor made only when its bytes are written: the header needs just its dtype and shape.
+struct SafetensorsTensorToWrite {
+  std::string name;
+  torch::Dtype dtype = torch::kFloat32;
+  std::vector<int64_t> shape;
+  std::function<torch::Tensor()> produce;  // a tensor of `dtype` and `shape`
+};
+
+// As save_safetensors, calling each tensor's `produce` just before writing it, so that the
+// writer holds one tensor at a time. InvalidArgument when a produced tensor is not the dtype
+// and shape declared (nothing is left behind).
+void save_safetensors_streamed(const std::string& path,
+                               const std::vector<SafetensorsTensorToWrite>& tensors,
+                               const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace diffuse::io

@@ -208,7 +208,11 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
 
   // Everything else, as load_component_weights loads it.
   std::map<std::string, torch::Tensor> rest;
-  auto get = [&](const std::string& name) { return gguf ? gguf->get(name) : mapped.at(name); };
+  // Views of the mapped files: load_state_dict copies them into the parameters, and the pages
+  // go back to the OS afterwards.
+  auto get = [&](const std::string& name) {
+    return gguf ? gguf->read_only_view(name) : mapped.at(name);
+  };
   if (layout) {
     std::set<std::string> read;  // file tensors some parameter reads
     for (const auto& [name, slice] : *layout) {
@@ -222,7 +226,9 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
     for (const auto& name : file_keys)
       if (!kept.count(name)) rest.emplace(name, get(name));
   }
-  refuse_unexpected(nn::load_state_dict(module, rest, source, kept), source);
+  std::function<void(const torch::Tensor&)> copied;
+  if (gguf) copied = [&gguf](const torch::Tensor& view) { gguf->release_pages(view); };
+  refuse_unexpected(nn::load_state_dict(module, rest, source, kept, false, {}, copied), source);
   if (gguf) gguf->release_pages();
   return report;
 }

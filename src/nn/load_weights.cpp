@@ -47,7 +47,8 @@ void check_finite(const torch::Tensor& loaded, const torch::Tensor& stored,
 LoadReport load_state_dict(torch::nn::Module& module,
                            const std::map<std::string, torch::Tensor>& weights,
                            const std::string& source, const std::set<std::string>& ignored,
-                           bool share_mapped, const std::set<std::string>& keep_16bit) {
+                           bool share_mapped, const std::set<std::string>& keep_16bit,
+                           const std::function<void(const torch::Tensor&)>& copied) {
   torch::NoGradGuard no_grad;
   std::set<std::string> used;
   std::vector<std::string> missing;
@@ -82,6 +83,7 @@ LoadReport load_state_dict(torch::nn::Module& module,
       check_finite(param, it->second, source, item.key());
     }
     io::release_mapped_pages(it->second);  // the file's pages leave the RSS (read again on use)
+    if (copied) copied(it->second);
     used.insert(item.key());
   }
   for (auto& item : module.named_buffers(/*recurse=*/true)) {
@@ -93,6 +95,7 @@ LoadReport load_state_dict(torch::nn::Module& module,
                         c10::str(item.value().sizes()));
     item.value().copy_(it->second);
     check_finite(item.value(), it->second, source, item.key());
+    if (copied) copied(it->second);
     used.insert(item.key());
   }
   if (!missing.empty()) {

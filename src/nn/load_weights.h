@@ -2,6 +2,7 @@
 #pragma once
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -25,9 +26,12 @@ struct LoadReport {
 // `keep_16bit`: parameters named here whose file tensor is float16/bfloat16 while the parameter
 // is float32 take a copy in the file's dtype instead (half the memory; nn::Linear and
 // nn::Conv2d widen such a weight per call, exactly, see nn::layer_weight_names).
+// `copied`: called with each file tensor once its values are in the module (a GGUF's loader gives
+// the tensor's pages back there, as is done for safetensors mappings).
 LoadReport load_state_dict(torch::nn::Module& module,
                            const std::map<std::string, torch::Tensor>& weights,
                            const std::string& source, const std::set<std::string>& ignored = {},
-                           bool share_mapped = false, const std::set<std::string>& keep_16bit = {});
+                           bool share_mapped = false, const std::set<std::string>& keep_16bit = {},
+                           const std::function<void(const torch::Tensor&)>& copied = {});
 
 }  // namespace diffuse::nn

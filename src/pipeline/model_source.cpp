@@ -97,7 +97,15 @@ ModelSource from_folder(const std::string& path) {
   s.unet_config = folder.component_config("unet");
   s.vae_config = folder.component_config("vae");
   s.scheduler_config = folder.component_config("scheduler", "scheduler_config.json");
-  s.unet_weights = folder.component_weights("unet");
+  // A GGUF UNet (`create-demo-model --weights q8_0`) keeps its quantized blocks, read at load
+  // through its table as `--unet FILE.gguf` is, instead of dequantized here.
+  const auto unet_path = folder.component_weights_path("unet");
+  if (io::is_gguf_file(unet_path)) {
+    s.unet_file = io::open_unet_file(unet_path);
+    io::check_unet_file_against_config(*s.unet_file, s.unet_config.json(), s.unet_config.source());
+  } else {
+    s.unet_weights = folder.component_weights("unet");
+  }
   s.vae_weights = folder.component_weights("vae");
   return s;
 }

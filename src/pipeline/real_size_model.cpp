@@ -19,11 +19,12 @@
 #include "models/hidream_transformer.h"
 #include "models/llama.h"
 #include "models/t5_encoder.h"
+#include "models/unet2d_condition.h"
 #include "nn/layers.h"
 #include "nn/random_init.h"
 #include "pipeline/component_writer.h"
-#include "pipeline/demo_model.h"
 #include "pipeline/memory_plan.h"
+#include "pipeline/prompt_corpus.h"
 #include "quant/ggml_blocks.h"
 #include "quant/quantize_model.h"
 #include "text/bpe_trainer.h"
@@ -121,6 +122,30 @@ void free_unit(const Unit& u) {
   for (auto& [name, p] : unit_parameters(u)) p.set_data(torch::empty({0}, p.options()));
 }
 
+// The one unit whose values exist while a file is written: unit k gets seed + k, so every
+// format and shard size gives the same values.
+struct UnitCursor {
+  std::vector<Unit>& units;
+  uint64_t seed;
+  int64_t current = -1;
+
+  // Unit k's parameter `name` (filling unit k and freeing the one before, if it is another).
+  torch::Tensor parameter(size_t k, const std::string& name) {
+    if (current != static_cast<int64_t>(k)) {
+      release();
+      fill_unit(units[k], seed + k);
+      current = static_cast<int64_t>(k);
+    }
+    for (const auto& [n, p] : unit_parameters(units[k]))
+      if (n == name) return p;
+    throw InvalidArgument("random writer: no parameter '" + name + "'");
+  }
+  void release() {
+    if (current >= 0) free_unit(units[static_cast<size_t>(current)]);
+    current = -1;
+  }
+};
+
 // A network built under SkipInitGuard: its parameters take no memory until filled.
 struct Network {
   std::shared_ptr<torch::nn::Module> module;
@@ -141,6 +166,9 @@ Network build(const std::string& kind, const json& config, const std::string& wh
     return {models::T5EncoderModel(models::T5Config::from_json(cfg)).ptr(), "model"};
   if (kind == "llama")
     return {models::LlamaForCausalLM(models::LlamaConfig::from_json(cfg)).ptr(), "model"};
+  if (kind == "unet")
+    return {models::UNet2DConditionModel(models::UNet2DConditionConfig::from_json(cfg)).ptr(),
+            "diffusion_pytorch_model"};
   if (kind == "flux")
     return {models::FluxTransformer2DModel(models::FluxTransformerConfig::from_json(cfg)).ptr(),
             "diffusion_pytorch_model"};
@@ -165,58 +193,46 @@ struct Writer {
     if (o.log) o.log(s);
   }
 
-  // `net` into root/component as safetensors: one file, or shards with their index.
+  // `net` into root/component as safetensors: one file, or shards with their index. A unit is
+  // filled when its first tensor is written and freed when the next unit's is: writing holds one
+  // unit, whatever the shard size.
   void safetensors(const std::string& component, const Network& net, uint64_t seed) {
     std::vector<Unit> units;
     collect_units(*net.module, "", std::min(kUnitBytes, shard_bytes), units);
     const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
-    int64_t shards = 0;
-    {
-      int64_t size = 0;
-      for (const auto& u : units) {
-        for (const auto& [name, p] : unit_parameters(u)) size += p.numel() * element;
-        if (size >= shard_bytes) ++shards, size = 0;
+    UnitCursor cursor{units, seed};
+    // Shards of whole units, each closed once it reaches shard_bytes.
+    std::vector<std::vector<io::SafetensorsTensorToWrite>> shards(1);
+    std::vector<int64_t> shard_sizes(1, 0);
+    for (size_t k = 0; k < units.size(); ++k) {
+      if (shard_sizes.back() >= shard_bytes) shards.emplace_back(), shard_sizes.push_back(0);
+      for (const auto& [name, p] : unit_parameters(units[k])) {
+        shards.back().push_back({name, dtype, p.sizes().vec(), [&cursor, this, k, name = name] {
+                                   return cursor.parameter(k, name).to(dtype);
+                                 }});
+        shard_sizes.back() += p.numel() * element;
       }
-      if (size > 0) ++shards;
     }
     const fs::path dir = root / component;
     fs::create_directories(dir);
     json weight_map = json::object();
-    std::vector<std::pair<std::string, torch::Tensor>> shard;
-    std::vector<const Unit*> in_shard;
-    int64_t shard_size = 0, written = 0;
-    int index = 0;
-    auto flush = [&] {
-      if (shard.empty()) return;
+    int64_t written = 0;
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < shards.size(); ++i) {
       std::string name = net.base + ".safetensors";
-      if (shards > 1) {
+      if (shards.size() > 1) {
         char buf[128];
-        std::snprintf(buf, sizeof buf, "%s-%05d-of-%05lld.safetensors", net.base.c_str(), ++index,
-                      static_cast<long long>(shards));
+        std::snprintf(buf, sizeof buf, "%s-%05zu-of-%05zu.safetensors", net.base.c_str(), i + 1,
+                      shards.size());
         name = buf;
       }
-      for (const auto& [key, t] : shard) weight_map[key] = name;
-      io::save_safetensors((dir / name).string(), shard,
-                           {{"format", "pt"}, {"made_by", "diffuse create-demo-model"}});
-      written += shard_size;
-      shard.clear();
-      shard_size = 0;
-      for (const auto* u : in_shard) free_unit(*u);
-      in_shard.clear();
-    };
-    torch::NoGradGuard no_grad;
-    uint64_t unit_seed = seed;
-    for (const auto& u : units) {
-      fill_unit(u, unit_seed++);
-      for (const auto& [name, p] : unit_parameters(u)) {
-        shard.emplace_back(name, p.to(dtype).contiguous());
-        shard_size += shard.back().second.numel() * element;
-      }
-      in_shard.push_back(&u);
-      if (shard_size >= shard_bytes) flush();
+      for (const auto& t : shards[i]) weight_map[t.name] = name;
+      io::save_safetensors_streamed((dir / name).string(), shards[i],
+                                    {{"format", "pt"}, {"made_by", "diffuse create-demo-model"}});
+      written += shard_sizes[i];
     }
-    flush();
-    if (shards > 1)
+    cursor.release();
+    if (shards.size() > 1)
       write_json_file(dir / (net.base + ".safetensors.index.json"),
                       nlohmann::ordered_json{{"metadata", {{"total_size", written}}},
                                              {"weight_map", weight_map}});
@@ -231,13 +247,7 @@ struct Writer {
     std::vector<Unit> units;
     // The safetensors writer's units: the same seed gives the same values in both formats.
     collect_units(*net.module, "", std::min(kUnitBytes, shard_bytes), units);
-    int current = -1;
-    auto select = [&](int k) {
-      if (current == k) return;
-      if (current >= 0) free_unit(units[static_cast<size_t>(current)]);
-      fill_unit(units[static_cast<size_t>(k)], seed + static_cast<uint64_t>(k));
-      current = k;
-    };
+    UnitCursor cursor{units, seed};
     std::vector<io::GgufTensorToWrite> tensors;
     for (size_t k = 0; k < units.size(); ++k) {
       for (const auto& [name, p] : unit_parameters(units[k])) {
@@ -246,12 +256,7 @@ struct Writer {
         t.shape = p.sizes().vec();
         t.type = quant::gguf_storage_type(dtype, true, t.shape, type);
         // Looked up again at write time: p itself is replaced when the unit is freed.
-        t.produce = [&, k, name = name]() {
-          select(static_cast<int>(k));
-          for (const auto& [n, q] : unit_parameters(units[k]))
-            if (n == name) return q.to(dtype);
-          return torch::Tensor();
-        };
+        t.produce = [&cursor, this, k, name = name] { return cursor.parameter(k, name).to(dtype); };
         tensors.push_back(std::move(t));
       }
     }
@@ -263,7 +268,7 @@ struct Writer {
                     {"general.name", "diffuse create-demo-model (random weights)"},
                     {"diffuse.type", quant::ggml_type_traits(type).name}},
                    tensors);
-    if (current >= 0) free_unit(units[static_cast<size_t>(current)]);
+    cursor.release();
     const auto bytes = static_cast<int64_t>(fs::file_size(path));
     report.components.emplace_back(component, bytes);
     report.bytes += bytes;
@@ -296,38 +301,74 @@ torch::Dtype storage_dtype(const std::string& weights) {
 int64_t write_random_component(const std::string& root, const std::string& component,
                                const std::string& kind, const nlohmann::json& config,
                                const RandomFolderOptions& o) {
-  const torch::Dtype dtype = storage_dtype(o.weights);
+  const std::string weights = o.weights.empty() ? "bf16" : o.weights;
+  const torch::Dtype dtype = storage_dtype(weights);
   if (o.shard_bytes < 1)
     throw InvalidArgument("create-demo-model: the shard size must be positive");
   auto net = build(kind, config, component, dtype);
   write_json_file(fs::path(root) / component / "config.json", config);
   Writer w{root, dtype, o.shard_bytes, o, {}};
-  if (o.weights == "q8_0")
+  if (weights == "q8_0")
     w.gguf(component, net, o.seed, quant::GgmlType::Q8_0);
   else
     w.safetensors(component, net, o.seed);
   return w.report.bytes;
 }
 
-std::vector<std::string> real_size_dit_archs() {
-  return {"flux-dev", "flux-schnell", "flux-kontext", "hidream-i1", "hidream-e1"};
+std::vector<std::string> real_size_archs() {
+  auto names = models::builtin_arch_names();  // the Stable Diffusion UNets
+  for (const char* dit : {"flux-dev", "flux-schnell", "flux-kontext", "hidream-i1", "hidream-e1"})
+    names.emplace_back(dit);
+  return names;
 }
 
-bool is_real_size_dit_arch(const std::string& arch) {
-  for (const auto& a : real_size_dit_archs())
+bool is_real_size_arch(const std::string& arch) {
+  for (const auto& a : real_size_archs())
     if (a == arch) return true;
   return false;
 }
 
-RandomDitFolderSpec real_size_dit_spec(const std::string& arch) {
-  RandomDitFolderSpec s;
+namespace {
+
+// Stable Diffusion 1.x/2.x and SDXL as their repositories lay them out (the fp16 variants).
+RandomFolderSpec stable_diffusion_spec(const std::string& arch) {
+  const models::ArchConfigs& a = models::builtin_arch(arch);
+  RandomFolderSpec s;
+  s.arch = arch;
+  s.family = "unet";
+  s.denoiser = a.unet;
+  s.vae = a.vae;
+  s.scheduler = a.scheduler;
+  s.default_weights = "fp16";
+  const auto clip = [](const json& config, const char* component, const char* tokenizer) {
+    return RandomTextEncoderSpec{component, tokenizer, "clip", config,
+                                 config.value("max_position_embeddings", int64_t{77})};
+  };
+  s.text_encoders = {clip(a.text_encoder, "text_encoder", "tokenizer")};
+  if (a.text_encoder_2.is_null()) {
+    s.pipeline_class = "StableDiffusionPipeline";
+    s.index_extras = {{"safety_checker", {nullptr, nullptr}},
+                      {"feature_extractor", {nullptr, nullptr}},
+                      {"requires_safety_checker", false}};
+  } else {
+    s.pipeline_class = "StableDiffusionXLPipeline";
+    s.text_encoders.push_back(clip(a.text_encoder_2, "text_encoder_2", "tokenizer_2"));
+    s.index_extras = {{"force_zeros_for_empty_prompt", true}};
+  }
+  return s;
+}
+
+}  // namespace
+
+RandomFolderSpec real_size_spec(const std::string& arch) {
+  RandomFolderSpec s;
   s.arch = arch;
   s.vae = models::flux_vae_config();
   if (arch == "flux-dev" || arch == "flux-schnell" || arch == "flux-kontext") {
     const bool schnell = arch == "flux-schnell";
     s.family = "flux";
     s.pipeline_class = arch == "flux-kontext" ? "FluxKontextPipeline" : "FluxPipeline";
-    s.transformer = models::flux_transformer_config(!schnell);
+    s.denoiser = models::flux_transformer_config(!schnell);
     s.scheduler = schnell ? flow_scheduler(1.0, false) : flow_scheduler(3.0, true);
     s.text_encoders = {{"text_encoder", "tokenizer", "clip",
                         clip_with_positions(models::clip_l_text_config(), "CLIPTextModel", 77), 77},
@@ -339,7 +380,7 @@ RandomDitFolderSpec real_size_dit_spec(const std::string& arch) {
     s.family = "hidream";
     s.pipeline_class =
         arch == "hidream-e1" ? "HiDreamImageEditingPipeline" : "HiDreamImagePipeline";
-    s.transformer = models::hidream_i1_transformer_config();
+    s.denoiser = models::hidream_i1_transformer_config();
     s.scheduler = hidream_scheduler();
     // Long-CLIP positions (248) on both CLIPs, each with its projection.
     s.text_encoders = {
@@ -353,14 +394,17 @@ RandomDitFolderSpec real_size_dit_spec(const std::string& arch) {
         {"text_encoder_4", "tokenizer_4", "llama", models::llama31_8b_config(), 128}};
     return s;
   }
+  for (const auto& sd : models::builtin_arch_names())
+    if (arch == sd) return stable_diffusion_spec(arch);
   std::string names;
-  for (const auto& a : real_size_dit_archs()) names += (names.empty() ? "" : ", ") + a;
-  throw InvalidArgument("no real-size DiT architecture '" + arch + "' (expected one of " + names +
-                        ")");
+  for (const auto& a : real_size_archs()) names += (names.empty() ? "" : ", ") + a;
+  throw InvalidArgument("no architecture '" + arch + "' (expected one of " + names + ")");
 }
 
-RandomFolderReport write_random_dit_folder(const std::string& dir, const RandomDitFolderSpec& spec,
-                                           const RandomFolderOptions& o) {
+RandomFolderReport write_random_folder(const std::string& dir, const RandomFolderSpec& spec,
+                                       const RandomFolderOptions& options) {
+  RandomFolderOptions o = options;
+  if (o.weights.empty()) o.weights = spec.default_weights;
   const torch::Dtype dtype = storage_dtype(o.weights);
   if (o.shard_bytes < 1)
     throw InvalidArgument("create-demo-model: the shard size must be positive");
@@ -375,7 +419,8 @@ RandomFolderReport write_random_dit_folder(const std::string& dir, const RandomD
   for (const auto& t : spec.text_encoders)
     nets.push_back(build(t.kind, t.config, spec.arch + " " + t.component, dtype));
   nets.push_back(build("vae", spec.vae, spec.arch + " vae", dtype));
-  nets.push_back(build(spec.family, spec.transformer, spec.arch + " transformer", dtype));
+  const std::string denoiser = spec.denoiser_component();
+  nets.push_back(build(spec.family, spec.denoiser, spec.arch + " " + denoiser, dtype));
   const int64_t need =
       estimate_bytes(nets, static_cast<int64_t>(c10::elementSize(dtype)), o.weights == "q8_0");
   const fs::path parent = target.parent_path();
@@ -442,15 +487,17 @@ RandomFolderReport write_random_dit_folder(const std::string& dir, const RandomD
     w.safetensors("vae", nets[vae_i], seed);
     seed += 1000;
     index["vae"] = {"diffusers", "AutoencoderKL"};
-    write_json_file(partial / "transformer" / "config.json", spec.transformer);
+    write_json_file(partial / denoiser / "config.json", spec.denoiser);
     if (o.weights == "q8_0")
-      w.gguf("transformer", nets[vae_i + 1], seed, quant::GgmlType::Q8_0);
+      w.gguf(denoiser, nets[vae_i + 1], seed, quant::GgmlType::Q8_0);
     else
-      w.safetensors("transformer", nets[vae_i + 1], seed);
-    index["transformer"] = {"diffusers", spec.family == "flux" ? "FluxTransformer2DModel"
-                                                               : "HiDreamImageTransformer2DModel"};
+      w.safetensors(denoiser, nets[vae_i + 1], seed);
+    index[denoiser] = {"diffusers", spec.family == "unet"   ? "UNet2DConditionModel"
+                                    : spec.family == "flux" ? "FluxTransformer2DModel"
+                                                            : "HiDreamImageTransformer2DModel"};
     write_json_file(partial / "scheduler" / "scheduler_config.json", spec.scheduler);
     index["scheduler"] = {"diffusers", spec.scheduler.value("_class_name", std::string())};
+    for (const auto& [key, value] : spec.index_extras.items()) index[key] = value;
     write_json_file(partial / "model_index.json", index);
     if (fs::exists(target)) fs::remove(target);  // the empty folder
     fs::rename(partial, target);

@@ -1,5 +1,6 @@
-// Complete DiT model folders at their real sizes with seeded random weights (`diffuse
-// create-demo-model --arch flux-dev|flux-schnell|flux-kontext|hidream-i1|hidream-e1`): every
+// Complete model folders at their real sizes with seeded random weights (`diffuse
+// create-demo-model --arch sd1.5|sd2.1-base|sd2.1|sdxl|flux-dev|flux-schnell|flux-kontext|
+// hidream-i1|hidream-e1`): every
 // component at the real configuration, in the layout the real repositories have, the tokenizers
 // this project's own trainers learn from its prompt corpus (the embedding tables keep their real
 // row counts). Random weights cost exactly the memory and time real ones do, so whole runs can
@@ -26,24 +27,32 @@ struct RandomTextEncoderSpec {
   int64_t max_length = 77;  // the tokenizer's model_max_length
 };
 
-struct RandomDitFolderSpec {
+struct RandomFolderSpec {
   std::string arch;            // for messages
-  std::string family;          // "flux" or "hidream": which transformer class
+  std::string family;          // "unet", "flux" or "hidream": which denoiser class
   std::string pipeline_class;  // model_index.json's _class_name
-  nlohmann::json transformer, vae, scheduler;
+  nlohmann::json denoiser, vae, scheduler;
   std::vector<RandomTextEncoderSpec> text_encoders;
+  nlohmann::json index_extras = nlohmann::json::object();  // more model_index.json entries
+  std::string default_weights = "bf16";  // what the real repositories ship (SD: fp16 variants)
+
+  // The denoiser's folder: "unet" or "transformer".
+  std::string denoiser_component() const { return family == "unet" ? "unet" : "transformer"; }
 };
 
 // The real configuration of `arch`; InvalidArgument listing the names otherwise.
-RandomDitFolderSpec real_size_dit_spec(const std::string& arch);
-std::vector<std::string> real_size_dit_archs();  // flux-dev, flux-schnell, flux-kontext, hidream-*
-bool is_real_size_dit_arch(const std::string& arch);
+RandomFolderSpec real_size_spec(const std::string& arch);
+// sd1.5, sd2.1-base, sd2.1, sdxl, tiny (a small UNet for tests and quick checks), flux-dev,
+// flux-schnell, flux-kontext, hidream-i1, hidream-e1.
+std::vector<std::string> real_size_archs();
+bool is_real_size_arch(const std::string& arch);
 
 struct RandomFolderOptions {
   uint64_t seed = 20261207;
-  // bf16 or fp16 as the real repositories ship; q8_0: the transformer as a GGUF of ggml's q8_0
-  // blocks (its linear and embedding matrices; the rest bf16), the rest bf16.
-  std::string weights = "bf16";
+  // bf16 or fp16 as the real repositories ship; q8_0: the denoiser as a GGUF of ggml's q8_0
+  // blocks (its matrices whose rows are whole blocks; the rest bf16), the rest bf16. Empty: the
+  // spec's default_weights (bf16 for write_random_component).
+  std::string weights;
   int64_t shard_bytes = int64_t{5} << 30;  // safetensors shards of about this size
   std::function<void(const std::string&)> log;
 };
@@ -53,7 +62,7 @@ struct RandomFolderReport {
   int64_t bytes = 0;
 };
 
-// One network of `kind` ("clip", "t5", "llama", "flux", "hidream", "vae") at `config` with
+// One network of `kind` ("clip", "t5", "llama", "unet", "flux", "hidream", "vae") at `config` with
 // random weights into root/component (config.json and the weights: one file, shards of
 // options.shard_bytes with their index, or a q8_0 GGUF), unit by unit. Returns the bytes written.
 int64_t write_random_component(const std::string& root, const std::string& component,
@@ -63,7 +72,7 @@ int64_t write_random_component(const std::string& root, const std::string& compo
 // Writes the folder `dir` (which must not exist, or be empty). InvalidArgument for an unknown
 // weights type or when the disk under `dir` has less free space than the estimate (before
 // writing anything); IoError when a write fails (nothing is left behind).
-RandomFolderReport write_random_dit_folder(const std::string& dir, const RandomDitFolderSpec& spec,
-                                           const RandomFolderOptions& options = {});
+RandomFolderReport write_random_folder(const std::string& dir, const RandomFolderSpec& spec,
+                                       const RandomFolderOptions& options = {});
 
 }  // namespace diffuse::pipeline
