@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <string>
 
 #if defined(__GLIBC__)
@@ -14,6 +15,9 @@
 #endif
 
 namespace diffuse::device {
+namespace {
+constexpr int kHeapTopPad = 256 << 20;  // what the heap grows by beyond a request
+}  // namespace
 
 bool keep_freed_memory() {
   static const bool active = [] {
@@ -24,12 +28,47 @@ bool keep_freed_memory() {
       if (std::getenv(user)) return false;
 #if defined(__GLIBC__)
     return mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1 &&
-           mallopt(M_TOP_PAD, 256 << 20) == 1;
+           mallopt(M_TOP_PAD, kHeapTopPad) == 1;
 #else
     return false;
 #endif
   }();
   return active;
+}
+
+namespace {
+std::mutex g_large_buffers_mutex;
+int g_large_buffer_scopes = 0;
+}  // namespace
+
+LargeBuffersReturnedWhenFreed::LargeBuffersReturnedWhenFreed() {
+  if (!keep_freed_memory()) return;
+  std::lock_guard<std::mutex> lock(g_large_buffers_mutex);
+#if defined(__GLIBC__)
+  if (g_large_buffer_scopes++ == 0) {
+    // glibc maps a large buffer only where the heap's top cannot hold it: the top is trimmed
+    // and kept small while the scope lasts.
+    mallopt(M_TOP_PAD, 0);
+    mallopt(M_MMAP_THRESHOLD, 4 << 20);
+    mallopt(M_MMAP_MAX, 1 << 16);
+    if (heap_on_huge_pages())
+      trim_heap_keeping_huge_pages();
+    else
+      malloc_trim(0);
+  }
+#endif
+}
+
+LargeBuffersReturnedWhenFreed::~LargeBuffersReturnedWhenFreed() {
+  if (!keep_freed_memory()) return;
+  std::lock_guard<std::mutex> lock(g_large_buffers_mutex);
+#if defined(__GLIBC__)
+  // Buffers mapped meanwhile are still unmapped when freed: glibc marks each chunk.
+  if (--g_large_buffer_scopes == 0) {
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TOP_PAD, kHeapTopPad);
+  }
+#endif
 }
 
 }  // namespace diffuse::device

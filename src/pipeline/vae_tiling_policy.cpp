@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "device/cpu_allocator.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
 #include "models/config_values.h"
@@ -78,11 +79,13 @@ VaeTilingChoice choose_vae_tiling(const VaeTilingOptions& o, const models::Autoe
 
 torch::Tensor vae_decode(models::AutoencoderKLImpl& vae, const torch::Tensor& z,
                          const std::optional<models::VaeTiling>& tiling) {
+  device::LargeBuffersReturnedWhenFreed once_per_image;
   return tiling ? models::tiled_decode(vae, z, *tiling) : vae.decode(z);
 }
 
 models::LatentDist vae_encode(models::AutoencoderKLImpl& vae, const torch::Tensor& x,
                               const std::optional<models::VaeTiling>& tiling) {
+  device::LargeBuffersReturnedWhenFreed once_per_image;
   return tiling ? models::tiled_encode(vae, x, *tiling) : vae.encode(x);
 }
 
