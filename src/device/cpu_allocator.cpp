@@ -49,7 +49,7 @@ LargeBuffersReturnedWhenFreed::LargeBuffersReturnedWhenFreed() {
     // glibc maps a large buffer only where the heap's top cannot hold it: the top is trimmed
     // and kept small while the scope lasts.
     mallopt(M_TOP_PAD, 0);
-    mallopt(M_MMAP_THRESHOLD, 4 << 20);
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_MMAP_MAX, 1 << 16);
     if (heap_on_huge_pages())
       trim_heap_keeping_huge_pages();
