@@ -214,6 +214,55 @@ TEST(RealSizeModel, BadRequestsWriteNothing) {
   EXPECT_FALSE(fs::exists(tmp.path() / "c.partial"));
 }
 
+// A weight file cut short (a copy or download that stopped) is found by the memory plan, before
+// any network loads, whichever network it belongs to: a GGUF transformer, which loads only after
+// the text encoders ran, and a text encoder's safetensors file. One error naming the file; the
+// CLI writes no image.
+TEST(RealSizeModel, ATruncatedWeightFileIsRefusedByThePlanBeforeAnythingLoads) {
+  const auto golden = test::hidream_golden_dir();
+  if (!fs::exists(golden + "/cases.json")) GTEST_SKIP() << "no golden set at " << golden;
+  const fs::path model = verify::GoldenSet::load(golden).model_dir();
+  test::TempDir tmp;
+  const auto dir = tmp.path() / "model";
+  fs::copy(model, dir, fs::copy_options::recursive);
+  for (const auto& e : fs::directory_iterator(dir / "transformer"))
+    if (e.path().filename() != "config.json") fs::remove(e.path());
+  pipeline::RandomFolderOptions o;
+  o.weights = "q8_0";
+  pipeline::write_random_component(dir.string(), "transformer", "hidream",
+                                   read_json(dir / "transformer" / "config.json"), o);
+  const auto gguf = dir / "transformer" / "diffusion_pytorch_model.gguf";
+  ASSERT_TRUE(fs::exists(gguf));
+  {
+    // Whole, it plans.
+    pipeline::HiDreamPipeline pipe(io::ModelFolder::open(dir.string()), torch::kCPU,
+                                   torch::kFloat32);
+    pipe.plan(64, 64, 0, {});
+  }
+  fs::resize_file(gguf, fs::file_size(gguf) * 2 / 3);
+  pipeline::HiDreamPipeline pipe(io::ModelFolder::open(dir.string()), torch::kCPU, torch::kFloat32);
+  auto what = test::expect_throw<FormatError>([&] { pipe.plan(64, 64, 0, {}); });
+  EXPECT_NE(what.find("diffusion_pytorch_model.gguf"), std::string::npos) << what;
+  EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+
+  const auto out = tmp.file("out.png");
+  const auto r =
+      test::run_cli({"txt2img", "-m", dir.string(), "-p", "a fox", "--steps", "1", "-o", out}, tmp);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("diffusion_pytorch_model.gguf"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+
+  const auto llama = dir / "text_encoder_4" / "model.safetensors";
+  ASSERT_TRUE(fs::exists(llama));
+  fs::remove_all(dir / "transformer");
+  fs::copy(model / "transformer", dir / "transformer", fs::copy_options::recursive);
+  fs::resize_file(llama, fs::file_size(llama) - 100);
+  pipeline::HiDreamPipeline second(io::ModelFolder::open(dir.string()), torch::kCPU,
+                                   torch::kFloat32);
+  what = test::expect_throw<FormatError>([&] { second.plan(64, 64, 0, {}); });
+  EXPECT_NE(what.find("text_encoder_4"), std::string::npos) << what;
+}
+
 // A disk that fills while a folder is written, mid-stream: here a file-size limit on the CLI
 // (its writes then fail with EFBIG, as they would with ENOSPC) while it writes a real-size
 // FLUX.1-schnell folder, whose first text encoder is larger than the limit. A one-line error,

@@ -68,9 +68,13 @@ bool component_is_gguf(const io::ModelFolder& folder, const std::string& compone
 }
 
 int64_t component_weight_bytes(const io::ModelFolder& folder, const std::string& component) {
-  if (component_is_gguf(folder, component))
-    return static_cast<int64_t>(
-        std::filesystem::file_size(folder.component_weights_path(component)));
+  if (component_is_gguf(folder, component)) {
+    // Its table read against the file's size: one cut short fails here, at the plan, and not
+    // when the transformer loads after the text encoders have run.
+    const auto path = folder.component_weights_path(component);
+    io::GgufFile::open(path);
+    return static_cast<int64_t>(std::filesystem::file_size(path));
+  }
   int64_t bytes = 0;
   for (const auto& [name, t] : folder.component_weights(component))
     bytes += static_cast<int64_t>(t.nbytes());
