@@ -230,10 +230,10 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
     src.unet_weights.clear();
     src.vae_weights.clear();
     for (auto& t : src.text_encoders) t.weights.clear();
-    // And the loading's freed temporaries (dtype conversions): the heap keeps freed memory for
-    // the next block's activations, which would leave ~0.5 GiB of it beside the resident
-    // networks through the first stages.
-    device::empty_cache(c_->device);
+    // And the loading's freed temporaries (dtype conversions, on the host whatever the device):
+    // the CPU heap keeps freed memory for the next block's activations, which would leave
+    // ~0.5 GiB of it beside the resident networks through the first stages.
+    device::empty_cache(torch::kCPU);
   }
 
   info_.model = path;
@@ -638,9 +638,10 @@ GenerationResult StableDiffusion::denoise_and_decode(
   result.images = to_images(result.images_float);
   result.latents = latents.to(torch::kCPU);
   // The decoder's freed activations: a resident model's next generation would otherwise start
-  // from a heap holding them in pieces its UNet activations do not fit (SD2.1-base at 512x512,
-  // two images: 3.50 GiB peak, against 3.0 GiB for the first image).
-  device::empty_cache(c_->vae_device);
+  // from a CPU heap holding them in pieces its UNet activations do not fit (SD2.1-base at
+  // 512x512, two images: 3.50 GiB peak, against 3.0 GiB for the first image). A device's
+  // caching allocator keeps its blocks for the next image.
+  if (c_->vae_device.is_cpu()) device::empty_cache(c_->vae_device);
   result.seed = seed;
   result.interrupted = interrupted;
   result.steps_run = steps_run;
