@@ -63,10 +63,15 @@ LargeBuffersReturnedWhenFreed::~LargeBuffersReturnedWhenFreed() {
   if (!keep_freed_memory()) return;
   std::lock_guard<std::mutex> lock(g_large_buffers_mutex);
 #if defined(__GLIBC__)
-  // Buffers mapped meanwhile are still unmapped when freed: glibc marks each chunk.
+  // Buffers mapped meanwhile are still unmapped when freed: glibc marks each chunk. Those that
+  // reused a freed chunk of the heap instead give their pages back now.
   if (--g_large_buffer_scopes == 0) {
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TOP_PAD, kHeapTopPad);
+    if (heap_on_huge_pages())
+      trim_heap_keeping_huge_pages();
+    else
+      malloc_trim(0);
   }
 #endif
 }

@@ -14,13 +14,16 @@ namespace diffuse::device {
 // MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_. Returns whether the tuning is in effect.
 bool keep_freed_memory();
 
-// While alive, large buffers (>= 32 MiB) come from mappings of their own again and go back to
-// the OS when freed, as glibc does by default: for a stage that runs once per image, the VAE's
-// decode or encode, whose full-resolution activations the heap would keep in pieces that the
-// next stage's do not fit (SD2.1-base at 512x512 with every network resident: 3.42 -> 3.12 GiB
-// peak; the decode's speed the same). Not lower: each mapped buffer is faulted in afresh, and
-// with 4 MiB FLUX.1 Kontext's golden replay on 4 KiB pages took 11.0 s instead of 7.7 s (8.0 s
-// at 32 MiB, the same peak for SD). No-op where keep_freed_memory is off; scopes nest.
+// For a stage that runs once per image, the VAE's decode or encode, whose full-resolution
+// activations the heap would keep in pieces that the next stage's do not fit (SD2.1-base at
+// 512x512 with every network resident: 3.42 -> 3.12 GiB peak; the decode's speed the same).
+// While alive, a large buffer (>= 32 MiB) that no freed chunk of the heap holds comes from a
+// mapping of its own again and goes back to the OS when freed, as glibc does by default (the
+// heap's top is trimmed and unpadded meanwhile, else glibc carves buffers from it); when the
+// last scope ends, the heap's free pages go back too. Not lower than 32 MiB: each mapped buffer
+// is faulted in afresh, and with 4 MiB FLUX.1 Kontext's golden replay on 4 KiB pages took 11.0 s
+// instead of 7.7 s (8.0 s at 32 MiB, the same peak for SD). No-op where keep_freed_memory is
+// off; scopes nest.
 class LargeBuffersReturnedWhenFreed {
  public:
   LargeBuffersReturnedWhenFreed();
