@@ -51,10 +51,7 @@ LargeBuffersReturnedWhenFreed::LargeBuffersReturnedWhenFreed() {
     mallopt(M_TOP_PAD, 0);
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_MMAP_MAX, 1 << 16);
-    if (heap_on_huge_pages())
-      trim_heap_keeping_huge_pages();
-    else
-      malloc_trim(0);
+    trim_heap();
   }
 #endif
 }
@@ -68,10 +65,7 @@ LargeBuffersReturnedWhenFreed::~LargeBuffersReturnedWhenFreed() {
   if (--g_large_buffer_scopes == 0) {
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TOP_PAD, kHeapTopPad);
-    if (heap_on_huge_pages())
-      trim_heap_keeping_huge_pages();
-    else
-      malloc_trim(0);
+    trim_heap();
   }
 #endif
 }
@@ -190,6 +184,15 @@ bool trim_heap_keeping_huge_pages() {
   return true;
 #else
   return false;
+#endif
+}
+
+void trim_heap() {
+#if defined(__GLIBC__)
+  if (heap_on_huge_pages())
+    trim_heap_keeping_huge_pages();
+  else
+    malloc_trim(0);
 #endif
 }
 

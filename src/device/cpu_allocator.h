@@ -67,4 +67,8 @@ bool heap_on_huge_pages();
 // Returns false, trimming nothing, where the kernel cannot collapse or malloc uses hugetlbfs.
 bool trim_heap_keeping_huge_pages();
 
+// Gives the heap's free pages back to the OS: trim_heap_keeping_huge_pages on a heap of huge
+// pages (freed memory stays where the kernel cannot collapse), malloc_trim otherwise.
+void trim_heap();
+
 }  // namespace diffuse::device

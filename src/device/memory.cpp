@@ -77,10 +77,10 @@ void reset_peak_memory(const torch::Device& device) {
 void empty_cache(const torch::Device& device, HeapRelease cpu) {
   if (device.is_cpu()) {
 #if defined(__GLIBC__)
-    if (cpu == HeapRelease::kAll || !heap_on_huge_pages())
+    if (cpu == HeapRelease::kAll)
       malloc_trim(0);
     else
-      trim_heap_keeping_huge_pages();
+      trim_heap();
 #else
     (void)cpu;
 #endif
