@@ -7,10 +7,12 @@
 #include <filesystem>
 
 #include "diffuse/errors.h"
+#include "diffuse/pipeline.h"
 #include "io/model_folder.h"
 #include "pipeline/hidream.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/memory_plan_folder.h"
+#include "pipeline/model_source.h"
 #include "test_util.h"
 #include "verify/verify.h"
 
@@ -264,6 +266,91 @@ TEST(MemoryPlan, HiDreamEncodersOneAtATimeGiveTheSameImage) {
   try {
     pipe.text_to_image(t2i);
     ADD_FAILURE() << "a 1 KiB budget ran";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("this run needs about"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--max-memory"), std::string::npos) << e.what();
+  }
+}
+
+// Stable Diffusion's pipeline loads each network for its stage and frees it after (a single
+// generation) or keeps all of them (a batch, the server): the plan counts one network per stage
+// or all of them in every stage, and the convolutions count under --weights, as they load.
+TEST(MemoryPlan, StableDiffusionPlansItsNetworksAsThePipelineHoldsThem) {
+  const auto golden = test::golden_dir();
+  if (!fs::exists(golden + "/cases.json")) GTEST_SKIP() << "no golden set at " << golden;
+  const auto model = verify::GoldenSet::load(golden).model_dir();
+  const auto folder = io::ModelFolder::open(model);
+  pipeline::FolderPlanOptions o;
+  o.dtype = torch::kBFloat16;
+  o.max_memory = 8 * GiB;
+  auto r = pipeline::plan_request(folder, o);
+  EXPECT_EQ(r.residency, pipeline::PlanRequest::Residency::kPerStage);
+  ASSERT_EQ(r.text_encoders.size(), 1u);
+  int64_t unet_bf16 = 0, linear_only = 0;
+  for (const auto& [name, t] : folder.component_weights("unet")) {
+    unet_bf16 += t.numel() * 2;
+    const bool matrix = t.dim() == 2 && t.size(1) % 32 == 0 && name.find(".weight") != name.npos;
+    linear_only += matrix ? t.numel() * 34 / 32 : t.numel() * 2;
+  }
+  EXPECT_EQ(r.denoiser.bytes, unet_bf16);
+  EXPECT_EQ(r.denoiser.largest_unit, 0) << "the UNet does not stream";
+  auto plan = pipeline::plan_memory(r);
+  ASSERT_TRUE(plan.fits) << plan.advice;
+  ASSERT_EQ(plan.peaks.size(), 3u);
+  EXPECT_EQ(plan.peaks[0].bytes, r.text_encoders[0].bytes + r.text_activations);
+  EXPECT_EQ(plan.peaks[1].bytes, r.denoiser.bytes + r.step_activations);
+  EXPECT_EQ(plan.peaks[2].bytes, r.vae.bytes + r.vae_activations);
+  EXPECT_NE(plan.line.find("freed after encoding"), std::string::npos) << plan.line;
+  EXPECT_NE(plan.line.find("freed after denoising"), std::string::npos) << plan.line;
+
+  o.keep_text_encoders = true;  // every network resident
+  r = pipeline::plan_request(folder, o);
+  EXPECT_EQ(r.residency, pipeline::PlanRequest::Residency::kAllResident);
+  plan = pipeline::plan_memory(r);
+  const int64_t all = r.text_encoders[0].bytes + r.denoiser.bytes + r.vae.bytes;
+  EXPECT_EQ(plan.peaks[1].bytes, all + r.step_activations);
+  EXPECT_NE(plan.line.find(", kept"), std::string::npos) << plan.line;
+  EXPECT_EQ(plan.line.find("freed"), std::string::npos) << plan.line;
+
+  o.weight_type = "q8_0";  // the convolutions' weights are in blocks too
+  r = pipeline::plan_request(folder, o);
+  EXPECT_LT(r.denoiser.quantized_bytes, linear_only);
+  EXPECT_NE(pipeline::plan_memory(r).line.find("UNet q8_0 resident"), std::string::npos);
+}
+
+// The pipeline prints its plan, and refuses a generation whose plan does not fit before any of
+// it runs.
+TEST(MemoryPlan, StableDiffusionGenerationPrintsItsPlanAndRefusesOneThatCannotFit) {
+  const auto golden = test::golden_dir();
+  if (!fs::exists(golden + "/cases.json")) GTEST_SKIP() << "no golden set at " << golden;
+  const auto model = verify::GoldenSet::load(golden).model_dir();
+  for (bool single : {true, false}) {
+    LoadOptions lo;
+    lo.device = "cpu";
+    lo.single_generation = single;
+    lo.max_memory = 8 * GiB;
+    auto t2i = Text2Image::load(model, lo);
+    GenerationConfig g;
+    g.prompts = {"a red circle"};
+    g.steps = 1;
+    g.width = g.height = 64;
+    g.seed = 1;
+    const auto out = t2i.generate(g);
+    EXPECT_EQ(out.timings.plan.rfind("plan: text encoder ", 0), 0u) << out.timings.plan;
+    EXPECT_EQ(out.timings.plan.find("freed after denoising") != std::string::npos, single)
+        << out.timings.plan;
+  }
+  LoadOptions lo;
+  lo.device = "cpu";
+  lo.max_memory = 1 << 20;  // 1 MiB
+  auto t2i = Text2Image::load(model, lo);
+  GenerationConfig g;
+  g.prompts = {"a red circle"};
+  g.steps = 1;
+  g.width = g.height = 64;
+  try {
+    t2i.generate(g);
+    ADD_FAILURE() << "a 1 MiB budget ran";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("this run needs about"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("--max-memory"), std::string::npos) << e.what();

@@ -123,6 +123,28 @@ TEST(RealSizeModel, StableDiffusionFolderLoadsAndDrawsInFp16AndQ8) {
     EXPECT_EQ(r.images[0].width, 32) << dir;
     EXPECT_TRUE(torch::isfinite(r.latents).all().item<bool>()) << dir;
     EXPECT_GT(r.latents.std().item<double>(), 0.0) << dir;
+    if (weights.empty()) continue;
+    // With --weights the GGUF's plain convolutions (ggml blocks run along the last dimension,
+    // never a kernel's 3 taps) are quantized as they are read: every one whose rows are whole
+    // blocks.
+    auto lo = test::fp32_cpu();
+    lo.weights = "q8_0";
+    pipeline::StableDiffusion sdq(dir.string(), lo);
+    int blockable = 0, quantized = 0;
+    for (const auto& [name, net] : sdq.loaded_networks()) {
+      if (name != "unet") continue;
+      for (const auto& m : net->modules())
+        if (const auto* conv = dynamic_cast<const nn::Conv2dImpl*>(m.get())) {
+          const auto& w = conv->weight;
+          blockable += (w.numel() / w.size(0)) % 32 == 0;
+          quantized += conv->quantized != nullptr;
+        }
+    }
+    EXPECT_GT(blockable, 0);
+    EXPECT_EQ(quantized, blockable);
+    const auto rq = sdq.text2image(g, {});
+    EXPECT_TRUE(torch::isfinite(rq.latents).all().item<bool>());
+    EXPECT_EQ(rq.timings.plan.rfind("plan: ", 0), 0u) << rq.timings.plan;
   }
 }
 

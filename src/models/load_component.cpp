@@ -52,6 +52,49 @@ void check_block_scales(const quant::QuantizedWeight& q, const std::string& sour
     throw FormatError(source + ": tensor '" + key + "' has non-finite block scales (NaN/Inf)");
 }
 
+// A layer whose weight can be kept in ggml blocks: an nn::Linear, or an nn::Conv2d whose weight
+// is kept as an [out, in / groups * kh * kw] matrix.
+struct BlockLayer {
+  nn::LinearImpl* lin = nullptr;
+  nn::Conv2dImpl* conv = nullptr;
+  explicit BlockLayer(torch::nn::Module* m)
+      : lin(dynamic_cast<nn::LinearImpl*>(m)),
+        conv(lin ? nullptr : dynamic_cast<nn::Conv2dImpl*>(m)) {}
+  explicit operator bool() const { return lin || conv; }
+  bool quantized() const { return lin ? lin->quantized != nullptr : conv->quantized != nullptr; }
+  const torch::Tensor& weight() const { return lin ? lin->weight : conv->weight; }
+  void keep(quant::QuantizedWeight q) {
+    if (lin)
+      lin->keep_quantized(std::move(q));
+    else
+      conv->keep_quantized(std::move(q));
+  }
+};
+
+void check_weight_shape(c10::IntArrayRef stored, const torch::Tensor& w, const std::string& source,
+                        const std::string& key) {
+  if (stored != w.sizes())
+    throw FormatError(source + ": tensor '" + key + "' has shape " + c10::str(stored) +
+                      ", the model expects " + c10::str(w.sizes()));
+}
+
+// The layer's weight quantized to `type` on `device` from the file's `values` (of the layer's
+// shape, finite), their mapped pages given back; nullopt when its rows are not whole blocks.
+std::optional<quant::QuantizedWeight> quantize_file_values(
+    const BlockLayer& layer, const torch::Tensor& values, quant::GgmlType type,
+    const torch::Device& device, const std::string& source, const std::string& key) {
+  const auto& w = layer.weight();
+  if (w.dim() < 2) return std::nullopt;
+  const int64_t rows = w.size(0), cols = w.numel() / rows;
+  if (!quant::can_keep_quantized(type, cols)) return std::nullopt;
+  check_weight_shape(values.sizes(), w, source, key);
+  if (!torch::isfinite(values).all().item<bool>())
+    throw FormatError(source + ": tensor '" + key + "' has non-finite values (NaN/Inf)");
+  auto q = quant::quantize_weight(values.reshape({rows, cols}).to(device), type, key);
+  io::release_mapped_pages(values);
+  return q;
+}
+
 }  // namespace
 
 void load_component_weights(torch::nn::Module& module, const io::ModelFolder& folder,
@@ -157,24 +200,21 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
   nn::QuantizedLayers report;
   std::set<std::string> kept;  // weights loaded as blocks
   for (const auto& item : module.named_modules()) {
-    auto* lin = dynamic_cast<nn::LinearImpl*>(item.value().get());
-    if (!lin) continue;
+    BlockLayer layer(item.value().get());
+    if (!layer) continue;
     const std::string key = (item.key().empty() ? "" : item.key() + ".") + "weight";
     const auto slice = slice_of(key);
     if (!slice) continue;  // load_state_dict names what is missing
-    const auto& w = lin->weight;
-    const int64_t rows = w.size(0), cols = w.size(1);
-    auto check_shape = [&](c10::IntArrayRef stored) {
-      if (stored != w.sizes())
-        throw FormatError(source + ": tensor '" + key + "' has shape " + c10::str(stored) +
-                          ", the model expects " + c10::str(w.sizes()));
-    };
+    const auto& w = layer.weight();
     std::optional<quant::QuantizedWeight> q;
     const std::string& file_key = slice->key;
-    if (gguf && quant::ggml_type_traits(gguf->info(file_key).type).quantized) {
+    // A GGUF's quantized matrices as stored (ggml blocks run along a tensor's last dimension, so
+    // a convolution's 4-d weight is never stored in blocks).
+    if (layer.lin && gguf && quant::ggml_type_traits(gguf->info(file_key).type).quantized) {
       const auto& info = gguf->info(file_key);
+      const int64_t rows = w.size(0), cols = w.size(1);
       if (info.shape.size() != 2 || info.shape[1] != cols || info.shape[0] <= 0)
-        check_shape(info.shape);
+        check_weight_shape(info.shape, w, source, key);
       if (device.is_cpu() || quant::dequantizes_on_device(info.type)) {
         // Rows of ggml blocks are independent: a slice of rows is a slice of the bytes.
         const int64_t file_rows = info.shape[0];
@@ -182,7 +222,7 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
                                       {file_rows, static_cast<int64_t>(info.bytes) / file_rows},
                                       torch::kByte);
         bytes = io::take_slice(bytes, *slice, source);
-        if (bytes.size(0) != rows) check_shape({bytes.size(0), cols});
+        if (bytes.size(0) != rows) check_weight_shape({bytes.size(0), cols}, w, source, key);
         bytes = bytes.reshape({-1});
         bytes = bytes.to(device, /*non_blocking=*/false, /*copy=*/true);
         gguf->release_pages(file_key);  // copied: not held twice
@@ -190,14 +230,13 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
         check_block_scales(*q, source, file_key);
       }
     }
-    if (!q && type && quant::can_keep_quantized(*type, cols)) {
-      const auto values =
-          io::take_slice(gguf ? gguf->get(file_key) : mapped.at(file_key), *slice, source);
-      check_shape(values.sizes());
-      if (!torch::isfinite(values).all().item<bool>())
-        throw FormatError(source + ": tensor '" + key + "' has non-finite values (NaN/Inf)");
-      q = quant::quantize_weight(values.to(device), *type, key);
-      if (!gguf) io::release_mapped_pages(values);
+    if (!q && type && !(gguf && quant::ggml_type_traits(gguf->info(file_key).type).quantized)) {
+      q = quantize_file_values(
+          layer,
+          io::take_slice(gguf ? gguf->read_only_view(file_key) : mapped.at(file_key), *slice,
+                         source),
+          *type, device, source, key);
+      if (gguf) gguf->release_pages(file_key);
     }
     if (!q) {
       if (gguf || type) ++report.kept_plain;
@@ -205,7 +244,7 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
     }
     report.plain_bytes += w.numel() * static_cast<int64_t>(w.element_size());
     report.quantized_bytes += q->bytes();
-    lin->keep_quantized(std::move(*q));
+    layer.keep(std::move(*q));
     kept.insert(key);
     ++report.layers;
   }
@@ -243,23 +282,14 @@ std::set<std::string> quantize_layers_from_weights(
   torch::NoGradGuard no_grad;
   std::set<std::string> kept;
   for (const auto& item : module.named_modules()) {
-    auto* lin = dynamic_cast<nn::LinearImpl*>(item.value().get());
-    auto* conv = dynamic_cast<nn::Conv2dImpl*>(item.value().get());
-    if ((!lin || lin->quantized) && (!conv || conv->quantized)) continue;
+    BlockLayer layer(item.value().get());
+    if (!layer || layer.quantized()) continue;
     const std::string key = (item.key().empty() ? "" : item.key() + ".") + "weight";
     const auto it = weights.find(key);
-    const auto& w = lin ? lin->weight : conv->weight;
-    // Missing or misshapen weights are named by load_state_dict.
-    if (it == weights.end() || it->second.sizes() != w.sizes() || w.dim() < 2) continue;
-    const int64_t rows = w.size(0), cols = w.numel() / rows;
-    if (!quant::can_keep_quantized(type, cols)) continue;
-    auto q = quant::quantize_weight(it->second.reshape({rows, cols}).to(device), type,
-                                    source + ": " + key);
-    io::release_mapped_pages(it->second);
-    if (lin)
-      lin->keep_quantized(std::move(q));
-    else
-      conv->keep_quantized(std::move(q));
+    if (it == weights.end()) continue;  // named by load_state_dict
+    auto q = quantize_file_values(layer, it->second, type, device, source, key);
+    if (!q) continue;
+    layer.keep(std::move(*q));
     kept.insert(key);
   }
   return kept;

@@ -37,11 +37,12 @@ void load_component_weights(torch::nn::Module& module, const io::ModelFolder& fo
                             const std::string& component, const std::set<std::string>& ignored = {},
                             bool share_mapped = false);
 
-// load_component_weights with the linear layers' weights kept in ggml blocks straight from the
-// file, so that the plain weights are never all in memory (the module must have been built
-// under nn::SkipInitGuard: its untouched weights take no memory until loaded): a GGUF file's
-// quantized matrices as stored, and with `type` every other linear weight whose rows are whole
-// blocks quantized from the file's values one at a time. Blocks and placeholders go to
+// load_component_weights with the linear and convolution layers' weights kept in ggml blocks
+// straight from the file, so that the plain weights are never all in memory (the module must
+// have been built under nn::SkipInitGuard::Weights::kDeferred: its untouched weights take no
+// memory until loaded): a GGUF file's quantized matrices as stored, and with `type` every other
+// such weight whose rows are whole blocks (a convolution's as an [out, in / groups * kh * kw]
+// matrix) quantized from the file's values one at a time. Blocks and placeholders go to
 // `device`; the rest loads as load_component_weights does (call module->to(device, dtype)
 // afterwards). A GGUF block type that `device` cannot dequantize (k-quants off the CPU) is
 // dequantized at load instead. Returns what was kept quantized.

@@ -3,10 +3,6 @@
 #include <cstdio>
 #include <limits>
 
-#include "device/device.h"
-#include "device/memory.h"
-#include "diffuse/errors.h"
-
 namespace diffuse::pipeline {
 
 std::string format_gib(int64_t bytes) {
@@ -22,19 +18,6 @@ int64_t activation_bytes(int64_t batch, int64_t channels, int64_t height, int64_
     v *= static_cast<long double>(f);
   const auto max = static_cast<long double>(std::numeric_limits<int64_t>::max());
   return v >= max ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
-}
-
-void check_memory_fits(const std::vector<StageNeed>& needs, int64_t budget) {
-  for (const auto& n : needs) {
-    const int64_t available = budget > 0 ? budget : device::available_bytes(n.device);
-    if (available <= 0 || n.bytes <= available) continue;
-    throw InvalidArgument("this generation needs about " + format_gib(n.bytes) + " for the " +
-                          n.stage + " of " + n.what + " on " + device::device_name(n.device) +
-                          ", " + format_gib(available) +
-                          (budget > 0 ? " allowed by --max-memory" : " available") +
-                          ": use a smaller size or fewer images per batch "
-                          "(--num-images; --batch-count runs them one after another)");
-  }
 }
 
 }  // namespace diffuse::pipeline

@@ -53,6 +53,13 @@ std::vector<StagePeak> peaks_of(const PlanRequest& r, const Choice& c) {
   const int64_t text_now = c.text_one_at_a_time ? (big ? big->bytes : 0) : all_text;
   const int64_t kept_text = c.keep_text ? all_text : 0;
   std::vector<StagePeak> p;
+  if (r.residency == PlanRequest::Residency::kPerStage) {  // one network at a time
+    if (!r.text_encoders.empty()) p.push_back({"text encode", all_text + r.text_activations});
+    p.push_back({"denoise", denoiser + r.step_activations});
+    p.push_back(
+        {"VAE decode", r.vae.bytes + (c.vae_tiled ? r.vae_tiled_activations : r.vae_activations)});
+    return p;
+  }
   if (!r.text_encoders.empty())
     p.push_back({"text encode", text_now + r.text_activations + r.vae.bytes +
                                     (c.free_denoiser_for_text ? 0 : denoiser)});
@@ -84,12 +91,17 @@ std::vector<Choice> candidates(const PlanRequest& r) {
   if (r.vae_tiling != "on") tiles.push_back(false);
   if (r.vae_tiling != "off" && r.vae_tiled_activations > 0) tiles.push_back(true);
   if (tiles.empty()) tiles.push_back(false);
-  const bool several = r.text_encoders.size() > 1 && r.text_one_at_a_time_possible;
+  const bool planned = r.residency == PlanRequest::Residency::kPlanned;
+  const bool several = planned && r.text_encoders.size() > 1 && r.text_one_at_a_time_possible;
+  std::vector<bool> keeps{false};
+  if (r.residency == PlanRequest::Residency::kAllResident)
+    keeps = {true};
+  else if (planned && r.keep_text_encoders)
+    keeps = {true, false};
   std::vector<Choice> out;
   for (auto d : denoisers)
-    for (bool free_d : {false, true})
-      for (bool keep :
-           r.keep_text_encoders ? std::vector<bool>{true, false} : std::vector<bool>{false})
+    for (bool free_d : planned ? std::vector<bool>{false, true} : std::vector<bool>{false})
+      for (bool keep : keeps)
         for (bool one : several ? std::vector<bool>{false, true} : std::vector<bool>{false})
           for (bool tiled : tiles) {
             if (free_d && r.text_encoders.empty()) continue;
@@ -136,6 +148,7 @@ std::string line_of(const PlanRequest& r, const Choice& c, const std::vector<Sta
   }
   s += denoiser_text(r, c);
   if (c.free_denoiser_for_text) s += ", freed before the next prompt's encoders";
+  if (r.residency == PlanRequest::Residency::kPerStage) s += ", freed after denoising";
   s += c.vae_tiled ? "; VAE tiled" : "; VAE whole";
   s += "; peak ~" + format_memory(max_peak(peaks));
   if (budget > 0)
@@ -188,7 +201,8 @@ std::string advice_for(const PlanRequest& r, const MemoryPlan& closest) {
   const StagePeak* worst = &closest.peaks.front();
   for (const auto& s : closest.peaks)
     if (s.bytes > worst->bytes) worst = &s;
-  std::string s = "this run needs about " + format_memory(closest.peak) + " (the " + worst->stage +
+  std::string s = "this run needs about " + format_memory(closest.peak) +
+                  (r.size.empty() ? "" : " for " + r.size) + " (the " + worst->stage +
                   ", with every saving the flags allow: " + closest.line.substr(6) + ") but " +
                   format_memory(r.budget) +
                   (r.budget_given ? " is the --max-memory budget" : " is available") + " on " +

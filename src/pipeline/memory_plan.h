@@ -42,6 +42,11 @@ struct PlanRequest {
   std::string vae_tiling = "auto";          // auto|on|off
   bool keep_text_encoders = false;          // kept after encoding (a server) instead of freed
   bool text_one_at_a_time_possible = true;  // the pipeline can load its encoders one by one
+  // How the pipeline holds its networks. kPlanned: as the plan decides (the DiT pipelines).
+  // kPerStage: each network loaded for its stage and freed after it (Stable Diffusion's single
+  // generation). kAllResident: every network loaded once and kept (Stable Diffusion's batch
+  // and server).
+  enum class Residency { kPlanned, kPerStage, kAllResident } residency = Residency::kPlanned;
 };
 
 struct StagePeak {

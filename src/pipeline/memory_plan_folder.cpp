@@ -8,6 +8,9 @@
 #include "device/device.h"
 #include "device/memory.h"
 #include "diffuse/errors.h"
+#include "io/gguf.h"
+#include "io/ldm_checkpoint.h"
+#include "io/string_affixes.h"
 #include "models/load_component.h"
 #include "pipeline/memory_estimate.h"
 #include "quant/quantized_weight.h"
@@ -29,29 +32,25 @@ struct Census {
   int64_t bytes = 0, quantized = 0, largest_unit = 0, outside = 0, parameters = 0;
 };
 
-// What a component's tensors weigh in `dtype` and, for the denoiser, under `type` and as
-// streamed block units ("<...>blocks.<n>." prefixes, as models/block_streaming.h streams them).
-Census census(const io::ModelFolder& folder, const std::string& component, torch::Dtype dtype,
-              const std::string& type, bool units) {
+// What tensors weigh in `dtype` and, for the denoiser, under `type` (every linear and
+// convolution weight whose rows are whole blocks) and as streamed block units
+// ("<...>blocks.<n>." prefixes, as models/block_streaming.h streams them). Mapped files: only
+// their headers are touched.
+Census census_of(const std::map<std::string, torch::Tensor>& weights, torch::Dtype dtype,
+                 const std::string& type, bool units) {
   Census c;
-  if (models::component_is_gguf(folder, component)) {
-    // Already in blocks as stored: it loads (and is planned) as it is.
-    c.bytes = c.quantized = c.parameters = models::component_weight_bytes(folder, component);
-    return c;
-  }
   static const std::regex unit_re(R"(^(.*blocks\.\d+)\.)");
   std::map<std::string, int64_t> unit_bytes;
   const double qe = quantized_element_bytes(type.empty() ? "q8_0" : type);
-  // The files are mapped, not read: only their headers are touched.
-  for (const auto& [name, t] : folder.component_weights(component)) {
+  for (const auto& [name, t] : weights) {
     const int64_t n = t.numel();
     c.parameters += n;
     const int64_t b =
         t.is_floating_point() ? n * element_bytes(dtype) : static_cast<int64_t>(t.nbytes());
     c.bytes += b;
-    const bool linear = t.dim() == 2 && t.size(1) % 32 == 0 && name.size() > 7 &&
-                        name.compare(name.size() - 7, 7, ".weight") == 0;
-    c.quantized += linear ? static_cast<int64_t>(static_cast<double>(n) * qe) : b;
+    const bool blocks = t.dim() >= 2 && t.size(0) > 0 && (n / t.size(0)) % 32 == 0 &&
+                        name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+    c.quantized += blocks ? static_cast<int64_t>(static_cast<double>(n) * qe) : b;
     std::smatch m;
     if (units && std::regex_search(name, m, unit_re))
       unit_bytes[m[1]] += b;
@@ -60,6 +59,33 @@ Census census(const io::ModelFolder& folder, const std::string& component, torch
   }
   for (const auto& [unit, b] : unit_bytes) c.largest_unit = std::max(c.largest_unit, b);
   return c;
+}
+
+Census census(const io::ModelFolder& folder, const std::string& component, torch::Dtype dtype,
+              const std::string& type, bool units) {
+  if (models::component_is_gguf(folder, component)) {
+    // Already in blocks as stored: it loads (and is planned) as it is.
+    Census c;
+    c.bytes = c.quantized = c.parameters = models::component_weight_bytes(folder, component);
+    return c;
+  }
+  return census_of(folder.component_weights(component), dtype, type, units);
+}
+
+// The widest hidden state of a text encoder's config (its MLP's), for the text stage's memory.
+int64_t text_width(const io::JsonConfig& config) {
+  const auto cfg = config.json();
+  const auto& inner = cfg.contains("text_config") ? cfg["text_config"] : cfg;
+  int64_t widest = 0;
+  for (const char* key : {"intermediate_size", "d_ff", "hidden_size", "d_model"})
+    if (inner.contains(key) && inner[key].is_number_integer())
+      widest = std::max(widest, inner[key].get<int64_t>());
+  return widest;
+}
+
+// A prompt of up to 512 tokens, in float32: hidden states and the MLP's widest one, a few each.
+int64_t text_activation_bytes(int64_t widest) {
+  return 2 * 512 * widest * 4 * 4;
 }
 
 std::string text_label(const std::string& cls) {
@@ -104,8 +130,7 @@ std::string plan_family(const io::ModelFolder& folder) {
 }
 
 int64_t default_plan_side(const io::ModelFolder& folder) {
-  const auto family = plan_family(folder);
-  if (family != "stable-diffusion") return 1024;
+  if (plan_family(folder).rfind("stable-diffusion", 0) != 0) return 1024;
   const auto unet = folder.component_config("unet");
   const auto vae = folder.component_config("vae");
   return unet.get<int64_t>("sample_size", 64) * vae_factor(vae);
@@ -123,62 +148,116 @@ int64_t plan_budget(const torch::Device& device, int64_t max_memory) {
 
 PlanRequest plan_request(const io::ModelFolder& folder, const FolderPlanOptions& o) {
   const std::string family = plan_family(folder);
-  const bool sd = family.rfind("stable-diffusion", 0) == 0;
-  const int64_t side = default_plan_side(folder);
-  const int64_t width = o.width > 0 ? o.width : side, height = o.height > 0 ? o.height : side;
+  // Stable Diffusion's networks as its pipeline reads them, from a folder or a single file.
+  if (family.rfind("stable-diffusion", 0) == 0)
+    return plan_request(open_model_source(folder.dir(), {}), o);
   PlanRequest r;
-  r.device = device::device_name(o.device);
-  r.budget = plan_budget(o.device, o.max_memory);
-  r.budget_given = o.max_memory > 0;
-  r.size = std::to_string(width) + "x" + std::to_string(height);
-  r.streaming = o.streaming;
   r.weight_type = o.weight_type == "none" ? "" : o.weight_type;
   if (!r.weight_type.empty()) quant::parse_weight_type(r.weight_type, "--weights");
   r.keep_text_encoders = o.keep_text_encoders;
   r.denoiser_dtype = device::dtype_name(o.dtype);
-
   // Text encoders, in the order the pipelines run them.
   int64_t widest_text = 0;
   for (const char* component :
        {"text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"}) {
     if (!folder.has_component(component)) continue;
-    const std::string cls = folder.component_class(component);
     NetworkWeights n;
     n.component = component;
-    n.label = text_label(cls);
-    n.bytes = census(folder, component, o.dtype, "", false).bytes;
+    n.label = text_label(folder.component_class(component));
+    n.bytes = census(folder, component, o.text_dtype.value_or(o.dtype), "", false).bytes;
     r.text_encoders.push_back(n);
-    const auto cfg = folder.component_config(component).json();
-    const auto& inner = cfg.contains("text_config") ? cfg["text_config"] : cfg;
-    for (const char* key : {"intermediate_size", "d_ff", "hidden_size", "d_model"})
-      if (inner.contains(key) && inner[key].is_number_integer())
-        widest_text = std::max(widest_text, inner[key].get<int64_t>());
+    widest_text = std::max(widest_text, text_width(folder.component_config(component)));
   }
-  // A prompt of up to 512 tokens, in float32: hidden states and the MLP's widest one, a few each.
-  r.text_activations = 2 * 512 * widest_text * 4 * 4;
+  r.text_activations = text_activation_bytes(widest_text);
 
-  const std::string denoiser = sd ? "unet" : o.transformer_component;
+  const std::string& denoiser = o.transformer_component;
   if (!folder.has_component(denoiser))
     throw IoError("model folder '" + folder.dir() + "' has no " + denoiser + "/");
-  const auto dc = census(folder, denoiser, o.dtype, r.weight_type, /*units=*/!sd);
-  r.denoiser = {denoiser,     sd ? "UNet" : "transformer",
-                dc.bytes,     dc.largest_unit,
-                dc.outside,   dc.quantized,
-                dc.parameters};
+  const auto dc = census(folder, denoiser, o.dtype, r.weight_type, /*units=*/true);
+  r.denoiser = {denoiser,   "transformer", dc.bytes,     dc.largest_unit,
+                dc.outside, dc.quantized,  dc.parameters};
   if (models::component_is_gguf(folder, denoiser)) {
     // Loaded whole in the file's own block types: nothing to choose.
     r.denoiser.quantized_bytes = 0;
     r.denoiser.largest_unit = 0;
     r.weight_type.clear();
-    r.streaming = "off";
     r.denoiser_dtype = "GGUF";
   }
-  const auto vcfg = folder.component_config("vae");
   r.vae = {"vae", "VAE", census(folder, "vae", o.vae_dtype, "", false).bytes, 0, 0, 0};
+  // Only HiDream's pipeline loads its encoders one by one (four, two of them large).
+  r.text_one_at_a_time_possible = o.text_one_at_a_time_possible && family == "hidream";
+  set_plan_stages(r, family, folder.component_config(denoiser), folder.component_config("vae"), o);
+  if (r.denoiser_dtype == "GGUF") r.streaming = "off";
+  return r;
+}
 
+PlanRequest plan_request(const ModelSource& src, const FolderPlanOptions& o) {
+  PlanRequest r;
+  r.weight_type = o.weight_type == "none" ? "" : o.weight_type;
+  if (!r.weight_type.empty()) quant::parse_weight_type(r.weight_type, "--weights");
+  r.keep_text_encoders = o.keep_text_encoders;
+  r.denoiser_dtype = device::dtype_name(o.dtype);
+  int64_t widest_text = 0;
+  for (const auto& t : src.text_encoders) {
+    NetworkWeights n;
+    n.component = t.component;
+    n.label = "CLIP";
+    n.bytes = census_of(t.weights, o.text_dtype.value_or(o.dtype), "", false).bytes;
+    r.text_encoders.push_back(n);
+    widest_text = std::max(widest_text, text_width(t.config));
+  }
+  r.text_activations = text_activation_bytes(widest_text);
+  // The UNet has no blocks to stream.
+  r.denoiser.component = "unet";
+  r.denoiser.label = "UNet";
+  if (src.unet_file && io::is_gguf_file(src.unet_file->path)) {
+    // The UNet's tensors as stored; --weights quantizes only the plain ones, which the stored
+    // bytes overestimate a little.
+    const auto gguf = io::GgufFile::open(src.unet_file->path);
+    int64_t bytes = 0;
+    for (const auto& name : gguf->names())
+      if (io::starts_with(name, src.unet_file->prefix))
+        bytes += static_cast<int64_t>(gguf->info(name).bytes);
+    r.denoiser.bytes = r.denoiser.quantized_bytes = bytes;
+    r.denoiser.parameters = src.unet_file->parameters;
+    if (r.weight_type.empty()) r.denoiser_dtype = "GGUF";
+  } else if (src.unet_file) {
+    const int64_t n = src.unet_file->parameters;
+    r.denoiser.bytes = n * element_bytes(o.dtype);
+    r.denoiser.quantized_bytes =
+        static_cast<int64_t>(static_cast<double>(n) * quantized_element_bytes(r.weight_type));
+    r.denoiser.parameters = n;
+  } else {
+    const auto dc = census_of(src.unet_weights, o.dtype, r.weight_type, false);
+    r.denoiser.bytes = dc.bytes;
+    r.denoiser.quantized_bytes = dc.quantized;
+    r.denoiser.parameters = dc.parameters;
+  }
+  r.vae = {"vae", "VAE", census_of(src.vae_weights, o.vae_dtype, "", false).bytes, 0, 0, 0};
+  r.text_one_at_a_time_possible = false;
+  set_plan_stages(r, "stable-diffusion", src.unet_config, src.vae_config, o);
+  return r;
+}
+
+void set_plan_stages(PlanRequest& r, const std::string& family, const io::JsonConfig& dcfg,
+                     const io::JsonConfig& vcfg, const FolderPlanOptions& o) {
+  const bool sd = family.rfind("stable-diffusion", 0) == 0;
   const int64_t f = vae_factor(vcfg);
+  const int64_t side = sd ? dcfg.get<int64_t>("sample_size", 64) * f : 1024;
+  const int64_t width = o.width > 0 ? o.width : side, height = o.height > 0 ? o.height : side;
+  r.device = device::device_name(o.device);
+  r.budget = plan_budget(o.device, o.max_memory);
+  r.budget_given = o.max_memory > 0;
+  r.size = (o.images > 1 ? std::to_string(o.images) + " images at " : std::string()) +
+           std::to_string(width) + "x" + std::to_string(height);
+  r.streaming = o.streaming;
+  // Stable Diffusion's pipeline frees each network after its stage in a single generation and
+  // keeps them all otherwise (a batch, the server); the DiT pipelines follow the plan.
+  if (sd)
+    r.residency = o.keep_text_encoders ? PlanRequest::Residency::kAllResident
+                                       : PlanRequest::Residency::kPerStage;
+
   const int64_t lh = height / f, lw = width / f;
-  const auto dcfg = folder.component_config(denoiser);
   const int64_t e = element_bytes(o.dtype);
   if (sd) {
     // Classifier-free guidance doubles the UNet's batch. Its top level holds input, hidden
@@ -211,8 +290,6 @@ PlanRequest plan_request(const io::ModelFolder& folder, const FolderPlanOptions&
           ? activation_bytes(o.images, top, tile, tile, ve, 6)
           : 0;
   r.vae_tiling = o.vae_tiling;
-  // Only HiDream's pipeline loads its encoders one by one (four, two of them large).
-  r.text_one_at_a_time_possible = o.text_one_at_a_time_possible && family == "hidream";
   // Stages on other devices are not this device's memory.
   if (o.text_device && *o.text_device != o.device) r.text_encoders.clear();
   if (o.vae_device && *o.vae_device != o.device)
@@ -220,7 +297,6 @@ PlanRequest plan_request(const io::ModelFolder& folder, const FolderPlanOptions&
   // The pipelines tile above 1024x1024 pixels whatever the memory (vae_tiling_policy.h).
   if (o.vae_tiling == "auto" && r.vae_tiled_activations > 0 && width * height > 1024 * 1024)
     r.vae_tiling = "on";
-  return r;
 }
 
 FolderPlanOptions pipeline_plan_options(torch::Device device, torch::Dtype dtype,

@@ -14,6 +14,7 @@
 #include "diffuse/timings.h"
 #include "io/model_folder.h"
 #include "pipeline/memory_plan.h"
+#include "pipeline/model_source.h"
 #include "quant/ggml_blocks.h"
 
 namespace diffuse::pipeline {
@@ -26,7 +27,8 @@ struct FolderPlanOptions {
   // Where the text encoders and the VAE run when not on `device`: their memory is not planned.
   std::optional<torch::Device> text_device, vae_device;
   bool text_one_at_a_time_possible = true;
-  torch::Dtype dtype = torch::kBFloat16;  // the denoiser's and text encoders' compute dtype
+  torch::Dtype dtype = torch::kBFloat16;   // the denoiser's and text encoders' compute dtype
+  std::optional<torch::Dtype> text_dtype;  // the text encoders' when not `dtype`
   torch::Dtype vae_dtype = torch::kFloat32;
   std::string transformer_component = "transformer";
   std::string streaming = "auto", weight_type, vae_tiling = "auto";
@@ -37,11 +39,23 @@ struct FolderPlanOptions {
 // The folder's family: "stable-diffusion", "stable-diffusion-xl", "flux", "hidream",
 // "qwen-image"; ConfigError naming model_index.json's class otherwise.
 std::string plan_family(const io::ModelFolder& folder);
-// The family's default size (1024 for SDXL, FLUX, HiDream and Qwen-Image, the UNet's
-// sample_size times the VAE factor for SD 1.x/2.x).
+// The family's default size (1024 for FLUX, HiDream and Qwen-Image, the UNet's sample_size
+// times the VAE factor for Stable Diffusion: 512 or 768 for 1.x/2.x, 1024 for SDXL).
 int64_t default_plan_side(const io::ModelFolder& folder);
 
 PlanRequest plan_request(const io::ModelFolder& folder, const FolderPlanOptions& options);
+// A Stable Diffusion model's request however it was opened (a folder or a single-file
+// checkpoint): its networks from the source's weight headers or its UNet file's table. The
+// pipeline holds its networks per stage (single generation) or all resident
+// (options.keep_text_encoders: a batch, the server).
+PlanRequest plan_request(const ModelSource& source, const FolderPlanOptions& options);
+// plan_request's stages for a request whose networks are set: the budget on options.device,
+// the size (options' or the family's default) and each stage's working memory, from the
+// denoiser's and the VAE's configs. A pipeline that keeps its networks' request (Stable
+// Diffusion's source drops its weights once loaded) plans each generation with it.
+void set_plan_stages(PlanRequest& request, const std::string& family,
+                     const io::JsonConfig& denoiser_config, const io::JsonConfig& vae_config,
+                     const FolderPlanOptions& options);
 // plan_request + plan_memory.
 MemoryPlan plan_folder(const io::ModelFolder& folder, const FolderPlanOptions& options);
 

@@ -26,6 +26,7 @@
 #include "nn/layers.h"
 #include "nn/load_weights.h"
 #include "pipeline/lora_set.h"
+#include "pipeline/memory_plan.h"
 #include "pipeline/model_source.h"
 #include "pipeline/sdxl_conditioning.h"
 #include "pipeline/stable_diffusion.h"
@@ -42,7 +43,11 @@ struct StableDiffusion::Components {
                vae_dtype = torch::kFloat32;
   ModelSource source;  // weights (file mappings) stay here only with offload
   bool offload = false;
-  int64_t max_memory = 0;          // LoadOptions::max_memory
+  int64_t max_memory = 0;  // LoadOptions::max_memory
+  // The memory plan's networks, weighed at load from the source's weight headers (which a
+  // resident load drops); each generation plans its stages with it.
+  PlanRequest plan_networks;
+  int64_t resident_on_device = 0;  // bytes of the networks loaded and kept on `device`
   accel::UNetGraph unet_graph;     // GenerationConfig::cuda_graph's recording, across generations
   bool keep_16bit_weights = true;  // LoadOptions::keep_16bit_weights
   bool pack_conv_weights = true;   // LoadOptions::pack_conv_weights, never with offload
@@ -168,11 +173,12 @@ struct StableDiffusion::Components {
     return loaded(unet_module, unet_config, source.unet_weights, "unet", device, unet_dtype);
   }
   // A UNet file (--unet) is read tensor by tensor through its naming's table: a GGUF's
-  // quantized matrices stay in their blocks, and with `weights` every other linear weight is
-  // quantized as it is read, as for a folder's UNet.
+  // quantized matrices stay in their blocks, and with `weights` every other linear and
+  // convolution weight is quantized as it is read, as for a folder's UNet. The layers' weights
+  // get storage only when loaded plain, so a quantized layer never allocates its plain weight.
   models::UNet2DConditionModel& unet_from_file(const io::UnetFile& file) {
     {
-      nn::SkipInitGuard skip_init(unet_dtype);
+      nn::SkipInitGuard skip_init(unet_dtype, nn::SkipInitGuard::Weights::kDeferred);
       unet_module = models::UNet2DConditionModel(unet_config);
     }
     const auto layout = file.layout;
@@ -180,7 +186,6 @@ struct StableDiffusion::Components {
         *unet_module, file.path, unet_weight_type, device,
         [layout](const std::vector<std::string>&) { return layout; }, file.prefix);
     unet_module->to(device, unet_dtype);  // quantized layers' placeholders are there already
-    if (unet_weight_type) nn::quantize_conv_layers(*unet_module, *unet_weight_type);
     nn::use_compute_layout(*unet_module);
     unet_module->eval();
     if (pack_conv_weights) nn::set_weight_packing(*unet_module, true);

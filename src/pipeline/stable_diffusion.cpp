@@ -36,7 +36,7 @@
 #include "pipeline/finite_check.h"
 #include "pipeline/inpaint_mask.h"
 #include "pipeline/lora_set.h"
-#include "pipeline/memory_estimate.h"
+#include "pipeline/memory_plan_folder.h"
 #include "pipeline/memory_report.h"
 #include "pipeline/model_source.h"
 #include "pipeline/sd_components.h"
@@ -219,6 +219,7 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   if (!options.loras.empty()) apply_loras({});  // a bad adapter fails the load, not a run
   for (const auto& [name, w] : src.unet_weights) c_->unet_parameters += w.numel();
   if (src.unet_file) c_->unet_parameters = src.unet_file->parameters;
+  c_->plan_networks = plan_request(src, plan_options());
   if (!c_->offload) {
     for (size_t k = 0; k < c_->text_encoders.size(); ++k)
       info_.weight_bytes += nn::resident_parameter_bytes(*c_->text_encoder(k));
@@ -226,6 +227,12 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
     c_->vae();
     info_.weight_bytes += nn::resident_parameter_bytes(*c_->unet_module) +
                           nn::resident_parameter_bytes(*c_->vae_module);
+    c_->resident_on_device = nn::resident_parameter_bytes(*c_->unet_module);
+    if (c_->vae_device == c_->device)
+      c_->resident_on_device += nn::resident_parameter_bytes(*c_->vae_module);
+    if (c_->text_device == c_->device)
+      for (auto& t : c_->text_encoders)
+        c_->resident_on_device += nn::resident_parameter_bytes(*t.module);
     // Weights now live in the modules; drop the file mappings.
     src.unet_weights.clear();
     src.vae_weights.clear();
@@ -335,25 +342,35 @@ PromptEmbeddings StableDiffusion::encode_for_run(const GenerationConfig& config,
   return embeds;
 }
 
-void StableDiffusion::check_memory(const GenerationConfig& config, int width, int height) const {
-  const int64_t images = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
-  const int64_t unet_batch = images * (config.guidance_scale > 1.0 ? 2 : 1);
-  const int64_t f = vae_scale_factor();
-  const std::string what = std::to_string(images) + " image" + (images == 1 ? "" : "s") + " at " +
-                           std::to_string(width) + "x" + std::to_string(height);
-  const auto element = [](torch::Dtype d) { return static_cast<int64_t>(c10::elementSize(d)); };
-  // The UNet's top level holds at least its input, the resnet's hidden state and the skip
-  // connection; the VAE decoder's last level at least input, hidden and residual, per image.
-  check_memory_fits(
-      {{"UNet step", c_->device,
-        activation_bytes(unet_batch, c_->unet_config.block_out_channels.front(), height / f,
-                         width / f, element(c_->unet_dtype), 3),
-        what},
-       {"VAE decode", c_->vae_device,
-        vae_working_bytes(c_->vae_config, vae_tiling_for(config, images, height, width).tiling,
-                          images, height, width, c_->vae_dtype),
-        what}},
-      c_->max_memory);
+FolderPlanOptions StableDiffusion::plan_options() const {
+  FolderPlanOptions o;
+  o.device = c_->device;
+  o.text_device = c_->text_device;
+  o.vae_device = c_->vae_device;
+  o.dtype = c_->unet_dtype;
+  o.text_dtype = c_->text_dtype;
+  o.vae_dtype = c_->vae_dtype;
+  o.weight_type = c_->unet_weight_type ? quant::weight_type_name(*c_->unet_weight_type) : "";
+  o.streaming = "off";                  // the UNet loads whole
+  o.keep_text_encoders = !c_->offload;  // every network resident (a batch, the server)
+  o.max_memory = c_->max_memory;
+  return o;
+}
+
+void StableDiffusion::plan_memory_for(const GenerationConfig& config, int width, int height,
+                                      StageTimings* timings) const {
+  auto o = plan_options();
+  o.width = width;
+  o.height = height;
+  o.images = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
+  o.vae_tiling = config.vae_tiling.mode;
+  auto request = c_->plan_networks;
+  set_plan_stages(request, "stable-diffusion", c_->source.unet_config, c_->source.vae_config, o);
+  // What is loaded already is part of the plan, not taken from the device's free memory.
+  if (!request.budget_given && request.budget > 0) request.budget += c_->resident_on_device;
+  const auto plan = plan_memory(request);
+  if (!plan.fits) throw InvalidArgument(plan.advice);
+  if (timings) timings->plan = plan.line;
 }
 
 VaeTilingChoice StableDiffusion::vae_tiling_for(const GenerationConfig& config, int64_t images,
@@ -688,15 +705,14 @@ GenerationResult StableDiffusion::text2image(const GenerationConfig& config,
   validate_generation_config(config, false, vae_scale_factor());
   accel::refuse_dit_cache_on_unet(config.dit_cache);
   accel::validate_accel_config(config, c_->unet_config);
-  check_memory(config, config.width ? config.width : info_.default_width,
-               config.height ? config.height : info_.default_height);
-  torch::InferenceMode guard;
-  double t0 = now_s();
+  StageTimings timings;
   int width = config.width ? config.width : info_.default_width;
   int height = config.height ? config.height : info_.default_height;
+  plan_memory_for(config, width, height, &timings);
+  torch::InferenceMode guard;
+  double t0 = now_s();
   int64_t n = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
   device::ScopedCpuThreads cpu_threads(cpu_threads_for(config, n, width, height));
-  StageTimings timings;
   timings.lora_s = apply_loras(config.loras);
   uint64_t seed = config.seed.value_or(random_seed());
   // Loaded and checked against the UNet before the text encoders run.
@@ -782,7 +798,7 @@ GenerationResult StableDiffusion::image2image(const GenerationConfig& config,
     height = init.size(2);
     width = init.size(3);
   }
-  check_memory(config, static_cast<int>(width), static_cast<int>(height));
+  plan_memory_for(config, static_cast<int>(width), static_cast<int>(height), &timings);
   device::ScopedCpuThreads cpu_threads(
       cpu_threads_for(config, batch, static_cast<int>(width), static_cast<int>(height)));
   uint64_t seed = config.seed.value_or(random_seed());
@@ -952,11 +968,11 @@ GenerationResult StableDiffusion::inpaint(const GenerationConfig& config, const 
           torch::tensor(std::vector<int64_t>(prepared.box->begin(), prepared.box->end())));
   const auto& image_u8 = prepared.image;
   const auto& mask = prepared.mask;
-  check_memory(config, static_cast<int>(width), static_cast<int>(height));
+  StageTimings timings;
+  plan_memory_for(config, static_cast<int>(width), static_cast<int>(height), &timings);
   const int64_t batch = static_cast<int64_t>(config.prompts.size()) * config.images_per_prompt;
   device::ScopedCpuThreads cpu_threads(
       cpu_threads_for(config, batch, static_cast<int>(width), static_cast<int>(height)));
-  StageTimings timings;
   timings.lora_s = apply_loras(config.loras);
   const uint64_t seed = config.seed.value_or(random_seed());
   // Loaded and checked against the UNet before the text encoders run.

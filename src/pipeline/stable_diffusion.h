@@ -30,6 +30,7 @@ namespace diffuse::pipeline {
 
 struct ModelSource;
 struct DenoiseExtras;
+struct FolderPlanOptions;
 class ControlNetSteps;
 
 // Receives named intermediate tensors (golden tests: "step.3.latents", ...).
@@ -91,8 +92,13 @@ class StableDiffusion {
   VaeTilingChoice vae_tiling_for(const GenerationConfig& config, int64_t images, int64_t height,
                                  int64_t width) const;
   int vae_scale_factor() const;
-  // InvalidArgument when a generation of this size cannot fit in the devices' free memory.
-  void check_memory(const GenerationConfig& config, int width, int height) const;
+  // The memory plan of a generation of this size (pipeline/memory_plan.h), its line into
+  // `timings`: InvalidArgument with the plan's advice when it cannot fit the device's memory
+  // (or --max-memory), before anything of it runs.
+  void plan_memory_for(const GenerationConfig& config, int width, int height,
+                       StageTimings* timings) const;
+  // The plan's options of this pipeline: its devices, dtypes, --weights and residency.
+  FolderPlanOptions plan_options() const;
   int64_t latent_channels() const;
   // The text encoder and UNet as loaded now, by component name (tools and tests; a network
   // that offload has freed is left out).
