@@ -88,7 +88,7 @@ std::optional<quant::QuantizedWeight> quantize_file_values(
   const int64_t rows = w.size(0), cols = w.numel() / rows;
   if (!quant::can_keep_quantized(type, cols)) return std::nullopt;
   check_weight_shape(values.sizes(), w, source, key);
-  if (!torch::isfinite(values).all().item<bool>())
+  if (!nn::all_finite(values))
     throw FormatError(source + ": tensor '" + key + "' has non-finite values (NaN/Inf)");
   auto q = quant::quantize_weight(values.reshape({rows, cols}).to(device), type, key);
   io::release_mapped_pages(values);

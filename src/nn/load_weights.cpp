@@ -10,10 +10,7 @@
 #include "nn/layers.h"
 
 namespace diffuse::nn {
-namespace {
 
-// One pass over a loaded tensor: a single NaN in conv_in.weight is enough to make every image
-// black, so such a file is refused at load, naming the tensor.
 // isfinite over slices of 4M values: the temporaries stay small and are reused, instead of one
 // tensor-sized mask per weight (with glibc's growing mmap threshold, those piled up in the heap:
 // 10 GiB of anonymous memory while checking a streamed 17B model).
@@ -28,6 +25,10 @@ bool all_finite(const torch::Tensor& t) {
   return true;
 }
 
+namespace {
+
+// One pass over a loaded tensor: a single NaN in conv_in.weight is enough to make every image
+// black, so such a file is refused at load, naming the tensor.
 void check_finite(const torch::Tensor& loaded, const torch::Tensor& stored,
                   const std::string& source, const std::string& key) {
   if (!loaded.is_floating_point() || all_finite(loaded)) return;

@@ -13,6 +13,10 @@ struct LoadReport {
   std::set<std::string> unexpected;  // keys in the file that the module does not have
 };
 
+// Whether every value of `t` is finite, checked in slices so that no tensor-sized mask is
+// made (those piled up in the heap while loading).
+bool all_finite(const torch::Tensor& t);
+
 // Every parameter of `module` must be present with the right shape (FormatError naming
 // `source`, the key and both shapes otherwise). Buffers are loaded when present. Keys that the
 // module does not know are returned in the report, except those in `ignored` (e.g.
