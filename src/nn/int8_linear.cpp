@@ -42,6 +42,11 @@ bool int8_linear_runs(const torch::Tensor& input, const quant::QuantizedWeight& 
          int8_gemm_available();
 }
 
+bool int8_linear_chosen(const torch::Tensor& input, const quant::QuantizedWeight& w) {
+  if (input.scalar_type() == torch::kBFloat16 && kernels::cpu_features().amx_bf16) return false;
+  return int8_linear_runs(input, w);
+}
+
 torch::Tensor int8_linear(const torch::Tensor& input, const quant::QuantizedWeight& w,
                           const torch::Tensor& bias, const torch::Tensor& residual) {
   if (!int8_linear_runs(input, w))

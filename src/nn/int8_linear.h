@@ -21,6 +21,11 @@ bool int8_gemm_available();
 // Whether int8_linear runs `input` ([..., in], float32 or bf16, on the CPU) with `w`: an
 // I8_ROWS weight on the CPU, and int8_gemm_available().
 bool int8_linear_runs(const torch::Tensor& input, const quant::QuantizedWeight& w);
+// Whether a layer takes int8_linear for `input`: int8_linear_runs, and the integer product is
+// the faster one here. On CPUs with AMX, oneDNN's bf16 matmul (AMX tiles) outruns the VNNI
+// integer GEMM, so bf16 inputs there multiply by the dequantized weight instead (SD2.1-base UNet
+// step at 512x512 on a 2-core Sapphire Rapids: int8 GEMM 3.6-3.8 s, bf16 2.9-3.3 s).
+bool int8_linear_chosen(const torch::Tensor& input, const quant::QuantizedWeight& w);
 // input @ dequantized(w)^T + bias (+ residual), as above; bias (float32 or the input's dtype,
 // [out]) and residual (the output's shape and dtype) may be undefined. Needs int8_linear_runs.
 torch::Tensor int8_linear(const torch::Tensor& input, const quant::QuantizedWeight& w,

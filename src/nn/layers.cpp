@@ -155,7 +155,7 @@ void LinearImpl::keep_quantized(quant::QuantizedWeight q) {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
-  if (quantized && int8_linear_runs(input, *quantized)) {
+  if (quantized && int8_linear_chosen(input, *quantized)) {
     auto y = int8_linear(input, *quantized, bias);
     add_low_rank(y, input);
     return y;
@@ -171,7 +171,7 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
 }
 
 torch::Tensor LinearImpl::product(const torch::Tensor& input) {
-  if (quantized && int8_linear_runs(input, *quantized)) {
+  if (quantized && int8_linear_chosen(input, *quantized)) {
     auto y = int8_linear(input, *quantized, {});
     add_low_rank(y, input);
     return y;
@@ -239,7 +239,7 @@ int64_t resident_parameter_bytes(const torch::nn::Module& module) {
 torch::Tensor LinearImpl::forward_add(const torch::Tensor& input, const torch::Tensor& residual) {
   auto out_sizes = input.sizes().vec();
   if (!out_sizes.empty()) out_sizes.back() = weight.size(0);
-  if (quantized && int8_linear_runs(input, *quantized)) {
+  if (quantized && int8_linear_chosen(input, *quantized)) {
     // The residual joins the integer product's epilogue where it has the output's shape.
     const bool fused =
         residual.sizes().equals(out_sizes) && residual.scalar_type() == input.scalar_type();

@@ -46,9 +46,12 @@ const CpuFeatures& cpu_features() {
     out.avx512_bf16 = out.avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
     out.avx512_vnni = out.avx512 && __builtin_cpu_supports("avx512vnni");
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+    out.amx_bf16 = out.avx512_bf16 && __builtin_cpu_supports("amx-bf16");
+#endif
 #endif
     const IsaCap cap = isa_cap();
-    if (cap != IsaCap::native) out.avx512_bf16 = out.avx512_vnni = false;
+    if (cap != IsaCap::native) out.avx512_bf16 = out.avx512_vnni = out.amx_bf16 = false;
     if (cap == IsaCap::avx2 || cap == IsaCap::baseline) out.avx512 = false;
     if (cap == IsaCap::baseline) out.avx2_fma = false;
     return out;
