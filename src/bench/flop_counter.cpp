@@ -33,8 +33,8 @@ int64_t at_or(const std::vector<int64_t>& v, size_t i, int64_t fallback) {
 }
 
 // aten::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-// groups); nn::Conv2d's diffuse::conv2d_packed and diffuse::conv2d_winograd record the same
-// arguments.
+// groups); nn::Conv2d's diffuse::conv2d_packed, diffuse::conv2d_winograd and
+// diffuse::conv2d_int8 record the same arguments.
 double conv_flops(c10::ArrayRef<const c10::IValue> in) {
   if (in.size() < 9 || !in[0].isTensor() || !in[1].isTensor()) return 0;
   const auto x = in[0].toTensor().sizes(), w = in[1].toTensor().sizes();
@@ -100,9 +100,9 @@ Counted classify(const at::RecordFunction& fn) {
   }
   if (is("diffuse::conv2d_winograd"))
     return {&FlopCounts::conv, conv_flops(in), &FlopCounts::conv_winograd};
-  if (is("aten::convolution") || is("diffuse::conv2d_packed"))
+  if (is("aten::convolution") || is("diffuse::conv2d_packed") || is("diffuse::conv2d_int8"))
     return {&FlopCounts::conv, conv_flops(in)};
-  if (is("aten::linear")) {
+  if (is("aten::linear") || is("diffuse::linear_int8")) {
     const auto *x = tensor_at(in, 0), *w = tensor_at(in, 1);
     if (!x || !w) return {&FlopCounts::matmul, 0};
     return {&FlopCounts::matmul, 2.0 * numel(x->sizes()) / static_cast<double>(x->size(-1)) *

@@ -53,12 +53,12 @@ bool any_of(const std::string& name, std::initializer_list<const char*> names) {
 }  // namespace
 
 std::string OpProfile::kind_of(const std::string& op) {
-  if (any_of(op,
-             {"aten::convolution", "aten::conv2d", "aten::_convolution", "aten::mkldnn_convolution",
-              "aten::conv_transpose2d", "diffuse::conv2d_packed", "diffuse::conv2d_winograd"}))
+  if (any_of(op, {"aten::convolution", "aten::conv2d", "aten::_convolution",
+                  "aten::mkldnn_convolution", "aten::conv_transpose2d", "diffuse::conv2d_packed",
+                  "diffuse::conv2d_winograd", "diffuse::conv2d_int8"}))
     return "conv";
-  if (any_of(op, {"aten::linear", "aten::matmul", "aten::mm", "aten::bmm", "aten::addmm",
-                  "aten::baddbmm", "aten::addbmm", "aten::einsum"}))
+  if (any_of(op, {"aten::linear", "diffuse::linear_int8", "aten::matmul", "aten::mm", "aten::bmm",
+                  "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::einsum"}))
     return "matmul";
   if (any_of(op, {"diffuse::attention", "aten::scaled_dot_product_attention", "aten::_softmax",
                   "aten::softmax"}))

@@ -33,6 +33,23 @@ bool int8_gemm_available() {
 #endif
 }
 
+void int8_gemm_offset_codes(const uint8_t* codes, int64_t rows, int64_t k, const int8_t* wq,
+                            int64_t n, int32_t* acc) {
+#ifdef DIFFUSE_WITH_DNNL
+  // The offset turns the unsigned codes back into signed ones.
+  const int32_t no_offset = 0;
+  const dnnl_status_t status = dnnl_gemm_u8s8s32('N', 'T', 'F', rows, n, k, 1.0f, codes, k, 128, wq,
+                                                 k, 0, 0.0f, acc, n, &no_offset);
+  if (status != dnnl_success)
+    throw Error("oneDNN's integer GEMM failed (status " + std::to_string(static_cast<int>(status)) +
+                ") for " + std::to_string(rows) + "x" + std::to_string(k) + " by " +
+                std::to_string(n) + "x" + std::to_string(k));
+#else
+  (void)codes, (void)rows, (void)k, (void)wq, (void)n, (void)acc;
+  throw Error("this build has no oneDNN integer GEMM (int8_gemm_available() is false)");
+#endif
+}
+
 bool int8_linear_runs(const torch::Tensor& input, const quant::QuantizedWeight& w) {
   return w.type == quant::GgmlType::I8_ROWS && w.blocks.defined() && w.row_scales.defined() &&
          w.blocks.device().is_cpu() && input.device().is_cpu() &&
@@ -98,14 +115,7 @@ torch::Tensor int8_linear(const torch::Tensor& input, const quant::QuantizedWeig
                  : k.f32_quantize_row_u8(x.data_ptr<float>() + (m0 + i) * K, K, q);
       }
     });
-    // acc = (codes - 128) . wq^T: the offset turns the unsigned codes back into signed ones.
-    const int32_t no_offset = 0;
-    const dnnl_status_t status = dnnl_gemm_u8s8s32('N', 'T', 'F', rows, N, K, 1.0f, codes.data(), K,
-                                                   128, wq, K, 0, 0.0f, acc.data(), N, &no_offset);
-    if (status != dnnl_success)
-      throw Error("int8_linear: oneDNN's integer GEMM failed (status " +
-                  std::to_string(static_cast<int>(status)) + ") for " + std::to_string(rows) + "x" +
-                  std::to_string(K) + " by " + std::to_string(N) + "x" + std::to_string(K));
+    int8_gemm_offset_codes(codes.data(), rows, K, wq, N, acc.data());
     at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int32_t* a = acc.data() + i * N;

@@ -18,6 +18,11 @@ namespace diffuse::nn {
 
 // Whether this build has the integer GEMM and this CPU runs it natively.
 bool int8_gemm_available();
+// acc[rows, n] = (codes - 128) . wq^T, summed exactly in int32 by oneDNN's integer GEMM: `rows`
+// rows of `k` unsigned codes (the offset makes them signed) against an [n, k] int8 matrix.
+// Needs int8_gemm_available(); Error when oneDNN fails.
+void int8_gemm_offset_codes(const uint8_t* codes, int64_t rows, int64_t k, const int8_t* wq,
+                            int64_t n, int32_t* acc);
 // Whether int8_linear runs `input` ([..., in], float32 or bf16, on the CPU) with `w`: an
 // I8_ROWS weight on the CPU, and int8_gemm_available().
 bool int8_linear_runs(const torch::Tensor& input, const quant::QuantizedWeight& w);

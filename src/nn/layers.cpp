@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 
 #include "device/memory.h"
 #include "diffuse/errors.h"
 #include "nn/cpu_bf16_linear.h"
 #include "nn/fused_ops.h"
+#include "nn/int8_conv.h"
 #include "nn/int8_linear.h"
 #include "nn/winograd_conv.h"
 
@@ -156,6 +158,8 @@ void LinearImpl::keep_quantized(quant::QuantizedWeight q) {
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
   if (quantized && int8_linear_chosen(input, *quantized)) {
+    // The placeholder has the weight's shape: profilers and FLOP counters read it as aten::linear.
+    RECORD_FUNCTION("diffuse::linear_int8", std::vector<c10::IValue>({input, weight}));
     auto y = int8_linear(input, *quantized, bias);
     add_low_rank(y, input);
     return y;
@@ -172,6 +176,8 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
 
 torch::Tensor LinearImpl::product(const torch::Tensor& input) {
   if (quantized && int8_linear_chosen(input, *quantized)) {
+    // The placeholder has the weight's shape: profilers and FLOP counters read it as aten::linear.
+    RECORD_FUNCTION("diffuse::linear_int8", std::vector<c10::IValue>({input, weight}));
     auto y = int8_linear(input, *quantized, {});
     add_low_rank(y, input);
     return y;
@@ -240,6 +246,8 @@ torch::Tensor LinearImpl::forward_add(const torch::Tensor& input, const torch::T
   auto out_sizes = input.sizes().vec();
   if (!out_sizes.empty()) out_sizes.back() = weight.size(0);
   if (quantized && int8_linear_chosen(input, *quantized)) {
+    // The placeholder has the weight's shape: profilers and FLOP counters read it as aten::linear.
+    RECORD_FUNCTION("diffuse::linear_int8", std::vector<c10::IValue>({input, weight}));
     // The residual joins the integer product's epilogue where it has the output's shape.
     const bool fused =
         residual.sizes().equals(out_sizes) && residual.scalar_type() == input.scalar_type();
@@ -269,6 +277,30 @@ bool supports_low_rank(const Conv2dImpl& conv) {
          variant_get_if<torch::ExpandingArray<2>>(&conv.options.padding()) != nullptr &&
          variant_get_if<torch::enumtype::kZeros>(&conv.options.padding_mode()) != nullptr;
 }
+
+namespace {
+
+// The convolution's geometry for int8_conv2d: zero padding of explicit sizes only.
+std::optional<ConvGeometry> int8_geometry(const Conv2dImpl& conv) {
+  const auto& o = conv.options;
+  const auto* padding = variant_get_if<torch::ExpandingArray<2>>(&o.padding());
+  if (!padding || !variant_get_if<torch::enumtype::kZeros>(&o.padding_mode()) ||
+      conv.weight.dim() != 4)
+    return std::nullopt;
+  ConvGeometry g;
+  g.kernel_h = conv.weight.size(2);
+  g.kernel_w = conv.weight.size(3);
+  g.stride_h = (*o.stride())[0];
+  g.stride_w = (*o.stride())[1];
+  g.pad_h = (**padding)[0];
+  g.pad_w = (**padding)[1];
+  g.dilation_h = (*o.dilation())[0];
+  g.dilation_w = (*o.dilation())[1];
+  g.groups = o.groups();
+  return g;
+}
+
+}  // namespace
 
 // aten::convolution's arguments for this call (with the plain weight): what the engine's own
 // convolution paths record for profilers and FLOP counters.
@@ -367,6 +399,15 @@ int64_t Conv2dImpl::packed_bytes() const {
 }
 
 torch::Tensor Conv2dImpl::forward(const torch::Tensor& input) {
+  if (quantized && quantized->type == quant::GgmlType::I8_ROWS) {
+    const auto g = int8_geometry(*this);
+    if (g && int8_conv2d_chosen(input, *quantized, *g)) {
+      RECORD_FUNCTION("diffuse::conv2d_int8", convolution_arguments(*this, input));
+      auto y = int8_conv2d(input, *quantized, *g, bias);
+      add_low_rank(y, input);
+      return y;
+    }
+  }
   if (quantized)
     return convolve(
         input,

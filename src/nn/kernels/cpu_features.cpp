@@ -1,11 +1,29 @@
 #include "nn/kernels/cpu_features.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <string>
 
 #include "diffuse/errors.h"
 
 namespace diffuse::nn::kernels {
+namespace {
+
+// oneDNN's own cap (ONEDNN_MAX_CPU_ISA, or its older name DNNL_MAX_CPU_ISA): set to an ISA
+// without AMX, its bf16 products run on AVX512-BF16, and the choices that weigh AMX's speed
+// (int8_linear_chosen, int8_conv2d_chosen) must know.
+bool onednn_may_use_amx() {
+  for (const char* name : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"}) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) continue;
+    std::string isa(v);
+    for (auto& c : isa) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return isa == "ALL" || isa.find("AMX") != std::string::npos;
+  }
+  return true;
+}
+
+}  // namespace
 
 IsaCap isa_cap() {
   static const IsaCap cap = [] {
@@ -47,7 +65,7 @@ const CpuFeatures& cpu_features() {
 #endif
     out.avx512_vnni = out.avx512 && __builtin_cpu_supports("avx512vnni");
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-    out.amx_bf16 = out.avx512_bf16 && __builtin_cpu_supports("amx-bf16");
+    out.amx_bf16 = out.avx512_bf16 && __builtin_cpu_supports("amx-bf16") && onednn_may_use_amx();
 #endif
 #endif
     const IsaCap cap = isa_cap();

@@ -11,7 +11,9 @@ struct CpuFeatures {
   bool avx512 = false;       // F, BW, VL, DQ
   bool avx512_bf16 = false;  // VDPBF16PS / VCVTNEPS2BF16
   bool avx512_vnni = false;  // VPDPBUSD: 8-bit products summed into int32 (nn/int8_linear.h)
-  bool amx_bf16 = false;     // AMX tiles with bf16 products (oneDNN's bf16 matmul uses them)
+  // AMX tiles with bf16 products, which oneDNN's bf16 matmuls and convolutions use (false when
+  // ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA caps oneDNN below AMX).
+  bool amx_bf16 = false;
 };
 
 // $DIFFUSE_CPU_ISA: what the engine treats this CPU as having, so that the paths of other CPUs
