@@ -115,6 +115,16 @@ int64_t vae_top_channels(const io::JsonConfig& vae) {
   return 2 * vae.get<int64_t>("base_dim", 96);
 }
 
+// What the user asked for, before any network is weighed.
+PlanRequest request_from_flags(const FolderPlanOptions& o) {
+  PlanRequest r;
+  r.weight_type = o.weight_type == "none" ? "" : o.weight_type;
+  if (!r.weight_type.empty()) quant::parse_weight_type(r.weight_type, "--weights");
+  r.keep_text_encoders = o.keep_text_encoders;
+  r.denoiser_dtype = device::dtype_name(o.dtype);
+  return r;
+}
+
 }  // namespace
 
 std::string plan_family(const io::ModelFolder& folder) {
@@ -151,11 +161,7 @@ PlanRequest plan_request(const io::ModelFolder& folder, const FolderPlanOptions&
   // Stable Diffusion's networks as its pipeline reads them, from a folder or a single file.
   if (family.rfind("stable-diffusion", 0) == 0)
     return plan_request(open_model_source(folder.dir(), {}), o);
-  PlanRequest r;
-  r.weight_type = o.weight_type == "none" ? "" : o.weight_type;
-  if (!r.weight_type.empty()) quant::parse_weight_type(r.weight_type, "--weights");
-  r.keep_text_encoders = o.keep_text_encoders;
-  r.denoiser_dtype = device::dtype_name(o.dtype);
+  PlanRequest r = request_from_flags(o);
   // Text encoders, in the order the pipelines run them.
   int64_t widest_text = 0;
   for (const char* component :
@@ -192,11 +198,7 @@ PlanRequest plan_request(const io::ModelFolder& folder, const FolderPlanOptions&
 }
 
 PlanRequest plan_request(const ModelSource& src, const FolderPlanOptions& o) {
-  PlanRequest r;
-  r.weight_type = o.weight_type == "none" ? "" : o.weight_type;
-  if (!r.weight_type.empty()) quant::parse_weight_type(r.weight_type, "--weights");
-  r.keep_text_encoders = o.keep_text_encoders;
-  r.denoiser_dtype = device::dtype_name(o.dtype);
+  PlanRequest r = request_from_flags(o);
   int64_t widest_text = 0;
   for (const auto& t : src.text_encoders) {
     NetworkWeights n;
