@@ -208,9 +208,11 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
     const auto& w = layer.weight();
     std::optional<quant::QuantizedWeight> q;
     const std::string& file_key = slice->key;
+    const bool stored_in_blocks =
+        gguf && quant::ggml_type_traits(gguf->info(file_key).type).quantized;
     // A GGUF's quantized matrices as stored (ggml blocks run along a tensor's last dimension, so
     // a convolution's 4-d weight is never stored in blocks).
-    if (layer.lin && gguf && quant::ggml_type_traits(gguf->info(file_key).type).quantized) {
+    if (layer.lin && stored_in_blocks) {
       const auto& info = gguf->info(file_key);
       const int64_t rows = w.size(0), cols = w.size(1);
       if (info.shape.size() != 2 || info.shape[1] != cols || info.shape[0] <= 0)
@@ -230,7 +232,7 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
         check_block_scales(*q, source, file_key);
       }
     }
-    if (!q && type && !(gguf && quant::ggml_type_traits(gguf->info(file_key).type).quantized)) {
+    if (!q && type && !stored_in_blocks) {
       q = quantize_file_values(
           layer,
           io::take_slice(gguf ? gguf->read_only_view(file_key) : mapped.at(file_key), *slice,

@@ -1,6 +1,5 @@
 #include "nn/int8_conv.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/torch.h>
 
@@ -15,10 +14,6 @@
 
 namespace diffuse::nn {
 namespace {
-
-// Output pixels per GEMM call: their codes (pixels x in * kh * kw bytes, 11 MiB for a 3x3
-// convolution of 1280 channels) and int32 sums stay bounded whatever the image size.
-constexpr int64_t kPixelChunk = 1024;
 
 int64_t output_side(int64_t in, int64_t kernel, int64_t stride, int64_t pad) {
   return (in + 2 * pad - kernel) / stride + 1;
@@ -92,44 +87,25 @@ torch::Tensor int8_conv2d(const torch::Tensor& input, const quant::QuantizedWeig
   const int64_t M = N * Ho * Wo;
   if (M == 0) return y;
   const auto b = bias.defined() ? bias.to(torch::kFloat).contiguous() : torch::Tensor();
-  const auto scales = w.row_scales.to(torch::kFloat).contiguous();
-  const float* sw = scales.data_ptr<float>();
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  const auto* wq = reinterpret_cast<const int8_t*>(w.blocks.data_ptr<uint8_t>());
   const auto& k = kernels::cpu_kernels();
   const bool bf16 = x.scalar_type() == torch::kBFloat16;
-  const int64_t chunk = std::min(M, kPixelChunk);
-  std::vector<uint8_t> codes(static_cast<size_t>(chunk * K));
-  std::vector<float> sx(static_cast<size_t>(chunk));
-  std::vector<int32_t> acc(static_cast<size_t>(chunk * O));
   const int64_t image = H * W * C, pixels = Ho * Wo;
-  for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-    const int64_t rows = std::min(chunk, M - m0);
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> field(static_cast<size_t>(K));
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t p = m0 + i, n = p / pixels, oy = p % pixels / Wo, ox = p % Wo;
+  // Output pixel p's row of the product is its receptive field; the result [pixels, channels]
+  // is y in channels-last order.
+  auto yr = y.permute({0, 2, 3, 1}).view({M, O});
+  int8_rows_product(
+      M, w,
+      [&](int64_t p, uint8_t* codes) {
+        thread_local std::vector<float> field;
+        field.resize(static_cast<size_t>(K));
+        const int64_t n = p / pixels, oy = p % pixels / Wo, ox = p % Wo;
         if (bf16)
           receptive_field(x.data_ptr<at::BFloat16>() + n * image, H, W, C, g, oy, ox, field.data());
         else
           receptive_field(x.data_ptr<float>() + n * image, H, W, C, g, oy, ox, field.data());
-        sx[i] = k.f32_quantize_row_u8(field.data(), K, codes.data() + i * K);
-      }
-    });
-    int8_gemm_offset_codes(codes.data(), rows, K, wq, O, acc.data());
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int32_t* a = acc.data() + i * O;
-        const int64_t at_out = (m0 + i) * O;  // channels-last: pixel-major
-        if (bf16)
-          k.bf16_int8_dequantize_row(
-              a, O, sx[i], sw, bp, nullptr,
-              reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) + at_out);
-        else
-          k.f32_int8_dequantize_row(a, O, sx[i], sw, bp, nullptr, y.data_ptr<float>() + at_out);
-      }
-    });
-  }
+        return k.f32_quantize_row_u8(field.data(), K, codes);
+      },
+      b, {}, yr);
   return y;
 }
 

@@ -18,7 +18,7 @@
 namespace diffuse::nn {
 namespace {
 
-// Input rows per GEMM call: bounds the int32 sums held at once (rows x outputs x 4 bytes, 40 MiB
+// Rows per GEMM call: bounds the int32 sums held at once (rows x outputs x 4 bytes, 40 MiB
 // for HiDream's 10240-wide feed-forward) while each call still has rows enough to keep the
 // GEMM's packed weight panels busy.
 constexpr int64_t kRowChunk = 1024;
@@ -48,6 +48,46 @@ void int8_gemm_offset_codes(const uint8_t* codes, int64_t rows, int64_t k, const
   (void)codes, (void)rows, (void)k, (void)wq, (void)n, (void)acc;
   throw Error("this build has no oneDNN integer GEMM (int8_gemm_available() is false)");
 #endif
+}
+
+void int8_rows_product(int64_t rows, const quant::QuantizedWeight& w,
+                       const std::function<float(int64_t row, uint8_t* codes)>& quantize_row,
+                       const torch::Tensor& bias, const torch::Tensor& residual, torch::Tensor& y) {
+  const int64_t K = w.cols, N = w.rows;
+  const auto scales = w.row_scales.to(torch::kFloat).contiguous();
+  const float* sw = scales.data_ptr<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  const auto* wq = reinterpret_cast<const int8_t*>(w.blocks.data_ptr<uint8_t>());
+  const auto& k = kernels::cpu_kernels();
+  const bool bf16 = y.scalar_type() == torch::kBFloat16;
+  const int64_t chunk = std::min(rows, kRowChunk);
+  std::vector<uint8_t> codes(static_cast<size_t>(chunk * K));
+  std::vector<float> sx(static_cast<size_t>(chunk));
+  std::vector<int32_t> acc(static_cast<size_t>(chunk * N));
+  for (int64_t m0 = 0; m0 < rows; m0 += chunk) {
+    const int64_t n_rows = std::min(chunk, rows - m0);
+    at::parallel_for(0, n_rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) sx[i] = quantize_row(m0 + i, codes.data() + i * K);
+    });
+    int8_gemm_offset_codes(codes.data(), n_rows, K, wq, N, acc.data());
+    at::parallel_for(0, n_rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int32_t* a = acc.data() + i * N;
+        const int64_t row = (m0 + i) * N;
+        if (bf16) {
+          const auto* res =
+              residual.defined()
+                  ? reinterpret_cast<const uint16_t*>(residual.data_ptr<at::BFloat16>()) + row
+                  : nullptr;
+          k.bf16_int8_dequantize_row(a, N, sx[i], sw, bp, res,
+                                     reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) + row);
+        } else {
+          const float* res = residual.defined() ? residual.data_ptr<float>() + row : nullptr;
+          k.f32_int8_dequantize_row(a, N, sx[i], sw, bp, res, y.data_ptr<float>() + row);
+        }
+      }
+    });
+  }
 }
 
 bool int8_linear_runs(const torch::Tensor& input, const quant::QuantizedWeight& w) {
@@ -91,49 +131,19 @@ torch::Tensor int8_linear(const torch::Tensor& input, const quant::QuantizedWeig
     throw InvalidArgument("int8_linear: a bias of " + std::to_string(bias.numel()) +
                           " values for " + std::to_string(N) + " outputs");
   const auto b = bias.defined() ? bias.to(torch::kFloat).contiguous() : torch::Tensor();
-  const auto scales = w.row_scales.to(torch::kFloat).contiguous();
   if (M == 0) return y.view(out_sizes);
-#ifdef DIFFUSE_WITH_DNNL
-  const float* sw = scales.data_ptr<float>();
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  const auto* wq = reinterpret_cast<const int8_t*>(w.blocks.data_ptr<uint8_t>());
   const auto& k = kernels::cpu_kernels();
-  const bool bf16 = x.scalar_type() == torch::kBFloat16;
-  const int64_t chunk = std::min(M, kRowChunk);
-  std::vector<uint8_t> codes(static_cast<size_t>(chunk * K));
-  std::vector<float> sx(static_cast<size_t>(chunk));
-  std::vector<int32_t> acc(static_cast<size_t>(chunk * N));
-  for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-    const int64_t rows = std::min(chunk, M - m0);
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        uint8_t* q = codes.data() + i * K;
-        sx[i] =
-            bf16 ? k.bf16_quantize_row_u8(
-                       reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) + (m0 + i) * K,
-                       K, q)
-                 : k.f32_quantize_row_u8(x.data_ptr<float>() + (m0 + i) * K, K, q);
-      }
-    });
-    int8_gemm_offset_codes(codes.data(), rows, K, wq, N, acc.data());
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int32_t* a = acc.data() + i * N;
-        const int64_t row = (m0 + i) * N;
-        if (bf16) {
-          const auto* res =
-              r.defined() ? reinterpret_cast<const uint16_t*>(r.data_ptr<at::BFloat16>()) + row
-                          : nullptr;
-          k.bf16_int8_dequantize_row(a, N, sx[i], sw, bp, res,
-                                     reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) + row);
-        } else {
-          const float* res = r.defined() ? r.data_ptr<float>() + row : nullptr;
-          k.f32_int8_dequantize_row(a, N, sx[i], sw, bp, res, y.data_ptr<float>() + row);
-        }
-      }
-    });
+  if (x.scalar_type() == torch::kBFloat16) {
+    const auto* xb = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+    int8_rows_product(
+        M, w, [&](int64_t i, uint8_t* q) { return k.bf16_quantize_row_u8(xb + i * K, K, q); }, b, r,
+        y);
+  } else {
+    const float* xf = x.data_ptr<float>();
+    int8_rows_product(
+        M, w, [&](int64_t i, uint8_t* q) { return k.f32_quantize_row_u8(xf + i * K, K, q); }, b, r,
+        y);
   }
-#endif
   return y.view(out_sizes);
 }
 

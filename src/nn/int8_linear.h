@@ -12,6 +12,8 @@
 #pragma once
 #include <torch/types.h>
 
+#include <functional>
+
 #include "quant/quantized_weight.h"
 
 namespace diffuse::nn {
@@ -23,6 +25,15 @@ bool int8_gemm_available();
 // Needs int8_gemm_available(); Error when oneDNN fails.
 void int8_gemm_offset_codes(const uint8_t* codes, int64_t rows, int64_t k, const int8_t* wq,
                             int64_t n, int32_t* acc);
+// y = rows @ dequantized(w)^T + bias (+ residual) for `rows` input rows whose unsigned codes
+// `quantize_row(i, codes)` writes (K = w.cols of them) and returns the row's scale: the codes
+// in chunks of up to 1024 rows, oneDNN's integer GEMM, then each sum scaled and the bias and
+// residual added in float32, rounded once into y. y and residual: [rows, w.rows] contiguous,
+// float32 or bf16 (y's dtype); bias: float32 [w.rows] or undefined. The driver of int8_linear
+// and int8_conv2d; needs int8_gemm_available().
+void int8_rows_product(int64_t rows, const quant::QuantizedWeight& w,
+                       const std::function<float(int64_t row, uint8_t* codes)>& quantize_row,
+                       const torch::Tensor& bias, const torch::Tensor& residual, torch::Tensor& y);
 // Whether int8_linear runs `input` ([..., in], float32 or bf16, on the CPU) with `w`: an
 // I8_ROWS weight on the CPU, and int8_gemm_available().
 bool int8_linear_runs(const torch::Tensor& input, const quant::QuantizedWeight& w);
