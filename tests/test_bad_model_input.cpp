@@ -85,6 +85,44 @@ TEST(BadNumbers, NanInOneWeightIsRefusedAtLoadNamingTheTensorAndFile) {
   EXPECT_NE(msg.find("unet"), std::string::npos) << msg;
 }
 
+// Quantized as they are read (--weights), layers meet the quantizer's own check: the same
+// refusal naming the tensor, whether the weight is kept in ggml blocks or int8 rows.
+TEST(BadNumbers, NanInAWeightQuantizedAsReadIsRefusedNamingTheTensor) {
+  test::TempDir dir;
+  const auto model = demo_copy(dir);
+  const auto file = model / "unet" / "diffusion_pytorch_model.safetensors";
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::string poisoned;
+  {
+    auto st = io::SafetensorsFile::open(file.string());
+    for (const auto& name : st->names()) {
+      auto t = st->get(name).clone();
+      if (poisoned.empty() && name.find("attn1.to_q.weight") != std::string::npos) {
+        t.view(-1)[5] = std::numeric_limits<float>::infinity();
+        poisoned = name;
+      }
+      tensors.emplace_back(name, t);
+    }
+  }
+  ASSERT_FALSE(poisoned.empty());
+  io::save_safetensors(file.string(), tensors);
+  for (const char* weights : {"q8_0", "int8"}) {
+    LoadOptions lo;
+    lo.device = "cpu";
+    lo.weights = weights;
+    const auto msg = expect_throw<FormatError>([&] {
+      auto t2i = Text2Image::load(model.string(), lo);
+      GenerationConfig g;
+      g.prompts = {"a red circle"};
+      g.width = g.height = 64;
+      g.steps = 1;
+      t2i.generate(g);
+    });
+    EXPECT_NE(msg.find(poisoned), std::string::npos) << weights << ": " << msg;
+    EXPECT_NE(msg.find("non-finite"), std::string::npos) << weights << ": " << msg;
+  }
+}
+
 TEST(BadNumbers, ModelConfigValuesOutOfRangeNameFileAndKey) {
   struct Case {
     const char* component;

@@ -81,9 +81,13 @@ TEST(Int8Linear, WeightRowsQuantizeSymmetrically) {
   const auto step = q.row_scales.unsqueeze(1);
   EXPECT_TRUE((back - w).abs().le(step * 0.5 + 1e-7).all().item<bool>());
   w[1][7] = std::numeric_limits<float>::infinity();
-  const auto msg = test::expect_throw<InvalidArgument>(
-      [&] { quant::quantize_weight(w, GgmlType::I8_ROWS, "layer.weight"); });
-  EXPECT_NE(msg.find("layer.weight"), std::string::npos) << msg;
+  for (auto type : {GgmlType::I8_ROWS, GgmlType::Q8_0}) {
+    const auto msg = test::expect_throw<NumericalError>(
+        [&] { quant::quantize_weight(w.narrow(1, 0, 32), type, "layer.weight"); });
+    EXPECT_NE(msg.find("layer.weight"), std::string::npos) << msg;
+  }
+  w[1][7] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(quant::quantize_weight(w, GgmlType::I8_ROWS, "w"), NumericalError);
 }
 
 TEST(Int8Linear, TheInMemoryTypeIsNoFileType) {

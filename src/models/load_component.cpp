@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "device/outside_heap.h"
 #include "diffuse/errors.h"
 #include "io/gguf.h"
 #include "io/ldm_checkpoint.h"
@@ -88,11 +89,13 @@ std::optional<quant::QuantizedWeight> quantize_file_values(
   const int64_t rows = w.size(0), cols = w.numel() / rows;
   if (!quant::can_keep_quantized(type, cols)) return std::nullopt;
   check_weight_shape(values.sizes(), w, source, key);
-  if (!nn::all_finite(values))
+  try {
+    auto q = quant::quantize_weight(values.reshape({rows, cols}).to(device), type, key);
+    io::release_mapped_pages(values);
+    return q;
+  } catch (const NumericalError&) {
     throw FormatError(source + ": tensor '" + key + "' has non-finite values (NaN/Inf)");
-  auto q = quant::quantize_weight(values.reshape({rows, cols}).to(device), type, key);
-  io::release_mapped_pages(values);
-  return q;
+  }
 }
 
 }  // namespace
@@ -226,7 +229,8 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
         bytes = io::take_slice(bytes, *slice, source);
         if (bytes.size(0) != rows) check_weight_shape({bytes.size(0), cols}, w, source, key);
         bytes = bytes.reshape({-1});
-        bytes = bytes.to(device, /*non_blocking=*/false, /*copy=*/true);
+        bytes = device.is_cpu() ? device::copy_outside_heap(bytes)
+                                : bytes.to(device, /*non_blocking=*/false, /*copy=*/true);
         gguf->release_pages(file_key);  // copied: not held twice
         q = quant::quantized_from_blocks(bytes, info.type, rows, cols, source + ": " + file_key);
         check_block_scales(*q, source, file_key);

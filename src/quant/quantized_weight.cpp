@@ -6,8 +6,13 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
+#include "device/outside_heap.h"
 #include "diffuse/errors.h"
 #include "quant/dequantize_ops.h"
 
@@ -34,44 +39,80 @@ bool dequantizes_on_device(GgmlType type) {
 
 namespace {
 
-// Calls fn(w, r0, r1) with rows [r0, r1) of `weight` as a float32 copy of their own on
-// `device`, a few rows at a time: whole-matrix float32 temporaries of every layer (~20 bytes a
-// value for int8's arithmetic), freed into a heap that keeps freed memory, raised a SD2.1 UNet's
-// load peak above its bf16 size.
+// The largest |value| of a row, or infinity when one is not finite (NaN compares false).
+float row_amax(const float* x, int64_t n) {
+  float amax = 0;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    finite &= a <= std::numeric_limits<float>::max();
+    amax = std::max(amax, a);
+  }
+  return finite ? amax : std::numeric_limits<float>::infinity();
+}
+
+// Calls fn(rows, r0, r1) for rows [r0, r1) of `weight` converted to float32 on the CPU, a few
+// at a time, in a buffer each thread reuses. Whole-matrix temporaries (~20 bytes a value for
+// int8's tensor arithmetic) raised a SD2.1 UNet's load peak above its bf16 size; per-chunk ones
+// still landed in whichever hole of a large, emptied heap fit them, and over HiDream's 1,128
+// layers touched ~1.2 GiB more of it.
 template <typename Fn>
-void for_float_row_chunks(const at::Tensor& weight, const at::Device& device, Fn&& fn) {
-  const int64_t rows = weight.size(0);
-  const int64_t chunk =
-      std::max<int64_t>(16, (int64_t{1} << 20) / std::max<int64_t>(weight.size(1), 1));
+void for_float_row_chunks(const at::Tensor& weight, Fn&& fn) {
+  const int64_t rows = weight.size(0), cols = weight.size(1);
+  const int64_t chunk = std::max<int64_t>(16, (int64_t{1} << 20) / std::max<int64_t>(cols, 1));
+  thread_local std::vector<float> scratch;
+  const auto need = static_cast<size_t>(std::min(chunk, rows) * cols);
+  if (scratch.size() < need) scratch.resize(need);
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t r1 = std::min(rows, r0 + chunk);
-    fn(weight.detach()
-           .slice(0, r0, r1)
-           .to(device, at::kFloat, /*non_blocking=*/false,
-               /*copy=*/true)
-           .contiguous(),
-       r0, r1);
+    at::from_blob(scratch.data(), {r1 - r0, cols}, at::kFloat)
+        .copy_(weight.detach().slice(0, r0, r1));
+    fn(static_cast<const float*>(scratch.data()), r0, r1);
   }
 }
 
-// Symmetric per-row int8 (I8_ROWS), computed in float32 on the weight's device.
+// For each row r of `rows` in parallel, fn(r, amax of that row); NumericalError naming the
+// weight when a row holds a value that is not finite.
+template <typename Fn>
+void for_checked_rows(const float* rows, int64_t r0, int64_t r1, int64_t cols,
+                      const std::string& name, Fn&& fn) {
+  std::atomic<bool> finite{true};
+  at::parallel_for(r0, r1, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float amax = row_amax(rows + (r - r0) * cols, cols);
+      if (amax == std::numeric_limits<float>::infinity()) {
+        finite = false;
+        return;
+      }
+      fn(r, amax);
+    }
+  });
+  if (!finite)
+    throw NumericalError("quantize " + name + ": holds values that are not finite (NaN/Inf)");
+}
+
+// Symmetric per-row int8 (I8_ROWS), computed in float32 on the CPU.
 QuantizedWeight quantize_int8_rows(const at::Tensor& weight, const std::string& name) {
   const int64_t rows = weight.size(0), cols = weight.size(1);
-  const auto on = at::TensorOptions().device(weight.device());
-  auto codes = at::empty({rows, cols}, on.dtype(at::kChar));
-  auto scales = at::empty({rows}, on.dtype(at::kFloat));
-  for_float_row_chunks(weight, weight.device(), [&](at::Tensor w, int64_t r0, int64_t r1) {
-    if (!at::isfinite(w).all().item<bool>())
-      throw InvalidArgument("quantize " + name + ": holds values that are not finite");
-    const auto amax = w.abs().amax(1);
-    const auto row_scales = amax / 127.0;
-    // A zero row divides by 1 (its codes are 0 and its scale stays 0).
-    const auto divisor = at::where(amax > 0, row_scales, at::ones_like(row_scales));
-    w.div_(divisor.unsqueeze(1)).round_().clamp_(-127, 127);
-    codes.slice(0, r0, r1).copy_(w);
-    scales.slice(0, r0, r1).copy_(row_scales);
+  // Kept as long as the model: outside the heap (device/outside_heap.h).
+  auto codes = device::empty_outside_heap({rows, cols}, at::kChar);
+  auto scales = at::empty({rows}, at::kFloat);
+  int8_t* q = codes.data_ptr<int8_t>();
+  float* s = scales.data_ptr<float>();
+  for_float_row_chunks(weight, [&](const float* plain, int64_t r0, int64_t r1) {
+    for_checked_rows(plain, r0, r1, cols, name, [&](int64_t r, float amax) {
+      const float scale = amax / 127.0f;
+      // A zero row divides by 1 (its codes are 0 and its scale stays 0).
+      const float divisor = amax > 0 ? scale : 1.0f;
+      const float* x = plain + (r - r0) * cols;
+      int8_t* out = q + r * cols;
+      for (int64_t c = 0; c < cols; ++c)
+        out[c] = static_cast<int8_t>(std::clamp(std::nearbyint(x[c] / divisor), -127.0f, 127.0f));
+      s[r] = scale;
+    });
   });
-  return {GgmlType::I8_ROWS, rows, cols, codes.view(at::kByte), scales};
+  const auto device = weight.device();
+  return {GgmlType::I8_ROWS, rows, cols, codes.view(at::kByte).to(device), scales.to(device)};
 }
 
 }  // namespace
@@ -96,13 +137,12 @@ QuantizedWeight quantize_weight(const at::Tensor& weight, GgmlType type, const s
                           " values are not whole " + traits.name + " blocks of " +
                           std::to_string(traits.block_elems));
   const int64_t row_bytes = ggml_row_bytes(type, cols);
-  auto blocks = at::empty({rows, row_bytes}, at::TensorOptions().dtype(at::kByte));
-  for_float_row_chunks(weight, at::kCPU, [&](const at::Tensor& plain, int64_t r0, int64_t r1) {
-    const float* src = plain.data_ptr<float>();
-    uint8_t* dst = blocks.data_ptr<uint8_t>() + r0 * row_bytes;
-    at::parallel_for(0, r1 - r0, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r)
-        quantize(type, src + r * cols, dst + r * row_bytes, cols);
+  // Kept as long as the model: outside the heap (device/outside_heap.h); copied to an accelerator.
+  auto blocks = device::empty_outside_heap({rows, row_bytes}, at::kByte);
+  uint8_t* dst = blocks.data_ptr<uint8_t>();
+  for_float_row_chunks(weight, [&](const float* plain, int64_t r0, int64_t r1) {
+    for_checked_rows(plain, r0, r1, cols, name, [&](int64_t r, float) {
+      quantize(type, plain + (r - r0) * cols, dst + r * row_bytes, cols);
     });
   });
   return {type, rows, cols, blocks.to(weight.device()), {}};

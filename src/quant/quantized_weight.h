@@ -31,8 +31,8 @@ bool can_keep_quantized(GgmlType type, int64_t cols);
 // `weight` ([rows, cols], any float dtype, any device) through ggml's reference quantizer
 // (Q8_0, Q4_0: what quant::quantize writes), or for I8_ROWS symmetrically per row (scale =
 // max|row| / 127, codes round(w / scale) in [-127, 127], half to even; a row of zeros has scale
-// 0); the blocks go to the weight's device. InvalidArgument naming the weight for a value
-// that is not finite.
+// 0), in float32 on the CPU; the blocks go to the weight's device. NumericalError naming the
+// weight for a value that is not finite.
 // InvalidArgument when can_keep_quantized is false or the weight is not a matrix.
 QuantizedWeight quantize_weight(const at::Tensor& weight, GgmlType type, const std::string& name);
 
