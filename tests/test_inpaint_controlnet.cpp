@@ -352,6 +352,14 @@ TEST(ControlNetCli, RunsAndRefusesMismatchedFlags) {
                           dir);
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_TRUE(fs::exists(dir.file("out.png")));
+  // The plan counts the ControlNet's weights.
+  ok = test::run_cli({"txt2img", "-m", model, "-p", "a house", "--steps", "1", "-W", "64", "-H",
+                      "64", "--controlnet", model + "/controlnet", "--control-image",
+                      dir.file("control.png"), "--json", "-o", dir.file("out2.png")},
+                     dir);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("ControlNet"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("held throughout"), std::string::npos) << ok.out;
   auto r = test::run_cli({"txt2img", "-m", model, "-p", "a house", "--controlnet",
                           model + "/controlnet", "-o", dir.file("bad.png")},
                          dir);

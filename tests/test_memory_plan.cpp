@@ -92,6 +92,29 @@ TEST(MemoryPlan, ChoosesTheCheapestPlanThatFitsTheBudget) {
   EXPECT_TRUE(tiled.vae_tiled);
 }
 
+// Networks held beside the others (ControlNets) count in every stage, in both of Stable
+// Diffusion's residencies, and push a plan over its budget like any other weight.
+TEST(MemoryPlan, NetworksHeldThroughoutCountInEveryStage) {
+  for (auto residency : {pipeline::PlanRequest::Residency::kPerStage,
+                         pipeline::PlanRequest::Residency::kAllResident}) {
+    auto r = hidream_like(100 * GiB);
+    r.residency = residency;
+    r.text_encoders.resize(1);
+    r.streaming = "off";  // one candidate: nothing else to give way
+    r.vae_tiling = "off";
+    const auto without = pipeline::plan_memory(r);
+    r.held = {{"cn-a", "ControlNet", GiB / 2, 0, 0, 0}, {"cn-b", "ControlNet", GiB / 4, 0, 0, 0}};
+    const auto with = pipeline::plan_memory(r);
+    ASSERT_EQ(with.peaks.size(), without.peaks.size());
+    for (size_t i = 0; i < with.peaks.size(); ++i)
+      EXPECT_EQ(with.peaks[i].bytes, without.peaks[i].bytes + GiB * 3 / 4) << with.peaks[i].stage;
+    EXPECT_NE(with.line.find("2 ControlNets 768 MiB held throughout"), std::string::npos)
+        << with.line;
+    r.budget = without.peak + GiB / 2;  // fits without them, not with them
+    EXPECT_FALSE(pipeline::plan_memory(r).fits) << pipeline::plan_memory(r).line;
+  }
+}
+
 TEST(MemoryPlan, HonoursTheFlagsAndSaysWhatWouldFitWhenNothingDoes) {
   // Streaming off: nothing fits 22 GiB, and the advice names the ways out.
   auto r = hidream_like(22 * GiB);

@@ -19,6 +19,7 @@
 #include "models/unet2d_condition.h"
 #include "nn/layers.h"
 #include "pipeline/hidream.h"
+#include "pipeline/memory_plan_folder.h"
 #include "pipeline/real_size_model.h"
 #include "pipeline/stable_diffusion.h"
 #include "pipeline_test_util.h"
@@ -142,6 +143,12 @@ TEST(RealSizeModel, StableDiffusionFolderLoadsAndDrawsInFp16AndQ8) {
     }
     EXPECT_GT(blockable, 0);
     EXPECT_EQ(quantized, blockable);
+    // The plan weighs them as quantized too: less than the file's bytes, which hold them plain.
+    pipeline::FolderPlanOptions po;
+    po.weight_type = "q8_0";
+    const auto request = pipeline::plan_request(io::ModelFolder::open(dir.string()), po);
+    EXPECT_LT(request.denoiser.quantized_bytes, request.denoiser.bytes);
+    EXPECT_GT(request.denoiser.quantized_bytes, request.denoiser.bytes / 2);
     const auto rq = sdq.text2image(g, {});
     EXPECT_TRUE(torch::isfinite(rq.latents).all().item<bool>());
     EXPECT_EQ(rq.timings.plan.rfind("plan: ", 0), 0u) << rq.timings.plan;

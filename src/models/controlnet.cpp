@@ -264,6 +264,11 @@ std::optional<ControlNetConfig> read_controlnet_config(const std::string& path) 
   return ControlNetConfig::from_json(io::JsonConfig::load((*dir / "config.json").string()));
 }
 
+std::string controlnet_weights_path(const std::string& path) {
+  const auto dir = controlnet_folder(path);
+  return dir ? controlnet_weights_file(*dir) : path;
+}
+
 ControlNetModel load_controlnet(const std::string& path, torch::Device device, torch::Dtype dtype,
                                 const UNet2DConditionConfig* unet) {
   const auto dir = controlnet_folder(path);

@@ -85,6 +85,10 @@ torch::Tensor guess_mode_scales(int64_t n, double conditioning_scale,
 // UNet). IoError / ConfigError naming the file.
 std::optional<ControlNetConfig> read_controlnet_config(const std::string& path);
 
+// The weights file a ControlNet at `path` (as load_controlnet takes it) loads from: for plans,
+// which read its headers only. IoError naming the path when there is none.
+std::string controlnet_weights_path(const std::string& path);
+
 // Loads a ControlNet from `path`: a diffusers ControlNet folder (config.json and its
 // safetensors weights), a pipeline folder whose model_index.json lists a `controlnet`
 // component, or an original ControlNet checkpoint file (*.safetensors with control_model.*

@@ -46,7 +46,7 @@ int64_t denoiser_resident(const PlanRequest& r, Choice::Denoiser d) {
   }
 }
 
-std::vector<StagePeak> peaks_of(const PlanRequest& r, const Choice& c) {
+std::vector<StagePeak> stage_peaks(const PlanRequest& r, const Choice& c) {
   const int64_t denoiser = denoiser_resident(r, c.denoiser);
   const int64_t all_text = sum_text(r);
   const auto* big = largest_text(r);
@@ -66,6 +66,18 @@ std::vector<StagePeak> peaks_of(const PlanRequest& r, const Choice& c) {
   p.push_back({"denoise", denoiser + r.step_activations + r.vae.bytes + kept_text});
   p.push_back({"VAE decode", denoiser + r.vae.bytes + kept_text +
                                  (c.vae_tiled ? r.vae_tiled_activations : r.vae_activations)});
+  return p;
+}
+
+int64_t sum_held(const PlanRequest& r) {
+  int64_t s = 0;
+  for (const auto& n : r.held) s += n.bytes;
+  return s;
+}
+
+std::vector<StagePeak> peaks_of(const PlanRequest& r, const Choice& c) {
+  auto p = stage_peaks(r, c);
+  for (auto& stage : p) stage.bytes += sum_held(r);
   return p;
 }
 
@@ -149,6 +161,11 @@ std::string line_of(const PlanRequest& r, const Choice& c, const std::vector<Sta
   s += denoiser_text(r, c);
   if (c.free_denoiser_for_text) s += ", freed before the next prompt's encoders";
   if (r.residency == PlanRequest::Residency::kPerStage) s += ", freed after denoising";
+  if (!r.held.empty())
+    s += "; " +
+         (r.held.size() == 1 ? r.held.front().label
+                             : std::to_string(r.held.size()) + " " + r.held.front().label + "s") +
+         " " + format_memory(sum_held(r)) + " held throughout";
   s += c.vae_tiled ? "; VAE tiled" : "; VAE whole";
   s += "; peak ~" + format_memory(max_peak(peaks));
   if (budget > 0)

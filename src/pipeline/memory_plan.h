@@ -29,6 +29,8 @@ struct PlanRequest {
   std::vector<NetworkWeights> text_encoders;  // run in this order
   NetworkWeights denoiser;                    // the UNet or transformer
   NetworkWeights vae;
+  // Held beside the others through every stage (Stable Diffusion's ControlNets).
+  std::vector<NetworkWeights> held;
   std::string denoiser_dtype;  // "bf16": for the line
   // Working memory of the stages beyond the weights (estimates, see memory_plan_folder.h).
   int64_t text_activations = 0;

@@ -156,6 +156,10 @@ int64_t plan_budget(const torch::Device& device, int64_t max_memory) {
   return std::max<int64_t>(available - reserve, 1);
 }
 
+int64_t loaded_bytes(const std::map<std::string, torch::Tensor>& weights, torch::Dtype dtype) {
+  return census_of(weights, dtype, "", false).bytes;
+}
+
 PlanRequest plan_request(const io::ModelFolder& folder, const FolderPlanOptions& o) {
   const std::string family = plan_family(folder);
   // Stable Diffusion's networks as its pipeline reads them, from a folder or a single file.
@@ -213,14 +217,27 @@ PlanRequest plan_request(const ModelSource& src, const FolderPlanOptions& o) {
   r.denoiser.component = "unet";
   r.denoiser.label = "UNet";
   if (src.unet_file && io::is_gguf_file(src.unet_file->path)) {
-    // The UNet's tensors as stored; --weights quantizes only the plain ones, which the stored
-    // bytes overestimate a little.
+    // The UNet's tensors as stored; --weights quantizes the plain weights whose rows are whole
+    // blocks (a GGUF's convolutions are stored plain: ggml blocks run along a tensor's last
+    // dimension), as the loader does.
     const auto gguf = io::GgufFile::open(src.unet_file->path);
-    int64_t bytes = 0;
-    for (const auto& name : gguf->names())
-      if (io::starts_with(name, src.unet_file->prefix))
-        bytes += static_cast<int64_t>(gguf->info(name).bytes);
-    r.denoiser.bytes = r.denoiser.quantized_bytes = bytes;
+    const double qe = quantized_element_bytes(r.weight_type.empty() ? "q8_0" : r.weight_type);
+    int64_t bytes = 0, quantized = 0;
+    for (const auto& name : gguf->names()) {
+      if (!io::starts_with(name, src.unet_file->prefix)) continue;
+      const auto& info = gguf->info(name);
+      const auto stored = static_cast<int64_t>(info.bytes);
+      int64_t n = 1;
+      for (const auto d : info.shape) n *= static_cast<int64_t>(d);
+      const bool blocks = !quant::ggml_type_traits(info.type).quantized && info.shape.size() >= 2 &&
+                          info.shape[0] > 0 &&
+                          (n / static_cast<int64_t>(info.shape[0])) % 32 == 0 &&
+                          io::ends_with(name, ".weight");
+      bytes += stored;
+      quantized += blocks ? static_cast<int64_t>(static_cast<double>(n) * qe) : stored;
+    }
+    r.denoiser.bytes = bytes;
+    r.denoiser.quantized_bytes = r.weight_type.empty() ? bytes : quantized;
     r.denoiser.parameters = src.unet_file->parameters;
     if (r.weight_type.empty()) r.denoiser_dtype = "GGUF";
   } else if (src.unet_file) {

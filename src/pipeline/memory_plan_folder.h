@@ -56,6 +56,9 @@ PlanRequest plan_request(const ModelSource& source, const FolderPlanOptions& opt
 void set_plan_stages(PlanRequest& request, const std::string& family,
                      const io::JsonConfig& denoiser_config, const io::JsonConfig& vae_config,
                      const FolderPlanOptions& options);
+// What `weights` (mapped files: only their headers are read) weigh once loaded in `dtype`.
+int64_t loaded_bytes(const std::map<std::string, torch::Tensor>& weights, torch::Dtype dtype);
+
 // plan_request + plan_memory.
 MemoryPlan plan_folder(const io::ModelFolder& folder, const FolderPlanOptions& options);
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <set>
 
 #include "accel/dit_cache.h"
 #include "accel/token_merging_payoff.h"
@@ -16,9 +17,11 @@
 #include "device/device.h"
 #include "device/memory.h"
 #include "io/ldm_checkpoint.h"
+#include "io/model_folder.h"
 #include "io/pillow_resample.h"
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
+#include "models/controlnet.h"
 #include "models/load_component.h"
 #include "models/unet2d_condition.h"
 #include "nn/attention.h"
@@ -367,7 +370,26 @@ void StableDiffusion::plan_memory_for(const GenerationConfig& config, int width,
   auto request = c_->plan_networks;
   set_plan_stages(request, "stable-diffusion", c_->source.unet_config, c_->source.vae_config, o);
   // What is loaded already is part of the plan, not taken from the device's free memory.
-  if (!request.budget_given && request.budget > 0) request.budget += c_->resident_on_device;
+  int64_t resident = c_->resident_on_device;
+  // The generation's ControlNets, loaded before the text encoders and kept.
+  std::set<std::string> nets;
+  if (!config.controlnets.empty()) validate_controlnet_units(config.controlnets);
+  for (const auto& u : config.controlnets) {
+    if (!nets.insert(u.model).second) continue;
+    NetworkWeights n;
+    n.component = u.model;
+    n.label = "ControlNet";
+    const auto it = c_->controlnets.find(u.model);
+    if (it != c_->controlnets.end()) {
+      n.bytes = nn::resident_parameter_bytes(*it->second);
+      resident += n.bytes;
+    } else {
+      n.bytes = loaded_bytes(io::load_weights_file(models::controlnet_weights_path(u.model)),
+                             c_->unet_dtype);
+    }
+    request.held.push_back(n);
+  }
+  if (!request.budget_given && request.budget > 0) request.budget += resident;
   const auto plan = plan_memory(request);
   if (!plan.fits) throw InvalidArgument(plan.advice);
   if (timings) timings->plan = plan.line;
