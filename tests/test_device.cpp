@@ -11,7 +11,6 @@
 #include "device/device.h"
 #include "device/memory.h"
 #include "device/npu_backend.h"
-#include "device/outside_heap.h"
 #include "diffuse/errors.h"
 #include "test_util.h"
 
@@ -245,35 +244,6 @@ TEST(Device, LargeBuffersOfAOncePerImageStageGoBackWhenFreed) {
   }
   EXPECT_LT(rss(), before - (int64_t{64} << 20)) << "a large buffer freed in the scope stayed";
   EXPECT_EQ(pin.sum().item<int64_t>(), pin_bytes);
-}
-
-// A model's long-lived buffers (quantized blocks) get mappings of their own, huge-page aligned
-// from 2 MiB, that go back to the OS whole when freed; small ones stay in the heap.
-TEST(Device, BuffersOutsideTheHeapAreMappedAlignedAndUnmappedWhenFreed) {
-  const int64_t before = device::outside_heap_bytes();
-  auto small = device::empty_outside_heap({1000}, torch::kFloat);
-  EXPECT_FALSE(device::is_outside_heap(small));
-  EXPECT_EQ(device::outside_heap_bytes(), before);
-
-  const int64_t n = (int64_t{3} << 20) / 4 + 5;  // 3 MiB and a bit: one huge page and a tail
-  auto src = torch::arange(n, torch::kInt);
-  auto copy = device::copy_outside_heap(src.view({-1, 1}));
-  ASSERT_TRUE(device::is_outside_heap(copy));
-  EXPECT_TRUE(device::is_outside_heap(copy.narrow(0, n - 1, 1))) << "its last element";
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data_ptr()) % (uintptr_t{2} << 20), 0u);
-  EXPECT_EQ(device::outside_heap_bytes(), before + (n * 4 + 4095) / 4096 * 4096);
-  EXPECT_TRUE(torch::equal(copy.view({-1}), src));
-  EXPECT_EQ(copy.sizes(), (std::vector<int64_t>{n, 1}));
-
-  const int64_t rss_in_use = device::memory_stats().rss_bytes;
-  auto view = copy.narrow(0, 1, 10);  // a view keeps the mapping
-  copy.reset();
-  EXPECT_EQ(view.sum().item<int64_t>(), 55);
-  EXPECT_EQ(device::outside_heap_bytes(), before + (n * 4 + 4095) / 4096 * 4096);
-  view.reset();
-  EXPECT_EQ(device::outside_heap_bytes(), before);
-  EXPECT_LT(device::memory_stats().rss_bytes, rss_in_use - (int64_t{2} << 20))
-      << "the freed mapping's pages stayed resident";
 }
 
 // oneDNN's primitive cache is bounded (a real-size HiDream step grew it by 1.7 GiB otherwise),

@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <limits>
 
-#include "device/outside_heap.h"
 #include "diffuse/errors.h"
 #include "diffuse/pipeline.h"
 #include "io/model_folder.h"
@@ -62,24 +61,6 @@ TEST(QuantizedWeights, DequantizeBitForBitAsGgmlsReference) {
       EXPECT_TRUE(torch::equal(cpu, quant::dequantize_by_tensor_ops(q, dtype))) << dtype;
     }
   }
-}
-
-// Quantized blocks live as long as the model: large ones are kept outside the heap
-// (device/outside_heap.h), with the values they would have had in it.
-TEST(QuantizedWeights, LargeBlocksAreKeptOutsideTheHeap) {
-  torch::manual_seed(4);
-  const auto w = torch::randn({1024, 1024}, torch::kBFloat16);
-  for (auto type : {GgmlType::Q8_0, GgmlType::I8_ROWS}) {
-    const auto q = quant::quantize_weight(w, type, "w");
-    EXPECT_TRUE(device::is_outside_heap(q.blocks)) << quant::weight_type_name(type);
-    const auto err = (quant::dequantize_weight(q, torch::kFloat32) - w.to(torch::kFloat32)).abs();
-    // Half a step of the row's (or block's) scale, max|x| / 127 / 2, and q8_0's fp16 scale
-    // rounding (2^-11 relative) over codes up to 127.
-    EXPECT_LE(err.max().item<float>(), w.abs().max().item<float>() * (1.0f / 254 + 1.0f / 1024))
-        << quant::weight_type_name(type);
-  }
-  EXPECT_FALSE(device::is_outside_heap(
-      quant::quantize_weight(w.narrow(0, 0, 8), GgmlType::Q8_0, "small").blocks));
 }
 
 TEST(QuantizedWeights, PerCallDequantizationReusesOneBufferAndGivesTheSameValues) {

@@ -4,7 +4,6 @@
 
 #include <filesystem>
 
-#include "device/outside_heap.h"
 #include "diffuse/errors.h"
 #include "io/gguf.h"
 #include "io/ldm_checkpoint.h"
@@ -229,8 +228,7 @@ nn::QuantizedLayers load_weights_file_quantized(torch::nn::Module& module,
         bytes = io::take_slice(bytes, *slice, source);
         if (bytes.size(0) != rows) check_weight_shape({bytes.size(0), cols}, w, source, key);
         bytes = bytes.reshape({-1});
-        bytes = device.is_cpu() ? device::copy_outside_heap(bytes)
-                                : bytes.to(device, /*non_blocking=*/false, /*copy=*/true);
+        bytes = bytes.to(device, /*non_blocking=*/false, /*copy=*/true);
         gguf->release_pages(file_key);  // copied: not held twice
         q = quant::quantized_from_blocks(bytes, info.type, rows, cols, source + ": " + file_key);
         check_block_scales(*q, source, file_key);

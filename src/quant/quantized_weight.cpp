@@ -12,7 +12,6 @@
 #include <limits>
 #include <vector>
 
-#include "device/outside_heap.h"
 #include "diffuse/errors.h"
 #include "quant/dequantize_ops.h"
 
@@ -52,10 +51,12 @@ float row_amax(const float* x, int64_t n) {
 }
 
 // Calls fn(rows, r0, r1) for rows [r0, r1) of `weight` converted to float32 on the CPU, a few
-// at a time, in a buffer each thread reuses. Whole-matrix temporaries (~20 bytes a value for
-// int8's tensor arithmetic) raised a SD2.1 UNet's load peak above its bf16 size; per-chunk ones
-// still landed in whichever hole of a large, emptied heap fit them, and over HiDream's 1,128
-// layers touched ~1.2 GiB more of it.
+// at a time, in a buffer each thread reuses, so that quantizing a layer allocates only what it
+// keeps. Whole-matrix temporaries (~20 bytes a value for int8's tensor arithmetic) raised a SD2.1
+// UNet's load peak above its bf16 size; per-chunk ones (~9 MB for int8) still landed between the
+// blocks kept, in whichever hole of the heap fit them: over HiDream-I1's 1,128 layers, quantized
+// from bf16, those freed and resident holes grew to ~0.43 bytes per byte kept (out of memory at
+// 23 GiB for 16.9 GiB of int8; 17.8 GiB at the peak without them).
 template <typename Fn>
 void for_float_row_chunks(const at::Tensor& weight, Fn&& fn) {
   const int64_t rows = weight.size(0), cols = weight.size(1);
@@ -94,8 +95,7 @@ void for_checked_rows(const float* rows, int64_t r0, int64_t r1, int64_t cols,
 // Symmetric per-row int8 (I8_ROWS), computed in float32 on the CPU.
 QuantizedWeight quantize_int8_rows(const at::Tensor& weight, const std::string& name) {
   const int64_t rows = weight.size(0), cols = weight.size(1);
-  // Kept as long as the model: outside the heap (device/outside_heap.h).
-  auto codes = device::empty_outside_heap({rows, cols}, at::kChar);
+  auto codes = at::empty({rows, cols}, at::kChar);
   auto scales = at::empty({rows}, at::kFloat);
   int8_t* q = codes.data_ptr<int8_t>();
   float* s = scales.data_ptr<float>();
@@ -137,8 +137,7 @@ QuantizedWeight quantize_weight(const at::Tensor& weight, GgmlType type, const s
                           " values are not whole " + traits.name + " blocks of " +
                           std::to_string(traits.block_elems));
   const int64_t row_bytes = ggml_row_bytes(type, cols);
-  // Kept as long as the model: outside the heap (device/outside_heap.h); copied to an accelerator.
-  auto blocks = device::empty_outside_heap({rows, row_bytes}, at::kByte);
+  auto blocks = at::empty({rows, row_bytes}, at::kByte);
   uint8_t* dst = blocks.data_ptr<uint8_t>();
   for_float_row_chunks(weight, [&](const float* plain, int64_t r0, int64_t r1) {
     for_checked_rows(plain, r0, r1, cols, name, [&](int64_t r, float) {
