@@ -79,7 +79,8 @@ void check_weight_shape(c10::IntArrayRef stored, const torch::Tensor& w, const s
 }
 
 // The layer's weight quantized to `type` on `device` from the file's `values` (of the layer's
-// shape, finite), their mapped pages given back; nullopt when its rows are not whole blocks.
+// shape), their mapped pages given back; nullopt when its rows are not whole blocks. FormatError
+// naming the tensor for a value that is not finite.
 std::optional<quant::QuantizedWeight> quantize_file_values(
     const BlockLayer& layer, const torch::Tensor& values, quant::GgmlType type,
     const torch::Device& device, const std::string& source, const std::string& key) {
@@ -89,8 +90,13 @@ std::optional<quant::QuantizedWeight> quantize_file_values(
   if (!quant::can_keep_quantized(type, cols)) return std::nullopt;
   check_weight_shape(values.sizes(), w, source, key);
   try {
-    auto q = quant::quantize_weight(values.reshape({rows, cols}).to(device), type, key);
+    // Quantized where the values are (the quantizers work on the CPU), then moved.
+    auto q = quant::quantize_weight(values.reshape({rows, cols}), type, key);
     io::release_mapped_pages(values);
+    if (q.blocks.device() != device) {
+      q.blocks = q.blocks.to(device);
+      if (q.row_scales.defined()) q.row_scales = q.row_scales.to(device);
+    }
     return q;
   } catch (const NumericalError&) {
     throw FormatError(source + ": tensor '" + key + "' has non-finite values (NaN/Inf)");
