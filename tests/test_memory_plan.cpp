@@ -335,9 +335,20 @@ TEST(MemoryPlan, StableDiffusionPlansItsNetworksAsThePipelineHoldsThem) {
   EXPECT_NE(plan.line.find(", kept"), std::string::npos) << plan.line;
   EXPECT_EQ(plan.line.find("freed"), std::string::npos) << plan.line;
 
-  o.weight_type = "q8_0";  // the convolutions' weights are in blocks too
+  // The VAE's weights whose rows are whole blocks are weighed as q8_0 blocks too.
+  const int64_t vae_plain = r.vae.bytes;
+  int64_t vae_values = 0, vae_blockable = 0;
+  for (const auto& [name, t] : folder.component_weights("vae")) {
+    vae_values += t.numel();
+    const bool rows = t.dim() >= 2 && (t.numel() / t.size(0)) % 32 == 0;
+    if (rows && name.find(".weight") != name.npos) vae_blockable += t.numel();
+  }
+  ASSERT_GT(vae_values, 0);
+  const int64_t vae_element = vae_plain / vae_values;
+  o.weight_type = "q8_0";  // the convolutions' weights are in blocks too, the VAE's as well
   r = pipeline::plan_request(folder, o);
   EXPECT_LT(r.denoiser.quantized_bytes, linear_only);
+  EXPECT_EQ(r.vae.bytes, vae_plain - vae_blockable * vae_element + vae_blockable * 34 / 32);
   EXPECT_NE(pipeline::plan_memory(r).line.find("UNet q8_0 resident"), std::string::npos);
 }
 

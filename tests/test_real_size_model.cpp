@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "cli_run.h"
 #include "diffuse/errors.h"
@@ -131,9 +132,12 @@ TEST(RealSizeModel, StableDiffusionFolderLoadsAndDrawsInFp16AndQ8) {
     auto lo = test::fp32_cpu();
     lo.weights = "q8_0";
     pipeline::StableDiffusion sdq(dir.string(), lo);
-    int blockable = 0, quantized = 0;
+    // Every convolution whose rows are whole blocks, the UNet's and the VAE's (the text
+    // encoder stays plain).
+    std::map<std::string, std::pair<int, int>> blockable_quantized;
     for (const auto& [name, net] : sdq.loaded_networks()) {
-      if (name != "unet") continue;
+      if (name != "unet" && name != "vae") continue;
+      auto& [blockable, quantized] = blockable_quantized[name];
       for (const auto& m : net->modules())
         if (const auto* conv = dynamic_cast<const nn::Conv2dImpl*>(m.get())) {
           const auto& w = conv->weight;
@@ -141,14 +145,19 @@ TEST(RealSizeModel, StableDiffusionFolderLoadsAndDrawsInFp16AndQ8) {
           quantized += conv->quantized != nullptr;
         }
     }
-    EXPECT_GT(blockable, 0);
-    EXPECT_EQ(quantized, blockable);
+    ASSERT_EQ(blockable_quantized.size(), 2u);
+    for (const auto& [name, counts] : blockable_quantized) {
+      EXPECT_GT(counts.first, 0) << name;
+      EXPECT_EQ(counts.second, counts.first) << name;
+    }
     // The plan weighs them as quantized too: less than the file's bytes, which hold them plain.
     pipeline::FolderPlanOptions po;
     po.weight_type = "q8_0";
     const auto request = pipeline::plan_request(io::ModelFolder::open(dir.string()), po);
     EXPECT_LT(request.denoiser.quantized_bytes, request.denoiser.bytes);
     EXPECT_GT(request.denoiser.quantized_bytes, request.denoiser.bytes / 2);
+    const auto plain = pipeline::plan_request(io::ModelFolder::open(dir.string()), {});
+    EXPECT_LT(request.vae.bytes, plain.vae.bytes) << "the VAE's blocks";
     const auto rq = sdq.text2image(g, {});
     EXPECT_TRUE(torch::isfinite(rq.latents).all().item<bool>());
     EXPECT_EQ(rq.timings.plan.rfind("plan: ", 0), 0u) << rq.timings.plan;

@@ -75,9 +75,11 @@ struct LoadOptions {
   // the touched weights). "unmerged": each adapter's low-rank product is added to its layer's
   // output at run time (switching adapters costs nothing; every step pays the products).
   std::string lora_mode = "merged";
-  // The UNet's linear weights kept quantized in memory: "none", "q8_0" (~53 % of bf16's
-  // bytes) or "q4_0" (~28 %), dequantized per layer as it runs; its convolutions stay plain.
-  // LoRAs then run unmerged (there is no plain weight to merge into).
+  // The UNet's and the VAE's linear and convolution weights kept quantized in memory: "none",
+  // "q8_0" (~53 % of bf16's bytes), "q4_0" (~28 %) or "int8" (rows of int8 codes and a scale),
+  // quantized as they load and dequantized per layer as it runs (int8 multiplies in integers
+  // where the CPU has VNNI and no AMX). The text encoders stay plain. LoRAs then run unmerged
+  // (there is no plain weight to merge into).
   std::string weights = "none";
   // What a generation may hold in memory (bytes, --max-memory; 0: what the device has free):
   // a generation whose activations need more is refused before it starts.

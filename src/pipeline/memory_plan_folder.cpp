@@ -252,7 +252,9 @@ PlanRequest plan_request(const ModelSource& src, const FolderPlanOptions& o) {
     r.denoiser.quantized_bytes = dc.quantized;
     r.denoiser.parameters = dc.parameters;
   }
-  r.vae = {"vae", "VAE", census_of(src.vae_weights, o.vae_dtype, "", false).bytes, 0, 0, 0};
+  // Stable Diffusion keeps the VAE's layers in blocks too under --weights.
+  const auto vae = census_of(src.vae_weights, o.vae_dtype, r.weight_type, false);
+  r.vae = {"vae", "VAE", r.weight_type.empty() ? vae.bytes : vae.quantized, 0, 0, 0};
   r.text_one_at_a_time_possible = false;
   set_plan_stages(r, "stable-diffusion", src.unet_config, src.vae_config, o);
   return r;

@@ -51,7 +51,7 @@ struct StableDiffusion::Components {
   accel::UNetGraph unet_graph;     // GenerationConfig::cuda_graph's recording, across generations
   bool keep_16bit_weights = true;  // LoadOptions::keep_16bit_weights
   bool pack_conv_weights = true;   // LoadOptions::pack_conv_weights, never with offload
-  std::optional<quant::GgmlType> unet_weight_type;  // LoadOptions::weights
+  std::optional<quant::GgmlType> unet_weight_type;  // LoadOptions::weights: UNet and VAE
   // The CLIP text encoders, as ModelSource::text_encoders lists them.
   struct TextEncoder {
     std::string component;
@@ -82,7 +82,10 @@ struct StableDiffusion::Components {
             const char* component, const torch::Device& where, torch::Dtype dtype,
             const std::set<std::string>& ignored = {}) {
     if (slot) return slot;
-    const bool quantize = unet_weight_type && std::string(component) == "unet";
+    // --weights: the UNet's and the VAE's layers kept in blocks (a batch or the server keeps
+    // the VAE beside the UNet); the text encoders stay plain.
+    const bool quantize =
+        unet_weight_type && (std::string(component) == "unet" || std::string(component) == "vae");
     {
       nn::SkipInitGuard skip_init(dtype, quantize ? nn::SkipInitGuard::Weights::kDeferred
                                                   : nn::SkipInitGuard::Weights::kUninitialised);

@@ -300,6 +300,7 @@ std::vector<std::pair<std::string, torch::nn::Module*>> StableDiffusion::loaded_
   for (auto& t : c_->text_encoders)
     if (!t.module.is_empty()) out.emplace_back(t.component, t.module.get());
   if (!c_->unet_module.is_empty()) out.emplace_back("unet", c_->unet_module.get());
+  if (!c_->vae_module.is_empty()) out.emplace_back("vae", c_->vae_module.get());
   return out;
 }
 

@@ -100,8 +100,8 @@ class StableDiffusion {
   // The plan's options of this pipeline: its devices, dtypes, --weights and residency.
   FolderPlanOptions plan_options() const;
   int64_t latent_channels() const;
-  // The text encoder and UNet as loaded now, by component name (tools and tests; a network
-  // that offload has freed is left out).
+  // The text encoders, UNet and VAE as loaded now, by component name (tools and tests; a
+  // network that offload has freed is left out).
   std::vector<std::pair<std::string, torch::nn::Module*>> loaded_networks() const;
 
  private:
