@@ -349,10 +349,9 @@ Command add_bench_command(CLI::App& app) {
   app.add_option("--vae-dtype", o->load.vae_dtype, "auto|fp32|bf16|fp16 for the VAE")
       ->capture_default_str();
   app.add_option("--weights", o->load.weights,
-                 "none|q8_0|q4_0|int8: the UNet's linear and convolution weights kept quantized "
-                 "(as txt2img "
-                 "--weights); with a DiT --arch each block is timed plain and then "
-                 "quantized, side by side")
+                 "none|q8_0|q4_0|int8: the UNet's and VAE's linear and convolution weights kept "
+                 "quantized (as txt2img --weights); with a DiT --arch each block is timed plain "
+                 "and then quantized, side by side")
       ->capture_default_str();
   app.add_option("--attention", o->load.attention,
                  "auto|math|sdpa|flash|npu (env DIFFUSE_ATTENTION)")

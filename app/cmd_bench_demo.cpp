@@ -102,9 +102,8 @@ std::pair<CLI::App*, Command> add_bench_demo_quality(CLI::App& bench) {
   sub->add_option("--device", f->opts.device, "Device")->capture_default_str();
   sub->add_option("--dtype", f->opts.dtype, "auto|fp32|bf16|fp16")->capture_default_str();
   sub->add_option("--weights", f->opts.weights,
-                  "none|q8_0|q4_0|int8: the denoiser's linear weights (a UNet's convolutions too) "
-                  "kept quantized (as txt2img "
-                  "--weights)")
+                  "none|q8_0|q4_0|int8: the denoiser's linear weights (a UNet's and VAE's "
+                  "convolutions too) kept quantized (as txt2img --weights)")
       ->capture_default_str();
   sub->add_option("--img2img", f->opts.img2img_cases,
                   "Image-to-image cases (blue background -> green)")

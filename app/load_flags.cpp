@@ -66,11 +66,11 @@ void add_load_flags(CLI::App& app, LoadFlags& f) {
                "weights at every call (default: keep a packed copy; ~4 % faster steps, ~0.9 GiB "
                "more for SD2.1)");
   app.add_option("--weights", f.weights,
-                 "Keep the denoiser's linear weights (and a UNet's convolutions) quantized in "
-                 "memory: none, q8_0 (~53 % of "
-                 "bf16's bytes), q4_0 (~28 %), dequantized per layer as it runs; int8 (~50 %, "
-                 "one scale per row), multiplied in 8-bit integers on CPUs with AVX512-VNNI "
-                 "(LoRAs unmerged)")
+                 "Keep the denoiser's linear weights (and Stable Diffusion's UNet and VAE "
+                 "convolutions) quantized in memory: none, q8_0 (~53 % of bf16's bytes), q4_0 "
+                 "(~28 %), dequantized per layer as it runs; int8 (~50 %, one scale per row), "
+                 "multiplied in 8-bit integers on CPUs with AVX512-VNNI and no AMX (LoRAs "
+                 "unmerged)")
       ->capture_default_str()
       ->check(non_empty());
   add_max_memory_flag(app, f.max_memory);

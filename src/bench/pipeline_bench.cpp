@@ -287,8 +287,12 @@ PipelineBenchResult run_pipeline_bench(const PipelineBenchOptions& o) {
                                           o.seed + 3);
   if (o.load.pack_conv_weights) nn::set_weight_packing(*unet, true);
   if (const auto type = quant::parse_weight_type(o.load.weights, "--weights")) {
-    nn::quantize_linear_layers(*unet, *type);
-    nn::quantize_conv_layers(*unet, *type);
+    // As the pipeline does: the UNet's and the VAE's layers.
+    for (torch::nn::Module* net : {static_cast<torch::nn::Module*>(unet.get()),
+                                   static_cast<torch::nn::Module*>(vae.get())}) {
+      nn::quantize_linear_layers(*net, *type);
+      nn::quantize_conv_layers(*net, *type);
+    }
   }
   src.model.reset();  // drop the weight file mappings, as the pipeline does
   r.build_s = now_s() - t0;
