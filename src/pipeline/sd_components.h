@@ -51,7 +51,7 @@ struct StableDiffusion::Components {
   accel::UNetGraph unet_graph;     // GenerationConfig::cuda_graph's recording, across generations
   bool keep_16bit_weights = true;  // LoadOptions::keep_16bit_weights
   bool pack_conv_weights = true;   // LoadOptions::pack_conv_weights, never with offload
-  std::optional<quant::GgmlType> unet_weight_type;  // LoadOptions::weights: UNet and VAE
+  std::optional<quant::GgmlType> weight_type;  // LoadOptions::weights: UNet and VAE
   // The CLIP text encoders, as ModelSource::text_encoders lists them.
   struct TextEncoder {
     std::string component;
@@ -85,7 +85,7 @@ struct StableDiffusion::Components {
     // --weights: the UNet's and the VAE's layers kept in blocks (a batch or the server keeps
     // the VAE beside the UNet); the text encoders stay plain.
     const bool quantize =
-        unet_weight_type && (std::string(component) == "unet" || std::string(component) == "vae");
+        weight_type && (std::string(component) == "unet" || std::string(component) == "vae");
     {
       nn::SkipInitGuard skip_init(dtype, quantize ? nn::SkipInitGuard::Weights::kDeferred
                                                   : nn::SkipInitGuard::Weights::kUninitialised);
@@ -95,8 +95,8 @@ struct StableDiffusion::Components {
     std::set<std::string> skip = ignored;
     std::map<std::string, torch::Tensor> rest;  // the weights not kept quantized
     if (quantize) {  // layer by layer from the file: the plain UNet never exists
-      const auto kept = models::quantize_layers_from_weights(*slot, weights, *unet_weight_type,
-                                                             where, where_from);
+      const auto kept =
+          models::quantize_layers_from_weights(*slot, weights, *weight_type, where, where_from);
       for (const auto& [name, t] : weights)
         if (!kept.count(name)) rest.emplace(name, t);
       skip.insert(kept.begin(), kept.end());
@@ -189,7 +189,7 @@ struct StableDiffusion::Components {
     }
     const auto layout = file.layout;
     models::load_weights_file_quantized(
-        *unet_module, file.path, unet_weight_type, device,
+        *unet_module, file.path, weight_type, device,
         [layout](const std::vector<std::string>&) { return layout; }, file.prefix);
     unet_module->to(device, unet_dtype);  // quantized layers' placeholders are there already
     nn::use_compute_layout(*unet_module);

@@ -212,11 +212,11 @@ StableDiffusion::StableDiffusion(const std::string& path, const LoadOptions& opt
   if (options.lora_mode != "merged" && options.lora_mode != "unmerged")
     throw InvalidArgument("lora_mode: expected \"merged\" or \"unmerged\", got \"" +
                           options.lora_mode + "\"");
-  c_->unet_weight_type = quant::parse_weight_type(options.weights, "weights");
+  c_->weight_type = quant::parse_weight_type(options.weights, "weights");
   // Quantized layers have no plain weight to merge into: their adapters run unmerged.
   const bool gguf_unet = src.unet_file && io::is_gguf_file(src.unet_file->path);
   c_->set_lora_networks();
-  c_->loras.set_unmerged(options.lora_mode == "unmerged" || c_->unet_weight_type || gguf_unet);
+  c_->loras.set_unmerged(options.lora_mode == "unmerged" || c_->weight_type || gguf_unet);
   c_->load_loras = options.loras;
   c_->lora_lenient = options.lora_lenient;
   if (!options.loras.empty()) apply_loras({});  // a bad adapter fails the load, not a run
@@ -354,7 +354,7 @@ FolderPlanOptions StableDiffusion::plan_options() const {
   o.dtype = c_->unet_dtype;
   o.text_dtype = c_->text_dtype;
   o.vae_dtype = c_->vae_dtype;
-  o.weight_type = c_->unet_weight_type ? quant::weight_type_name(*c_->unet_weight_type) : "";
+  o.weight_type = c_->weight_type ? quant::weight_type_name(*c_->weight_type) : "";
   o.streaming = "off";                  // the UNet loads whole
   o.keep_text_encoders = !c_->offload;  // every network resident (a batch, the server)
   o.max_memory = c_->max_memory;
