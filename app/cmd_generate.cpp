@@ -567,8 +567,11 @@ int run_generate(const GenerateFlags& f, bool img2img) {
               << ", unet " << info->unet_dtype << ", vae " << info->vae_dtype << ", attention "
               << info->attention
               << (info->offload ? lo.offload ? ", offload" : ", networks loaded per stage" : "")
-              << ", scheduler " << (g.scheduler.empty() ? info->scheduler : g.scheduler)
-              << " (loaded in " << format_seconds(info->load_s) << ")\n";
+              << ", scheduler "
+              << (g.scheduler.empty() ? info->scheduler : g.scheduler)
+              // Networks loaded per stage load in their stages' times, not here.
+              << (info->offload ? " (opened in " : " (loaded in ") << format_seconds(info->load_s)
+              << ")\n";
   if (!f.quiet && !f.json)
     for (const auto& l : info->loras) std::cerr << "lora " << l << "\n";
 
