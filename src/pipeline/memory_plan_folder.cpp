@@ -28,6 +28,12 @@ double quantized_element_bytes(const std::string& type) {
   return 34.0 / 32.0;  // q8_0; int8 rows: 1 byte and a scale per row, about the same
 }
 
+// Whether a tensor of `dims` dimensions, `rows` rows and `numel` values named `name` is a layer
+// weight --weights keeps in blocks: a matrix (or a convolution's) whose rows are whole blocks.
+bool kept_in_blocks(const std::string& name, size_t dims, int64_t rows, int64_t numel) {
+  return dims >= 2 && rows > 0 && (numel / rows) % 32 == 0 && io::ends_with(name, ".weight");
+}
+
 struct Census {
   int64_t bytes = 0, quantized = 0, largest_unit = 0, outside = 0, parameters = 0;
 };
@@ -48,8 +54,8 @@ Census census_of(const std::map<std::string, torch::Tensor>& weights, torch::Dty
     const int64_t b =
         t.is_floating_point() ? n * element_bytes(dtype) : static_cast<int64_t>(t.nbytes());
     c.bytes += b;
-    const bool blocks = t.dim() >= 2 && t.size(0) > 0 && (n / t.size(0)) % 32 == 0 &&
-                        name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+    const bool blocks =
+        kept_in_blocks(name, static_cast<size_t>(t.dim()), t.dim() > 0 ? t.size(0) : 0, n);
     c.quantized += blocks ? static_cast<int64_t>(static_cast<double>(n) * qe) : b;
     std::smatch m;
     if (units && std::regex_search(name, m, unit_re))
@@ -229,10 +235,9 @@ PlanRequest plan_request(const ModelSource& src, const FolderPlanOptions& o) {
       const auto stored = static_cast<int64_t>(info.bytes);
       int64_t n = 1;
       for (const auto d : info.shape) n *= static_cast<int64_t>(d);
-      const bool blocks = !quant::ggml_type_traits(info.type).quantized && info.shape.size() >= 2 &&
-                          info.shape[0] > 0 &&
-                          (n / static_cast<int64_t>(info.shape[0])) % 32 == 0 &&
-                          io::ends_with(name, ".weight");
+      const bool blocks =
+          !quant::ggml_type_traits(info.type).quantized &&
+          kept_in_blocks(name, info.shape.size(), info.shape.empty() ? 0 : info.shape[0], n);
       bytes += stored;
       quantized += blocks ? static_cast<int64_t>(static_cast<double>(n) * qe) : stored;
     }
